@@ -1,0 +1,7 @@
+"""Test-wide setup: models load from local files only, tokenizers stay single-threaded."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
