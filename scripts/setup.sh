@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install Mnemos with its test and embedded-server extras.
+# PyTorch goes first and pinned: pip then takes the local CPU build instead of a multi-GB CUDA one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet "torch==2.13.0"
+python -m pip install --quiet -e ".[dev,embedded]"
+echo "mnemos installed in $(pwd)/.venv"
