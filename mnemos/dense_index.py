@@ -1,0 +1,96 @@
+"""Exact inner-product index over normalised vectors, backed by ``faiss``.
+
+``IndexIDMap2(IndexFlatIP)`` keeps entry ids next to vectors and accepts adds at any time; a
+flat index has no training step, so an index grown by adds ranks exactly like one built in one
+go. On unit vectors the inner product is the cosine. Source: seed 000 §2.2 (FAISS inner
+product over all-MiniLM-L6-v2 vectors).
+
+Guards: faiss pads short result lists with id -1, and an empty index searched with many queries
+can return id 0; this wrapper never returns either, and returns empty lists for an empty index.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import faiss
+import numpy as np
+
+from mnemos.errors import DimensionMismatchError, DuplicateEntryError
+
+
+def as_matrix(vectors: np.ndarray, dim: int, what: str) -> np.ndarray:
+    """Return ``vectors`` as a C-contiguous ``(n, dim)`` float32 array; a ``(dim,)`` row is lifted.
+
+    Raises:
+        DimensionMismatchError: if the shape is not ``(n, dim)`` or ``(dim,)``.
+    """
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.ndim == 1 and arr.shape[0] == dim:
+        arr = arr.reshape(1, dim)
+    if arr.ndim != 2 or arr.shape[1] != dim:
+        raise DimensionMismatchError(what, f"(n, {dim})", tuple(arr.shape))
+    return np.ascontiguousarray(arr)
+
+
+class DenseIndex:
+    """Inner-product nearest neighbours over ``(n, dim)`` float32 unit vectors; ids are entry ids."""
+
+    def __init__(self, dim: int) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.dim = dim
+        self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        self._ids: set[int] = set()
+
+    def __len__(self) -> int:
+        return int(self._index.ntotal)
+
+    def add(self, entry_ids: Sequence[int], vectors: np.ndarray) -> None:
+        """Add ``(n, dim)`` float32 vectors (already L2-normalised) under ``entry_ids``.
+
+        Raises:
+            DimensionMismatchError: if ``vectors`` is not ``(len(entry_ids), dim)``.
+            DuplicateEntryError: if an id is already indexed or repeated in the call.
+        """
+        ids = np.asarray([int(i) for i in entry_ids], dtype=np.int64)
+        if ids.size == 0:
+            return
+        matrix = as_matrix(vectors, self.dim, "dense vectors")
+        if matrix.shape[0] != ids.size:
+            raise DimensionMismatchError("dense vectors", f"({ids.size}, {self.dim})", tuple(matrix.shape))
+        id_list = ids.tolist()
+        clash = (set(id_list) & self._ids) | {i for i, c in Counter(id_list).items() if c > 1}
+        if clash:
+            raise DuplicateEntryError(sorted(clash))
+        self._index.add_with_ids(matrix, ids)
+        self._ids.update(ids.tolist())
+
+    def reconstruct(self, entry_id: int) -> np.ndarray:
+        """The stored ``(dim,)`` vector of ``entry_id`` (raises KeyError if absent)."""
+        if int(entry_id) not in self._ids:
+            raise KeyError(entry_id)
+        return self._index.reconstruct(int(entry_id))
+
+    def search(self, query_vectors: np.ndarray, n: int) -> list[list[tuple[int, float]]]:
+        """Top ``n`` ``(entry_id, inner_product)`` per query row, best first, ties by entry id.
+
+        ``query_vectors`` is ``(m, dim)`` (or one ``(dim,)`` row). Returns ``m`` lists; each is
+        empty when the index is empty or ``n <= 0``, and never holds the padding id -1.
+
+        Raises:
+            DimensionMismatchError: if a query row does not have ``dim`` columns.
+        """
+        queries = as_matrix(query_vectors, self.dim, "query vectors")
+        m = queries.shape[0]
+        if n <= 0 or self._index.ntotal == 0 or m == 0:
+            return [[] for _ in range(m)]
+        k = min(n, int(self._index.ntotal))
+        scores, ids = self._index.search(queries, k)
+        results: list[list[tuple[int, float]]] = []
+        for row_scores, row_ids in zip(scores, ids, strict=True):
+            pairs = [(int(i), float(s)) for i, s in zip(row_ids, row_scores, strict=True) if i != -1]
+            pairs.sort(key=lambda p: (-p[1], p[0]))
+            results.append(pairs)
+        return results

@@ -1,0 +1,287 @@
+"""The retrieval pipeline of one query against one tenant (seed 000 Algorithm 1).
+
+BM25 top-n and dense top-n are fused with RRF; the suppression penalty ``alpha * s(d)_c`` of the
+query's cluster is subtracted from every fused score and the list re-sorted (ties by entry id);
+the top ``pool_size`` entries are reranked by the cross-encoder. When the best rerank logit is
+below ``deep_threshold`` the pool widens to ``deep_pool_size`` (seed 004, adaptive deep pass,
+k_shallow 30 / k_deep 100): the retrievers' lists are read deeper, the first pool's scores are
+reused and only the new entries are scored. The result carries the hits, the
+:class:`~mnemos.records.Outcome` (the suppression update as data), per-stage seconds from the
+injected clock and diagnostics.
+
+Nothing here reads the environment, a clock it was not handed, or another tenant's data.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mnemos.errors import DimensionMismatchError, EmptyQueryError, InvalidParameterError
+from mnemos.fusion import reciprocal_rank_fusion
+from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
+from mnemos.rerank import Reranker
+from mnemos.suppression import SuppressionTable, UpdateRule
+from mnemos.tenant_index import TenantIndex
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """Knobs of :func:`retrieve`; defaults from seed 000 §4.3 / seed 004 (DESIGN.md "Defaults").
+
+    Attributes:
+        n_candidates: entries taken from each retriever for the shallow pool (30).
+        pool_size: P, entries reranked in the shallow pass (30).
+        deep_pool_size: entries reranked in the deep pass (100); also the depth each retriever
+            is read to when a deep pass is possible.
+        deep_threshold: deep pass when the top rerank logit is below this; None disables it.
+        rrf_k: RRF constant (60).
+        use_bm25 / use_dense: retriever arms; at least one must be on.
+        rerank: rerank the pool (needs a reranker); off gives the fused order and no outcome.
+        alpha: suppression strength (0.3). eta: suppression learning rate (0.1), used by the
+            consumer of the outcome. update_rule: Eq. 1 or Eq. 2 (rank-gap, the default).
+        suppression: subtract the suppression penalty before the pool cut.
+    """
+
+    n_candidates: int = 30
+    pool_size: int = 30
+    deep_pool_size: int = 100
+    deep_threshold: float | None = 0.0
+    rrf_k: int = 60
+    use_bm25: bool = True
+    use_dense: bool = True
+    rerank: bool = True
+    alpha: float = 0.3
+    eta: float = 0.1
+    update_rule: UpdateRule = UpdateRule.RANK_GAP
+    suppression: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("n_candidates", "pool_size", "deep_pool_size"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.rrf_k < 0:
+            raise InvalidParameterError(f"rrf_k must be >= 0, got {self.rrf_k}")
+        if not (self.use_bm25 or self.use_dense):
+            raise InvalidParameterError("at least one of use_bm25 and use_dense must be on")
+        if self.alpha < 0 or self.eta < 0:
+            raise InvalidParameterError(f"alpha and eta must be >= 0, got {self.alpha}, {self.eta}")
+        object.__setattr__(self, "update_rule", UpdateRule(self.update_rule))
+
+    @property
+    def deep_enabled(self) -> bool:
+        """True when a deep pass can happen (a threshold is set and the deep pool is wider)."""
+        return self.deep_threshold is not None and self.deep_pool_size > self.pool_size
+
+
+class _Stopwatch:
+    """Accumulates seconds per stage with an injected clock."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+        self._stage: str | None = None
+        self._started = 0.0
+
+    def start(self, stage: str) -> None:
+        self.stop()
+        self._stage, self._started = stage, self.clock()
+
+    def stop(self) -> None:
+        if self._stage is not None:
+            elapsed = self.clock() - self._started
+            self.seconds[self._stage] = self.seconds.get(self._stage, 0.0) + elapsed
+            self._stage = None
+
+
+def _adjust(
+    fused: list[tuple[int, float]],
+    table: SuppressionTable | None,
+    cluster: int | None,
+    alpha: float,
+) -> list[tuple[int, float]]:
+    """Subtract ``alpha * s(d)_c`` from fused scores and re-sort (ties by entry id)."""
+    if table is None or cluster is None or alpha == 0.0:
+        return fused
+    adjusted = [(eid, score - alpha * table.penalty(eid, cluster)) for eid, score in fused]
+    adjusted.sort(key=lambda item: (-item[1], item[0]))
+    return adjusted
+
+
+def _hit(index: TenantIndex, entry_id: int, score: float, rank: int) -> Hit:
+    entry = index.entry(entry_id)
+    return Hit(
+        entry_id=entry.entry_id,
+        turn_id=entry.turn_id,
+        session_id=entry.session_id,
+        role=entry.role,
+        text=entry.text,
+        occurred_at=entry.occurred_at,
+        score=score,
+        rank=rank,
+        aliases=entry.aliases,
+    )
+
+
+def _query_vector(query_embedding: np.ndarray | None, dim: int) -> np.ndarray | None:
+    if query_embedding is None:
+        return None
+    vec = np.asarray(query_embedding, dtype=np.float32)
+    if vec.ndim == 2 and vec.shape[0] == 1:
+        vec = vec[0]
+    if vec.shape != (dim,):
+        raise DimensionMismatchError("query embedding", (dim,), tuple(vec.shape))
+    return vec
+
+
+def retrieve(
+    index: TenantIndex,
+    query: str,
+    query_embedding: np.ndarray | None,
+    *,
+    k: int = 10,
+    config: RetrievalConfig | None = None,
+    reranker: Reranker | None = None,
+    suppression: SuppressionTable | None = None,
+    cluster: int | None = None,
+    outcome_id: str | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RetrievalResult:
+    """Retrieve the top ``k`` memories of ``index``'s tenant for ``query``.
+
+    Args:
+        index: the tenant's index (only this tenant's entries can be returned).
+        query: the query text; BM25 tokenizes it, the reranker reads it.
+        query_embedding: ``(dim,)`` (or ``(1, dim)``) float32 unit vector of the query; may be
+            None only when ``config.use_dense`` is False.
+        k: number of hits wanted (>= 1). With reranking, hits come from the pool, so at most
+            the pool's size.
+        config: pipeline knobs (default :class:`RetrievalConfig`).
+        reranker: cross-encoder; None (or ``config.rerank`` False) returns the fused order.
+        suppression: the tenant's suppression scores; ignored when ``config.suppression`` is
+            False or ``cluster`` is None.
+        cluster: the query's cluster c(q) (None before bootstrap).
+        outcome_id: id of the outcome (the service passes the request id); a random one if None.
+        clock: monotonic seconds, used for :class:`~mnemos.records.StageTimings`.
+
+    Returns:
+        A :class:`~mnemos.records.RetrievalResult`. Hit scores are rerank logits when the pool
+        was reranked, else suppression-adjusted RRF scores. ``deep_pass`` is True when the top
+        logit of the shallow pool fell below the threshold (the pool may not grow if the
+        tenant has no further candidates). ``pool_size`` is the number of reranked entries
+        (0 when nothing was reranked).
+
+    Raises:
+        EmptyQueryError: if ``query`` is empty or whitespace only.
+        InvalidParameterError: if ``k < 1``.
+        DimensionMismatchError: if the query embedding does not match the index dimension, or is
+            None while the dense arm is on.
+    """
+    config = config or RetrievalConfig()
+    watch = _Stopwatch(clock)
+    started = clock()
+    if not query or not query.strip():
+        raise EmptyQueryError(query)
+    if k < 1:
+        raise InvalidParameterError(f"k must be >= 1, got {k}")
+    q_vec = _query_vector(query_embedding, index.dim)
+    if config.use_dense and q_vec is None:
+        raise DimensionMismatchError("query embedding", (index.dim,), ())
+
+    active_cluster = cluster if (config.suppression and suppression is not None) else None
+    table = suppression if active_cluster is not None else None
+    will_rerank = config.rerank and reranker is not None
+    depth = config.n_candidates
+    if will_rerank and config.deep_enabled:
+        depth = max(depth, config.deep_pool_size)
+
+    lists: list[list[int]] = []
+    watch.start("bm25")
+    if config.use_bm25:
+        lists.append([eid for eid, _ in index.bm25.search(query, depth)])
+    watch.start("dense")
+    if config.use_dense and q_vec is not None:
+        lists.append([eid for eid, _ in index.dense.search(q_vec, depth)[0]])
+    watch.start("fusion")
+    fused = reciprocal_rank_fusion([ids[: config.n_candidates] for ids in lists], k=config.rrf_k)
+    watch.start("suppression")
+    adjusted = _adjust(fused, table, active_cluster, config.alpha)
+    watch.stop()
+
+    def finish(hits: list[Hit], outcome: Outcome | None, pool_size: int, deep: bool, top: float | None):
+        watch.stop()
+        seconds = watch.seconds
+        timings = StageTimings(
+            bm25=seconds.get("bm25", 0.0),
+            dense=seconds.get("dense", 0.0),
+            fusion=seconds.get("fusion", 0.0),
+            suppression=seconds.get("suppression", 0.0),
+            rerank=seconds.get("rerank", 0.0),
+            total=clock() - started,
+        )
+        return RetrievalResult(
+            hits=tuple(hits), outcome=outcome, timings=timings, pool_size=pool_size,
+            deep_pass=deep, cluster=cluster, top_rerank_score=top,
+        )
+
+    if not will_rerank:
+        hits = [_hit(index, eid, score, rank) for rank, (eid, score) in enumerate(adjusted[:k], start=1)]
+        return finish(hits, None, 0, False, None)
+
+    assert reranker is not None
+    pool = [eid for eid, _ in adjusted[: config.pool_size]]
+    if not pool:
+        return finish([], None, 0, False, None)
+
+    watch.start("rerank")
+    scores = _score_new(reranker, query, index, pool, {})
+    top = max(scores.values())
+    deep = False
+    if config.deep_enabled and config.deep_threshold is not None and top < config.deep_threshold:
+        deep = True
+        watch.start("fusion")
+        deep_fused = reciprocal_rank_fusion(lists, k=config.rrf_k)
+        watch.start("suppression")
+        deep_adjusted = _adjust(deep_fused, table, active_cluster, config.alpha)
+        watch.start("rerank")
+        in_pool = set(pool)
+        room = config.deep_pool_size - len(pool)
+        extra = [eid for eid, _ in deep_adjusted if eid not in in_pool][:room]
+        members = in_pool | set(extra)
+        pool = [eid for eid, _ in deep_adjusted if eid in members]
+        scores = _score_new(reranker, query, index, extra, scores)
+        top = max(scores.values())
+    watch.stop()
+
+    initial = {eid: rank for rank, eid in enumerate(pool, start=1)}
+    final_order = sorted(pool, key=lambda eid: (-scores[eid], initial[eid]))
+    final = {eid: rank for rank, eid in enumerate(final_order, start=1)}
+    rows = tuple(PoolEntry(eid, initial[eid], final[eid], scores[eid]) for eid in pool)
+    outcome = Outcome(
+        outcome_id=outcome_id if outcome_id is not None else uuid.uuid4().hex,
+        tenant_id=index.tenant_id,
+        cluster=cluster,
+        pool_size=len(pool),
+        pool=rows,
+        query_embedding=tuple(float(x) for x in q_vec) if q_vec is not None else None,
+    )
+    hits = [_hit(index, eid, scores[eid], final[eid]) for eid in final_order[:k]]
+    return finish(hits, outcome, len(pool), deep, top)
+
+
+def _score_new(
+    reranker: Reranker, query: str, index: TenantIndex, entry_ids: Sequence[int], known: dict[int, float]
+) -> dict[int, float]:
+    """Scores of ``known`` plus rerank logits of ``entry_ids`` not yet scored (no call if none)."""
+    out = dict(known)
+    todo = [eid for eid in entry_ids if eid not in out]
+    if todo:
+        logits = np.asarray(reranker.score(query, [index.entry(eid).text for eid in todo]), dtype=np.float32)
+        if logits.shape != (len(todo),):
+            raise DimensionMismatchError("rerank scores", (len(todo),), tuple(logits.shape))
+        out.update((eid, float(s)) for eid, s in zip(todo, logits, strict=True))
+    return out

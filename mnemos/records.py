@@ -1,0 +1,125 @@
+"""Typed records shared by the indexes, the pipeline and the service.
+
+All records are frozen dataclasses. Ranks are 1-based everywhere. Times are tz-aware UTC.
+Source: DESIGN.md "Contracts"; the outcome is seed 000 Algorithm 1 turned into data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One canonical memory entry of a tenant.
+
+    ``entry_id`` is unique across the deployment (the Postgres key); ``turn_id`` is unique within
+    the tenant. ``aliases`` holds the turn ids that dedupe folded into this entry (cosine >= 0.95,
+    seed 004 checkpoint 7), so nothing said is lost: results map back to every alias.
+    """
+
+    entry_id: int
+    tenant_id: str
+    turn_id: str
+    session_id: str
+    role: str
+    text: str
+    occurred_at: datetime
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def turn_ids(self) -> tuple[str, ...]:
+        """The canonical turn id followed by every alias."""
+        return (self.turn_id, *self.aliases)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved memory, as returned to the agent.
+
+    ``rank`` is 1-based. ``score`` is the cross-encoder logit when the pool was reranked,
+    otherwise the fused (RRF, suppression-adjusted) score.
+    """
+
+    entry_id: int
+    turn_id: str
+    session_id: str
+    role: str
+    text: str
+    occurred_at: datetime
+    score: float
+    rank: int
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def turn_ids(self) -> tuple[str, ...]:
+        """The canonical turn id followed by every alias."""
+        return (self.turn_id, *self.aliases)
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """One row of an :class:`Outcome`: how a pool entry fared in one retrieval.
+
+    ``initial_rank`` is the rank after the suppression re-sort (r_init of seed 000 §3.1),
+    ``final_rank`` the rank after cross-encoder reranking (r_final); both 1-based.
+    ``rerank_score`` is the cross-encoder logit s_xenc.
+    """
+
+    entry_id: int
+    initial_rank: int
+    final_rank: int
+    rerank_score: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The suppression update of one retrieval, as data (seed 000 Algorithm 1, lines 9-12).
+
+    ``cluster`` is the query cluster c(q) used at retrieval time (None before bootstrap);
+    ``pool_size`` is P, the number of reranked pool entries (equal to ``len(pool)``).
+    ``query_embedding`` lets the suppression worker feed the cluster bootstrap buffer.
+    """
+
+    outcome_id: str
+    tenant_id: str
+    cluster: int | None
+    pool_size: int
+    pool: tuple[PoolEntry, ...]
+    query_embedding: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StageTimings:
+    """Seconds spent per retrieval stage, measured with the clock handed to the pipeline.
+
+    ``refresh`` is filled by the service (index refresh happens outside the pure core).
+    """
+
+    refresh: float = 0.0
+    bm25: float = 0.0
+    dense: float = 0.0
+    fusion: float = 0.0
+    suppression: float = 0.0
+    rerank: float = 0.0
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    """What :func:`mnemos.pipeline.retrieve` returns.
+
+    ``outcome`` is None when nothing was reranked (reranking off, no reranker, or an empty pool).
+    ``pool_size`` is the number of entries in the final pool (0 when nothing was reranked and the
+    fused list was empty; the fused candidate count when reranking is off).
+    ``top_rerank_score`` is the best cross-encoder logit of the final pool, or None.
+    """
+
+    hits: tuple[Hit, ...]
+    outcome: Outcome | None
+    timings: StageTimings
+    pool_size: int
+    deep_pass: bool
+    cluster: int | None
+    top_rerank_score: float | None

@@ -1,0 +1,153 @@
+"""All canonical entries of one tenant: a BM25 index, a dense index and the entry map.
+
+A tenant index holds exactly one tenant's entries; :meth:`TenantIndex.add` refuses an entry of
+another tenant (DESIGN.md: tenant isolation is a hard gate). Indexes are derived state: the
+service rebuilds or extends them from Postgres and records the tenant's memory ``version``
+they reflect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from mnemos.bm25_index import BM25Index
+from mnemos.dense_index import DenseIndex, as_matrix
+from mnemos.errors import DimensionMismatchError, DuplicateEntryError, TenantMismatchError, UnknownEntryError
+from mnemos.records import Entry
+
+
+class TenantIndex:
+    """BM25 + dense index + entry map of one tenant.
+
+    Args:
+        tenant_id: the tenant every entry must belong to.
+        dim: embedding dimension (384 for all-MiniLM-L6-v2).
+        version: the tenant memory version the index reflects (the service bumps it).
+    """
+
+    def __init__(self, tenant_id: str, dim: int, version: int = 0) -> None:
+        self.tenant_id = tenant_id
+        self.dim = dim
+        self.version = version
+        self.bm25 = BM25Index()
+        self.dense = DenseIndex(dim)
+        self._entries: dict[int, Entry] = {}
+        self._rows: dict[int, int] = {}
+        self._vectors = np.zeros((0, dim), dtype=np.float32)
+        self._n_rows = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._entries
+
+    def add(self, entries: Sequence[Entry], embeddings: np.ndarray, version: int | None = None) -> None:
+        """Add canonical entries with their ``(len(entries), dim)`` float32 unit embeddings.
+
+        All checks run before anything is changed, so a refused call leaves the index as it was.
+        ``version``, when given, becomes :attr:`version`.
+
+        Raises:
+            TenantMismatchError: if an entry belongs to another tenant.
+            DimensionMismatchError: if ``embeddings`` is not ``(len(entries), dim)``.
+            DuplicateEntryError: if an entry id is already present or repeated.
+        """
+        for entry in entries:
+            if entry.tenant_id != self.tenant_id:
+                raise TenantMismatchError(self.tenant_id, entry.tenant_id)
+        if not entries:
+            if version is not None:
+                self.version = version
+            return
+        matrix = as_matrix(embeddings, self.dim, "entry embeddings")
+        if matrix.shape[0] != len(entries):
+            raise DimensionMismatchError("entry embeddings", f"({len(entries)}, {self.dim})", tuple(matrix.shape))
+        ids = [e.entry_id for e in entries]
+        clash = {i for i in ids if i in self._entries}
+        if clash or len(set(ids)) != len(ids):
+            raise DuplicateEntryError(sorted(clash | {i for i in ids if ids.count(i) > 1}))
+
+        self.bm25.add(ids, [e.text for e in entries])
+        self.dense.add(ids, matrix)
+        self._append_vectors(ids, matrix)
+        for entry in entries:
+            self._entries[entry.entry_id] = entry
+        if version is not None:
+            self.version = version
+
+    def _append_vectors(self, ids: Sequence[int], matrix: np.ndarray) -> None:
+        needed = self._n_rows + matrix.shape[0]
+        if needed > self._vectors.shape[0]:
+            grown = np.zeros((max(needed, 2 * self._vectors.shape[0], 16), self.dim), dtype=np.float32)
+            grown[: self._n_rows] = self._vectors[: self._n_rows]
+            self._vectors = grown
+        self._vectors[self._n_rows : needed] = matrix
+        for offset, entry_id in enumerate(ids):
+            self._rows[entry_id] = self._n_rows + offset
+        self._n_rows = needed
+
+    def entry(self, entry_id: int) -> Entry:
+        """The entry with ``entry_id``.
+
+        Raises:
+            UnknownEntryError: if the tenant has no such entry.
+        """
+        try:
+            return self._entries[entry_id]
+        except KeyError:
+            raise UnknownEntryError(self.tenant_id, entry_id) from None
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry, in insertion order."""
+        return iter(self._entries.values())
+
+    def embeddings_of(self, entry_ids: Iterable[int]) -> np.ndarray:
+        """``(n, dim)`` float32 embeddings of ``entry_ids``, in the given order.
+
+        Raises:
+            UnknownEntryError: if an id is not in the tenant.
+        """
+        ids = list(entry_ids)
+        rows = []
+        for entry_id in ids:
+            if entry_id not in self._rows:
+                raise UnknownEntryError(self.tenant_id, entry_id)
+            rows.append(self._rows[entry_id])
+        return self._vectors[np.asarray(rows, dtype=np.int64)].copy() if rows else np.zeros((0, self.dim), np.float32)
+
+    def all_embeddings(self) -> tuple[list[int], np.ndarray]:
+        """Every entry id (insertion order) and its ``(n, dim)`` embedding, e.g. for dedupe."""
+        ids = list(self._entries)
+        return ids, self._vectors[: self._n_rows].copy()
+
+    def add_aliases(self, entry_id: int, turn_ids: Sequence[str]) -> Entry:
+        """Fold ``turn_ids`` into ``entry_id``'s aliases (dedupe); returns the updated entry.
+
+        Alias turn ids already present (or equal to the canonical turn id) are skipped.
+
+        Raises:
+            UnknownEntryError: if the tenant has no such entry.
+        """
+        entry = self.entry(entry_id)
+        known = set(entry.turn_ids)
+        extra = []
+        for turn_id in turn_ids:
+            if turn_id not in known:
+                known.add(turn_id)
+                extra.append(turn_id)
+        if extra:
+            entry = dataclasses.replace(entry, aliases=(*entry.aliases, *extra))
+            self._entries[entry_id] = entry
+        return entry
+
+    def alias_map(self) -> dict[str, str]:
+        """``{turn_id: canonical turn_id}`` for every turn of the tenant (canonical maps to itself)."""
+        mapping: dict[str, str] = {}
+        for entry in self._entries.values():
+            for turn_id in entry.turn_ids:
+                mapping[turn_id] = entry.turn_id
+        return mapping
