@@ -1,0 +1,31 @@
+"""Mnemos client API: wire schemas, validation and the client (the public surface is ``__all__``)."""
+
+from api.client import MnemosClient
+from api.errors import (
+    InvalidInputError,
+    MnemosClientError,
+    Reason,
+    RetrievalFailed,
+    RetrievalTimeout,
+    ServiceUnavailable,
+)
+from api.schemas import Hit, Outcome, PoolRow, RetrievalRequest, RetrievalResult, Turn
+from api.validation import SCHEMA_VERSION, Limits
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Hit",
+    "InvalidInputError",
+    "Limits",
+    "MnemosClient",
+    "MnemosClientError",
+    "Outcome",
+    "PoolRow",
+    "Reason",
+    "RetrievalFailed",
+    "RetrievalRequest",
+    "RetrievalResult",
+    "RetrievalTimeout",
+    "ServiceUnavailable",
+    "Turn",
+]

@@ -1,0 +1,158 @@
+"""The client an agent uses: publish turns to the stream, ask for memories through rq.
+
+``publish_turn(s)`` validates and XADDs to ``<prefix>:turns``; ``retrieve`` enqueues a JSON job
+(never pickle: anyone who can write to Redis could otherwise run code in a worker) on the rq
+queue and waits with its own timeout, because a job whose worker was SIGKILLed is only marked
+failed by rq's periodic maintenance. Redis errors become :class:`ServiceUnavailable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.results import Result
+from rq.serializers import JSONSerializer
+
+from api.errors import InvalidInputError, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
+from api.schemas import RetrievalRequest, RetrievalResult, Turn
+from api.validation import Limits
+
+log = logging.getLogger(__name__)
+
+RETRIEVAL_JOB = "workers.query.retrieval_job"  # resolved by the query worker, never imported here
+_TERMINAL_FAILURES = {JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
+
+
+class MnemosClient:
+    """Client of one Mnemos deployment.
+
+    Args:
+        connection: a redis-py client (``decode_responses=False``).
+        stream_prefix: streams are ``<prefix>:turns`` and ``<prefix>:outcomes``.
+        queue_name: rq queue of the query workers.
+        limits: validation limits (the workers apply the same checks).
+        retrieve_timeout_s: default wait for a retrieval result.
+        job_timeout_s: rq kills a job running longer than this.
+        result_ttl_s: seconds rq keeps a result.
+    """
+
+    def __init__(self, connection: redis.Redis, *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",
+                 limits: Limits | None = None, retrieve_timeout_s: float = 30.0, job_timeout_s: int = 60,
+                 result_ttl_s: int = 600, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.connection = connection
+        self.turns_stream = f"{stream_prefix}:turns"
+        self.limits = limits or Limits()
+        self.retrieve_timeout_s = retrieve_timeout_s
+        self.job_timeout_s = job_timeout_s
+        self.result_ttl_s = result_ttl_s
+        self.clock = clock
+        self.queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
+
+    # turns ----------------------------------------------------------------------------------
+
+    def make_turn(self, turn: Turn | Mapping[str, Any]) -> Turn:
+        """A validated :class:`Turn` from a Turn or a mapping of its fields (``v`` defaults to 1)."""
+        values = turn.to_stream_fields() if isinstance(turn, Turn) else {"v": 1, **turn}
+        return Turn.parse(values, self.limits, self.clock())
+
+    def publish_turn(self, turn: Turn | Mapping[str, Any]) -> str:
+        """Validate and XADD one turn; returns its stream id. Raises InvalidInputError, ServiceUnavailable."""
+        return self.publish_turns([turn])[0]
+
+    def publish_turns(self, turns: Iterable[Turn | Mapping[str, Any]]) -> list[str]:
+        """Validate every turn first (nothing is sent if one is invalid), then XADD them in one pipeline.
+
+        Raises InvalidInputError (its message names the index of the bad turn) or ServiceUnavailable.
+        """
+        checked: list[Turn] = []
+        for index, turn in enumerate(turns):
+            try:
+                checked.append(self.make_turn(turn))
+            except InvalidInputError as exc:
+                raise InvalidInputError(exc.reason, f"turns[{index}].{exc.field}", exc.detail) from exc
+        if not checked:
+            return []
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for turn in checked:
+                pipe.xadd(self.turns_stream, turn.to_stream_fields())  # type: ignore[arg-type]
+            ids = pipe.execute()
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"cannot publish to {self.turns_stream}: {exc}") from exc
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+
+    # retrieval ------------------------------------------------------------------------------
+
+    def retrieve(self, tenant_id: str, query: str, k: int = 10, *, request_id: str | None = None,
+                 timeout_s: float | None = None) -> RetrievalResult:
+        """Ask the query workers; returns the typed result.
+
+        Raises InvalidInputError before anything is sent; RetrievalFailed when the job failed;
+        RetrievalTimeout when no result arrived within ``timeout_s`` (default ``retrieve_timeout_s``);
+        ServiceUnavailable when Redis fails.
+        """
+        payload: dict[str, Any] = {"v": 1, "tenant_id": tenant_id, "query": query, "k": k}
+        if request_id is not None:
+            payload["request_id"] = request_id
+        request = RetrievalRequest.parse(payload, self.limits)
+        timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
+        try:
+            job = self.queue.enqueue(
+                RETRIEVAL_JOB, request.to_payload(), job_id=request.request_id,
+                job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
+                failure_ttl=self.result_ttl_s, ttl=max(1, int(timeout + 0.999)),
+            )
+            return self._wait(job, request, timeout)
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"retrieval {request.request_id}: {exc}") from exc
+
+    def _wait(self, job: Job, request: RetrievalRequest, timeout_s: float) -> RetrievalResult:
+        deadline = time.monotonic() + timeout_s
+        key = Result.get_key(job.id)
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                break
+            # block on the job's result stream, waking up at least every 500 ms to look at its status
+            if self.connection.xread({key: "0-0"}, count=1, block=min(remaining_ms, 500)):
+                result = job.latest_result()
+                if result is not None:
+                    return self._from_result(request, result)
+            status = self._status(job)
+            if status in _TERMINAL_FAILURES:
+                result = job.latest_result()
+                detail = result.exc_string if result is not None and result.exc_string else status.value
+                raise RetrievalFailed(request.request_id, status.value, _last_line(detail))
+        status = self._status(job)
+        if status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED):
+            with contextlib.suppress(InvalidJobOperation, NoSuchJobError):
+                job.cancel()  # nobody will read its result any more
+        raise RetrievalTimeout(request.request_id, timeout_s, None if status is None else status.value)
+
+    @staticmethod
+    def _status(job: Job) -> JobStatus | None:
+        try:
+            return job.get_status(refresh=True)
+        except (InvalidJobOperation, NoSuchJobError):
+            return None
+
+    @staticmethod
+    def _from_result(request: RetrievalRequest, result: Result) -> RetrievalResult:
+        if result.type == Result.Type.SUCCESSFUL:
+            return RetrievalResult.from_payload(result.return_value)  # type: ignore[arg-type]
+        detail = result.exc_string or result.type.name
+        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail))
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text

@@ -1,0 +1,80 @@
+"""Errors a Mnemos client sees (root: ``MnemosClientError``).
+
+Validation errors carry a stable ``reason`` code (:class:`Reason`); the ingest worker writes the
+same codes to its dead letters and to the ``mnemos_ingest_turns_rejected_total{reason}`` metric,
+so a rejected turn reads the same on both sides of the stream.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a turn, a request or a stream message was refused (low-cardinality label values)."""
+
+    EMPTY_TEXT = "empty_text"
+    TEXT_TOO_LARGE = "text_too_large"
+    CONTROL_CHARACTERS = "control_characters"
+    INVALID_UTF8 = "invalid_utf8"
+    MISSING_FIELD = "missing_field"
+    BAD_ID = "bad_id"
+    BAD_TIMESTAMP = "bad_timestamp"
+    TIMESTAMP_WITHOUT_ZONE = "timestamp_without_zone"
+    TIMESTAMP_IN_FUTURE = "timestamp_in_future"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    BAD_METADATA = "bad_metadata"
+    METADATA_TOO_LARGE = "metadata_too_large"
+    EMPTY_QUERY = "empty_query"
+    QUERY_TOO_LARGE = "query_too_large"
+    K_OUT_OF_RANGE = "k_out_of_range"
+    # worker side only
+    TURN_ID_CONFLICT = "turn_id_conflict"  # same (tenant, turn_id) again with different content
+    MALFORMED_MESSAGE = "malformed_message"  # not a turn at all (unparseable fields)
+    TRIMMED_BEFORE_ACK = "trimmed_before_ack"  # a pending stream entry was deleted by a trim
+    PROCESSING_ERROR = "processing_error"  # the worker failed on this message alone (a bug): kept for replay
+
+
+class MnemosClientError(Exception):
+    """Base class of every error raised by :mod:`api`."""
+
+
+class InvalidInputError(MnemosClientError, ValueError):
+    """Raised when a turn or a retrieval request fails validation (before anything is sent).
+
+    ``reason`` is the :class:`Reason` code, ``field`` the offending field, ``detail`` a
+    human-readable explanation (never the full text, which may be large or private).
+    """
+
+    def __init__(self, reason: Reason, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail} ({reason.value})")
+        self.reason = reason
+        self.field = field
+        self.detail = detail
+
+
+class ServiceUnavailable(MnemosClientError):
+    """Raised when Redis cannot be reached or refuses a command; the cause is chained."""
+
+
+class RetrievalTimeout(MnemosClientError, TimeoutError):
+    """Raised when no result arrived within the client's timeout (no worker, or a killed one).
+
+    The job is cancelled if it had not started, so it will not run after the caller gave up.
+    """
+
+    def __init__(self, request_id: str, timeout_s: float, status: str | None) -> None:
+        super().__init__(f"retrieval {request_id} got no result within {timeout_s:.1f}s (job status {status})")
+        self.request_id = request_id
+        self.timeout_s = timeout_s
+        self.status = status
+
+
+class RetrievalFailed(MnemosClientError):
+    """Raised when the query worker ran the request and it failed (``detail`` has the last line)."""
+
+    def __init__(self, request_id: str, status: str, detail: str) -> None:
+        super().__init__(f"retrieval {request_id} failed ({status}): {detail}")
+        self.request_id = request_id
+        self.status = status
+        self.detail = detail

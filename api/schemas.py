@@ -1,0 +1,242 @@
+"""Wire schemas of the service (DESIGN.md "Contracts"), version ``v`` = 1.
+
+* :class:`Turn`: one message of stream ``<prefix>:turns`` (flat string fields).
+* :class:`RetrievalRequest`: the JSON argument of an rq job on queue ``retrievals``.
+* :class:`RetrievalResult` with :class:`Hit`: the JSON return value of that job.
+* :class:`Outcome` with :class:`PoolRow`: one message of stream ``<prefix>:outcomes``.
+
+Each has ``to_*``/``from_*`` converters; the ``from_*`` side validates, so a worker applies the
+same checks as the client. Times travel as ISO 8601 with a zone and are UTC in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from api.errors import InvalidInputError, Reason
+from api.validation import (
+    SCHEMA_VERSION,
+    Limits,
+    check_id,
+    check_k,
+    check_metadata,
+    check_text,
+    check_timestamp,
+    check_version,
+)
+
+DEFAULT_LIMITS = Limits()
+TURN_FIELDS = ("v", "tenant_id", "session_id", "turn_id", "role", "text", "occurred_at", "metadata")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One conversation turn as an agent publishes it; ``turn_id`` is the idempotency key in its tenant."""
+
+    tenant_id: str
+    session_id: str
+    turn_id: str
+    role: str
+    text: str
+    occurred_at: datetime
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    v: int = SCHEMA_VERSION
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS, now: datetime | None = None) -> Turn:
+        """Validate a mapping of field values (stream fields or user input); raises InvalidInputError."""
+        version = check_version(values.get("v", None))
+        return cls(
+            tenant_id=check_id(values.get("tenant_id"), "tenant_id", limits),
+            session_id=check_id(values.get("session_id"), "session_id", limits),
+            turn_id=check_id(values.get("turn_id"), "turn_id", limits),
+            role=check_id(values.get("role"), "role", limits),
+            text=check_text(values.get("text"), "text", limits.max_text_bytes, Reason.EMPTY_TEXT,
+                            Reason.TEXT_TOO_LARGE),
+            occurred_at=check_timestamp(values.get("occurred_at"), "occurred_at", limits, now or _now()),
+            metadata=check_metadata(values.get("metadata"), limits),
+            v=version,
+        )
+
+    @classmethod
+    def from_stream_fields(cls, raw: Mapping[bytes, bytes], limits: Limits = DEFAULT_LIMITS,
+                           now: datetime | None = None) -> Turn:
+        """Decode and validate a stream message (bytes keys and values); raises InvalidInputError."""
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            try:
+                name = key.decode("utf-8") if isinstance(key, bytes) else str(key)
+                values[name] = value.decode("utf-8") if isinstance(value, bytes) else value
+            except UnicodeDecodeError:
+                raise InvalidInputError(Reason.INVALID_UTF8, str(key)[:40], "is not valid UTF-8") from None
+        if "v" not in values:
+            raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", "is missing")
+        return cls.parse(values, limits, now)
+
+    def to_stream_fields(self) -> dict[str, str]:
+        """Flat string fields for XADD."""
+        fields = {
+            "v": str(self.v),
+            "tenant_id": self.tenant_id,
+            "session_id": self.session_id,
+            "turn_id": self.turn_id,
+            "role": self.role,
+            "text": self.text,
+            "occurred_at": self.occurred_at.isoformat(),
+        }
+        if self.metadata:
+            fields["metadata"] = json.dumps(dict(self.metadata), ensure_ascii=False, separators=(",", ":"))
+        return fields
+
+    def same_content(self, other: Turn) -> bool:
+        """True when ``other`` says the same thing (used to tell a redelivery from a turn-id conflict)."""
+        return (self.session_id, self.role, self.text, self.occurred_at) == (
+            other.session_id, other.role, other.text, other.occurred_at)
+
+
+@dataclass(frozen=True)
+class RetrievalRequest:
+    """One question of a tenant; ``request_id`` becomes the rq job id and the outcome id."""
+
+    tenant_id: str
+    query: str
+    k: int = 10
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    v: int = SCHEMA_VERSION
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS) -> RetrievalRequest:
+        """Validate a request payload; raises InvalidInputError."""
+        request_id = values.get("request_id") or uuid.uuid4().hex
+        return cls(
+            tenant_id=check_id(values.get("tenant_id"), "tenant_id", limits),
+            query=check_text(values.get("query"), "query", limits.max_query_bytes, Reason.EMPTY_QUERY,
+                             Reason.QUERY_TOO_LARGE),
+            k=check_k(values.get("k", 10), limits),
+            request_id=check_id(request_id, "request_id", limits),
+            v=check_version(values.get("v")),
+        )
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"v": self.v, "request_id": self.request_id, "tenant_id": self.tenant_id,
+                "query": self.query, "k": self.k}
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One returned memory; ``rank`` is 1-based, ``aliases`` the turn ids deduplicated into it."""
+
+    entry_id: int
+    turn_id: str
+    session_id: str
+    role: str
+    text: str
+    occurred_at: datetime
+    score: float
+    rank: int
+    aliases: tuple[str, ...] = ()
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"entry_id": self.entry_id, "turn_id": self.turn_id, "session_id": self.session_id,
+                "role": self.role, "text": self.text, "occurred_at": self.occurred_at.isoformat(),
+                "score": self.score, "rank": self.rank, "aliases": list(self.aliases)}
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> Hit:
+        return cls(int(data["entry_id"]), str(data["turn_id"]), str(data["session_id"]), str(data["role"]),
+                   str(data["text"]), datetime.fromisoformat(data["occurred_at"]), float(data["score"]),
+                   int(data["rank"]), tuple(data.get("aliases", ())))
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    """Ordered hits plus diagnostics: pool size, deep pass, cluster, seconds per stage, memory version."""
+
+    request_id: str
+    tenant_id: str
+    hits: tuple[Hit, ...]
+    pool_size: int
+    deep_pass: bool
+    cluster: int | None
+    top_rerank_score: float | None
+    stage_seconds: Mapping[str, float]
+    memory_version: int
+    v: int = SCHEMA_VERSION
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"v": self.v, "request_id": self.request_id, "tenant_id": self.tenant_id,
+                "hits": [h.to_payload() for h in self.hits], "pool_size": self.pool_size,
+                "deep_pass": self.deep_pass, "cluster": self.cluster, "top_rerank_score": self.top_rerank_score,
+                "stage_seconds": dict(self.stage_seconds), "memory_version": self.memory_version}
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> RetrievalResult:
+        return cls(
+            request_id=str(data["request_id"]), tenant_id=str(data["tenant_id"]),
+            hits=tuple(Hit.from_payload(h) for h in data["hits"]), pool_size=int(data["pool_size"]),
+            deep_pass=bool(data["deep_pass"]), cluster=data.get("cluster"),
+            top_rerank_score=data.get("top_rerank_score"), stage_seconds=dict(data.get("stage_seconds", {})),
+            memory_version=int(data.get("memory_version", 0)), v=check_version(data.get("v")),
+        )
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    """How one pool entry fared: ranks 1-based (before / after rerank), the rerank logit."""
+
+    entry_id: int
+    initial_rank: int
+    final_rank: int
+    rerank_score: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One retrieval's suppression update as a stream message (seed 000 Algorithm 1 as data).
+
+    ``query_embedding`` is sent while the tenant has no frozen centroids (the bootstrap buffer
+    needs it) and omitted afterwards.
+    """
+
+    outcome_id: str
+    tenant_id: str
+    cluster: int | None
+    pool_size: int
+    pool: tuple[PoolRow, ...]
+    query_embedding: tuple[float, ...] | None = None
+    v: int = SCHEMA_VERSION
+
+    def to_stream_fields(self) -> dict[str, str]:
+        body = {"outcome_id": self.outcome_id, "cluster": self.cluster, "pool_size": self.pool_size,
+                "pool": [[p.entry_id, p.initial_rank, p.final_rank, p.rerank_score] for p in self.pool],
+                "query_embedding": None if self.query_embedding is None else list(self.query_embedding)}
+        return {"v": str(self.v), "tenant_id": self.tenant_id, "outcome": json.dumps(body, separators=(",", ":"))}
+
+    @classmethod
+    def from_stream_fields(cls, raw: Mapping[bytes, bytes]) -> Outcome:
+        """Decode a stream message; raises InvalidInputError (MALFORMED_MESSAGE) when it is not one."""
+        try:
+            values = {k.decode(): v.decode() for k, v in raw.items()}
+            version = check_version(values.get("v"))
+            body = json.loads(values["outcome"])
+            pool = tuple(PoolRow(int(e), int(i), int(f), float(s)) for e, i, f, s in body["pool"])
+            embedding = body.get("query_embedding")
+            return cls(
+                outcome_id=str(body["outcome_id"]), tenant_id=values["tenant_id"],
+                cluster=None if body.get("cluster") is None else int(body["cluster"]),
+                pool_size=int(body["pool_size"]), pool=pool,
+                query_embedding=None if embedding is None else tuple(float(x) for x in embedding), v=version,
+            )
+        except InvalidInputError:
+            raise
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as exc:
+            raise InvalidInputError(Reason.MALFORMED_MESSAGE, "outcome", f"{type(exc).__name__}: {exc}") from None

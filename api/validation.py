@@ -1,0 +1,139 @@
+"""Field checks shared by the client (before sending) and the workers (on what they receive).
+
+Every check raises :class:`api.errors.InvalidInputError` with a :class:`api.errors.Reason`.
+Limits are a value object so the workers can build them from their settings and the client can
+take the defaults. Timestamps must carry a zone (a zone-less time is ambiguous across agents
+and servers, so it is refused rather than guessed) and are converted to UTC.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from api.errors import InvalidInputError, Reason
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+_ALLOWED_TEXT_CONTROLS = frozenset("\t\n\r")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Input limits (bytes are UTF-8 bytes; ``max_future_skew_s`` tolerates clock drift)."""
+
+    max_text_bytes: int = 32 * 1024
+    max_query_bytes: int = 4 * 1024
+    max_id_chars: int = 256
+    max_metadata_bytes: int = 8 * 1024
+    max_future_skew_s: float = 86_400.0
+    max_k: int = 100
+
+
+def check_version(value: Any) -> int:
+    """The schema version as an int; refuses missing or unknown versions."""
+    try:
+        version = int(value)
+    except (TypeError, ValueError):
+        raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", f"not a schema version: {value!r}") from None
+    if version not in SUPPORTED_VERSIONS:
+        raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", f"unknown schema version {version}")
+    return version
+
+
+def _utf8_size(value: str, field: str) -> int:
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates, e.g. from a JSON "\ud800"
+        raise InvalidInputError(Reason.INVALID_UTF8, field, "not encodable as UTF-8") from None
+
+
+def check_id(value: Any, field: str, limits: Limits) -> str:
+    """A non-empty identifier without control characters, at most ``max_id_chars`` characters.
+
+    Separators, quotes and SQL-looking text are allowed: ids only ever travel as bound parameters.
+    """
+    if value is None:
+        raise InvalidInputError(Reason.MISSING_FIELD, field, "is missing")
+    if not isinstance(value, str):
+        raise InvalidInputError(Reason.BAD_ID, field, f"must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInputError(Reason.BAD_ID, field, "is empty or whitespace")
+    if len(value) > limits.max_id_chars:
+        raise InvalidInputError(Reason.BAD_ID, field, f"longer than {limits.max_id_chars} characters")
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise InvalidInputError(Reason.CONTROL_CHARACTERS, field, "contains control characters")
+    _utf8_size(value, field)
+    return value
+
+
+def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, large_reason: Reason) -> str:
+    """Non-blank text of at most ``max_bytes`` UTF-8 bytes; tab, CR and LF are the only controls allowed."""
+    if value is None:
+        raise InvalidInputError(Reason.MISSING_FIELD, field, "is missing")
+    if not isinstance(value, str):
+        raise InvalidInputError(empty_reason, field, f"must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInputError(empty_reason, field, "is empty or whitespace only")
+    size = _utf8_size(value, field)
+    if size > max_bytes:
+        raise InvalidInputError(large_reason, field, f"{size} bytes, limit {max_bytes}")
+    if any(unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_TEXT_CONTROLS for ch in value):
+        raise InvalidInputError(Reason.CONTROL_CHARACTERS, field, "contains NUL or other control characters")
+    return value
+
+
+def check_timestamp(value: Any, field: str, limits: Limits, now: datetime) -> datetime:
+    """A zone-aware time (datetime or ISO 8601 string) no later than ``now`` + skew, in UTC."""
+    if value is None:
+        raise InvalidInputError(Reason.MISSING_FIELD, field, "is missing")
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InvalidInputError(Reason.BAD_TIMESTAMP, field, f"not ISO 8601: {value[:64]!r}") from None
+    else:
+        raise InvalidInputError(Reason.BAD_TIMESTAMP, field, f"must be an ISO 8601 string, not {type(value).__name__}")
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidInputError(Reason.TIMESTAMP_WITHOUT_ZONE, field, "has no time zone (add Z or +HH:MM)")
+    moment = moment.astimezone(UTC)
+    if (moment - now).total_seconds() > limits.max_future_skew_s:
+        raise InvalidInputError(Reason.TIMESTAMP_IN_FUTURE, field, f"{moment.isoformat()} is in the future")
+    return moment
+
+
+def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
+    """A JSON object (dict or its JSON text) of at most ``max_metadata_bytes`` serialized bytes."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidInputError(Reason.BAD_METADATA, "metadata", "not valid JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidInputError(Reason.BAD_METADATA, "metadata", "must be a JSON object")
+    try:
+        encoded = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(Reason.BAD_METADATA, "metadata", f"not JSON-serializable: {exc}") from None
+    if "\\u0000" in encoded:
+        raise InvalidInputError(Reason.CONTROL_CHARACTERS, "metadata", "contains NUL")
+    size = _utf8_size(encoded, "metadata")
+    if size > limits.max_metadata_bytes:
+        raise InvalidInputError(Reason.METADATA_TOO_LARGE, "metadata", f"{size} bytes, limit {limits.max_metadata_bytes}")
+    return value
+
+
+def check_k(value: Any, limits: Limits) -> int:
+    """An int in 1..max_k (bools and floats are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(Reason.K_OUT_OF_RANGE, "k", f"must be an integer, not {type(value).__name__}")
+    if not 1 <= value <= limits.max_k:
+        raise InvalidInputError(Reason.K_OUT_OF_RANGE, "k", f"{value} is outside 1..{limits.max_k}")
+    return value

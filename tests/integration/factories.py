@@ -1,0 +1,47 @@
+"""Builders shared by the integration tests (fake models, fresh metrics, a client)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import redis
+
+from api.client import MnemosClient
+from workers.ingest import IngestWorker, limits_of
+from workers.metrics import ServiceMetrics
+from workers.models import TruncationCounter, load_encoder
+from workers.settings import Settings
+from workers.store import Store
+
+BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
+
+
+def client_for(settings: Settings, connection: redis.Redis) -> MnemosClient:
+    return MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s)
+
+
+def ingest_worker(settings: Settings, connection: redis.Redis, store: Store,
+                  truncation: TruncationCounter | None = None) -> IngestWorker:
+    return IngestWorker(settings, connection, store, load_encoder(settings), truncation or TruncationCounter(),
+                        ServiceMetrics())
+
+
+def turn(tenant: str, turn_id: str, text: str, *, session: str = "s1", role: str = "user",
+         minutes: int = 0) -> dict[str, object]:
+    return {"tenant_id": tenant, "session_id": session, "turn_id": turn_id, "role": role, "text": text,
+            "occurred_at": (BASE_TIME + timedelta(minutes=minutes)).isoformat()}
+
+
+def drain(worker: IngestWorker, name: str = "c1", rounds: int = 5) -> int:
+    """Read and handle batches until the stream has nothing new; returns the messages handled."""
+    consumer = worker.consumer(name)
+    consumer.ensure_group()
+    handled = 0
+    for _ in range(rounds):
+        batch = consumer.read()
+        if not batch:
+            break
+        consumer.ack(worker.handle(batch))
+        handled += len(batch)
+    return handled

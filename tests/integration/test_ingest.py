@@ -1,0 +1,182 @@
+"""Ingest worker against the real Redis and Postgres (fake encoder)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from tests.integration.factories import client_for, drain, ingest_worker, turn
+from workers.errors import StoreError
+from workers.models import TruncationCounter, bi_encoder_dir
+from workers.settings import Settings
+from workers.store import Store
+from workers.streams import run_consumer
+
+pytestmark = pytest.mark.integration
+
+
+def _entries(store: Store, tenant: str) -> list[tuple]:
+    with store.tenant_tx(tenant) as conn:
+        return conn.execute(
+            "SELECT entry_id, turn_id, text, canonical_entry_id FROM entries ORDER BY entry_id").fetchall()
+
+
+def _version(store: Store, tenant: str) -> int | None:
+    with store.tenant_tx(tenant) as conn:
+        return Store.memory_version(conn, tenant)
+
+
+def _dead(store: Store) -> list[tuple]:
+    with store.plain_tx() as conn:
+        return conn.execute("SELECT reason, tenant_id, turn_id FROM dead_letters ORDER BY dead_letter_id").fetchall()
+
+
+def test_turns_become_entries_with_aliases_per_tenant(settings: Settings, redis_client: redis.Redis,
+                                                      store: Store) -> None:
+    client = client_for(settings, redis_client)
+    client.publish_turns([
+        turn("alice", "a1", "I really like coffee"),
+        turn("alice", "a2", "I really like coffee."),
+        turn("alice", "a3", "My sister lives in Lisbon", minutes=1),
+        turn("bob", "b1", "I really like coffee"),
+    ])
+    worker = ingest_worker(settings, redis_client, store)
+    assert drain(worker) == 4
+    alice = _entries(store, "alice")
+    assert [(r[1], r[3]) for r in alice] == [("a1", None), ("a2", alice[0][0]), ("a3", None)]
+    assert alice[1][2] == "I really like coffee."  # the alias keeps its own turn
+    bob = _entries(store, "bob")
+    assert [(r[1], r[3]) for r in bob] == [("b1", None)]  # dedupe never crosses tenants
+    assert _version(store, "alice") == 1 and _version(store, "bob") == 1
+    assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
+    assert worker.metrics.ingest_duplicates._value.get() == 1
+    assert worker.metrics.ingest_turns_indexed._value.get() == 3
+
+
+def test_redelivered_batch_changes_nothing(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client_for(settings, redis_client).publish_turns([turn("t", f"x{i}", f"fact number {i} about cats") for i in range(3)])
+    worker = ingest_worker(settings, redis_client, store)
+    consumer = worker.consumer("c1")
+    consumer.ensure_group()
+    batch = consumer.read()
+    worker.handle(batch)  # committed, but the ack is "lost"
+    before = (_entries(store, "t"), _version(store, "t"))
+    consumer.ack(worker.handle(batch))  # the same entries delivered again
+    assert (_entries(store, "t"), _version(store, "t")) == before
+
+
+def test_malformed_turns_are_dead_lettered_and_the_worker_goes_on(settings: Settings, redis_client: redis.Redis,
+                                                                  store: Store) -> None:
+    good = client_for(settings, redis_client).make_turn(turn("t", "ok1", "valid turn")).to_stream_fields()
+    stream = settings.turns_stream
+    redis_client.xadd(stream, {**good, "text": "   "})
+    redis_client.xadd(stream, {**good, "turn_id": "tz", "occurred_at": "2024-03-01T09:00:00"})
+    redis_client.xadd(stream, {**good, "turn_id": "nul", "text": "a\x00b"})
+    redis_client.xadd(stream, {"garbage": b"\xff\xfe"})
+    redis_client.xadd(stream, {**good, "v": "7"})
+    redis_client.xadd(stream, good)
+    worker = ingest_worker(settings, redis_client, store)
+    assert drain(worker) == 6
+    reasons = sorted(r[0] for r in _dead(store))
+    assert reasons == sorted(["empty_text", "timestamp_without_zone", "control_characters", "invalid_utf8",
+                              "unsupported_version"])
+    assert [r[1] for r in _entries(store, "t")] == ["ok1"]
+    assert redis_client.xlen(settings.dead_letter_stream) == 5
+    assert redis_client.xpending(stream, "ingest")["pending"] == 0
+
+
+def test_turn_id_conflict_first_write_wins(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client = client_for(settings, redis_client)
+    client.publish_turn(turn("t", "same", "the first version"))
+    client.publish_turn(turn("t", "same", "a different second version"))
+    drain(ingest_worker(settings, redis_client, store))
+    assert [r[2] for r in _entries(store, "t")] == ["the first version"]
+    assert _dead(store) == [("turn_id_conflict", "t", "same")]
+
+
+def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client_for(settings, redis_client).publish_turns([turn("t", f"k{i}", f"turn {i} of a flaky day") for i in range(4)])
+    worker = ingest_worker(settings, redis_client, store)
+    real = worker._write_tenant
+    failures = {"left": 2}
+    seen_pending: list[int] = []
+
+    def flaky(tenant_id, pending):
+        if failures["left"]:
+            failures["left"] -= 1
+            seen_pending.append(redis_client.xpending(settings.turns_stream, "ingest")["pending"])
+            raise StoreError("connection lost")
+        return real(tenant_id, pending)
+
+    worker._write_tenant = flaky  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=run_consumer, args=(worker.consumer("c1"), worker.handle, stop),
+                              kwargs={"poison": worker.poison})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(_entries(store, "t")) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(5)
+    assert seen_pending == [4, 4]  # still pending while the commit failed
+    assert len(_entries(store, "t")) == 4
+    assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
+
+
+def test_idle_entries_of_a_dead_consumer_are_claimed(settings: Settings, redis_client: redis.Redis,
+                                                     store: Store) -> None:
+    settings = settings.replace(claim_idle_ms=200, claim_interval_s=0.0)
+    client_for(settings, redis_client).publish_turns([turn("t", f"d{i}", f"orphaned turn {i}") for i in range(3)])
+    dead = ingest_worker(settings, redis_client, store).consumer("dead")
+    dead.ensure_group()
+    assert len(dead.read()) == 3  # read, then "killed" before the commit
+    time.sleep(0.3)
+    worker = ingest_worker(settings, redis_client, store)
+    assert drain(worker, "alive") == 3
+    assert len(_entries(store, "t")) == 3
+    assert worker.metrics.ingest_claimed._value.get() == 3
+    assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
+
+
+def test_long_turn_keeps_its_full_text_and_counts_the_truncation(settings: Settings, redis_client: redis.Redis,
+                                                                 store: Store) -> None:
+    path = bi_encoder_dir(settings.replace(bi_encoder="bundled"))
+    assert path is not None
+    text = "filler words about nothing in particular " * 110 + "The locker code is 4721."
+    client_for(settings, redis_client).publish_turn(turn("t", "long", text))
+    worker = ingest_worker(settings, redis_client, store, TruncationCounter.for_model_dir(path))
+    drain(worker)
+    with store.tenant_tx("t") as conn:
+        stored, cut = conn.execute("SELECT text, encoder_truncated FROM entries").fetchone()
+    assert stored == text and cut is True
+    assert worker.metrics.ingest_truncated._value.get() == 1
+
+
+def test_two_workers_dedupe_the_same_instant(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client = client_for(settings, redis_client)
+    workers = [ingest_worker(settings, redis_client, store) for _ in range(2)]
+    consumers = [w.consumer(f"w{i}") for i, w in enumerate(workers)]
+    consumers[0].ensure_group()
+    client.publish_turn(turn("t", "c1", "I really like coffee"))
+    batch_a = consumers[0].read()
+    client.publish_turn(turn("t", "c2", "I really like coffee."))
+    batch_b = consumers[1].read()
+    barrier = threading.Barrier(2)
+
+    def run(worker, consumer, batch):
+        barrier.wait()
+        consumer.ack(worker.handle(batch))
+
+    threads = [threading.Thread(target=run, args=(w, c, b))
+               for w, c, b in zip(workers, consumers, [batch_a, batch_b], strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    rows = _entries(store, "t")
+    assert len(rows) == 2
+    assert sum(r[3] is None for r in rows) == 1  # one canonical, one alias
+    assert _version(store, "t") == 2

@@ -1,0 +1,274 @@
+"""Ingest worker: stream ``<prefix>:turns`` (group ``ingest``) into Postgres entries.
+
+Per batch: validate every message (refused ones become dead letters with their reason), embed
+all valid texts in one encoder call, then per tenant and in one transaction under the tenant's
+advisory lock: skip turns already stored (a redelivery), dead-letter a known turn id with new
+content (``turn_id_conflict``: the first write wins), dedupe against the tenant's canonical
+embeddings (cosine >= 0.95, seed 004 checkpoint 7: a near-duplicate is stored as an alias row
+that keeps its own turn), insert with ``ON CONFLICT (tenant_id, turn_id) DO NOTHING``, bump the
+tenant's memory version, commit. Only then are the stream entries acknowledged.
+
+Turns longer than the bi-encoder window are embedded from their first 256 word pieces; the full
+text is stored and indexed by BM25, and ``mnemos_ingest_encoder_truncated_total`` counts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+import psycopg
+import redis
+from psycopg.types.json import Jsonb
+
+from api.errors import InvalidInputError, Reason
+from api.schemas import Turn
+from api.validation import Limits
+from mnemos.dedupe import dedupe_batch
+from mnemos.encoder import Encoder
+from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of, publish_dead_letters
+from workers.metrics import ServiceMetrics
+from workers.models import TruncationCounter
+from workers.settings import Settings
+from workers.store import Store, vector_to_bytes, vectors_from_bytes
+from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
+
+log = logging.getLogger(__name__)
+
+GROUP = "ingest"
+INGEST_LOCK_CLASS = 0x4D4E4931  # first key of pg_advisory_xact_lock(int, int): "MNI1"
+
+
+def limits_of(settings: Settings) -> Limits:
+    """Validation limits from settings (the client uses the same defaults)."""
+    return Limits(max_text_bytes=settings.max_text_bytes, max_query_bytes=settings.max_query_bytes,
+                  max_id_chars=settings.max_id_chars, max_metadata_bytes=settings.max_metadata_bytes,
+                  max_future_skew_s=settings.max_future_skew_s, max_k=settings.max_k)
+
+
+@dataclass
+class _Pending:
+    """A valid turn of the batch on its way to Postgres."""
+
+    message: StreamMessage
+    turn: Turn
+    vector: np.ndarray
+    truncated: bool
+
+
+@dataclass
+class _Canonicals:
+    """Cached canonical embeddings of one tenant: every canonical entry with id <= ``last_entry_id``."""
+
+    last_entry_id: int
+    entry_ids: list[int]
+    vectors: np.ndarray  # (n, dim) float32
+
+
+@dataclass
+class _TenantOutcome:
+    indexed: int = 0
+    duplicates: int = 0
+    conflicts: list[DeadLetter] | None = None
+
+
+class IngestWorker:
+    """Handles batches of turn messages (see the module docstring). Single-threaded."""
+
+    def __init__(self, settings: Settings, connection: redis.Redis, store: Store, encoder: Encoder,
+                 truncation: TruncationCounter, metrics: ServiceMetrics,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.settings = settings
+        self.connection = connection
+        self.store = store
+        self.encoder = encoder
+        self.truncation = truncation
+        self.metrics = metrics
+        self.clock = clock
+        self.limits = limits_of(settings)
+        self._canonicals: OrderedDict[str, _Canonicals] = OrderedDict()
+
+    # the batch --------------------------------------------------------------------------------
+
+    def handle(self, batch: list[StreamMessage]) -> list[str]:
+        """Process ``batch``; returns the stream ids to acknowledge (all of them, once committed)."""
+        stream = self.settings.turns_stream
+        now = self.clock()
+        valid: list[tuple[StreamMessage, Turn]] = []
+        rejected: list[DeadLetter] = []
+        for message in batch:
+            try:
+                valid.append((message, Turn.from_stream_fields(message.fields, self.limits, now)))
+            except InvalidInputError as exc:
+                rejected.append(self._dead_letter(message, exc.reason.value, str(exc)))
+        started = time.perf_counter()
+        vectors = self.encoder.encode([t.text for _, t in valid])
+        truncated = self.truncation.truncated([t.text for _, t in valid])
+        embed_s = time.perf_counter() - started
+
+        by_tenant: dict[str, list[_Pending]] = {}
+        for (message, turn), vector, cut in zip(valid, vectors, truncated, strict=True):
+            by_tenant.setdefault(turn.tenant_id, []).append(_Pending(message, turn, vector, cut))
+        started = time.perf_counter()
+        indexed = duplicates = 0
+        conflicts: list[DeadLetter] = []
+        for tenant_id, pending in by_tenant.items():
+            result = self._write_tenant(tenant_id, pending)
+            indexed += result.indexed
+            duplicates += result.duplicates
+            conflicts.extend(result.conflicts or [])
+        if rejected:
+            with self.store.plain_tx() as conn:
+                insert_dead_letters(conn, rejected)
+        commit_s = time.perf_counter() - started
+
+        letters = rejected + conflicts
+        publish_dead_letters(self.connection, self.settings.dead_letter_stream, letters)
+        for letter in letters:
+            log.info("dead letter %s %s: %s", stream, letter.stream_id, letter.detail)
+            self.metrics.rejected(letter.reason)
+        self.metrics.ingest_batch(
+            read=len(batch), claimed=sum(m.claimed for m in batch), embed_s=embed_s, commit_s=commit_s,
+            indexed=indexed, duplicates=duplicates, truncated=sum(truncated))
+        return [m.stream_id for m in batch]
+
+    def _dead_letter(self, message: StreamMessage, reason: str, detail: str, turn: Turn | None = None
+                     ) -> DeadLetter:
+        payload = payload_of(message.fields)
+        return DeadLetter(
+            stream=self.settings.turns_stream, stream_id=message.stream_id, reason=reason, detail=detail,
+            tenant_id=turn.tenant_id if turn else payload.get("tenant_id"),
+            turn_id=turn.turn_id if turn else payload.get("turn_id"), payload=payload)
+
+    # one tenant, one transaction ---------------------------------------------------------------
+
+    def _write_tenant(self, tenant_id: str, pending: Sequence[_Pending]) -> _TenantOutcome:
+        outcome = _TenantOutcome(conflicts=[])
+        with self.store.tenant_tx(tenant_id) as conn:
+            conn.execute("INSERT INTO tenants (tenant_id) VALUES (%s) ON CONFLICT DO NOTHING", (tenant_id,))
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (INGEST_LOCK_CLASS, tenant_id))
+            fresh = self._drop_known(conn, tenant_id, pending, outcome)
+            canon = self._load_canonicals(conn, tenant_id)
+            new_ids: list[int] = []
+            new_vectors: list[np.ndarray] = []
+            if fresh:
+                matrix = np.stack([p.vector for p in fresh]).astype(np.float32)
+                decisions = dedupe_batch(matrix, canon.vectors, self.settings.dedupe_threshold)
+                batch_ids: dict[int, int] = {}
+                for decision, item in zip(decisions, fresh, strict=True):
+                    if decision.existing is not None:
+                        canonical: int | None = canon.entry_ids[decision.existing]
+                    elif decision.batch is not None:
+                        canonical = batch_ids[decision.batch]
+                    else:
+                        canonical = None
+                    entry_id = self._insert(conn, item, canonical)
+                    if entry_id is None:  # a concurrent writer won (cannot happen under the lock)
+                        continue
+                    if canonical is None:
+                        batch_ids[decision.row] = entry_id
+                        new_ids.append(entry_id)
+                        new_vectors.append(item.vector)
+                        outcome.indexed += 1
+                    else:
+                        outcome.duplicates += 1
+                if outcome.indexed or outcome.duplicates:
+                    conn.execute("UPDATE tenants SET memory_version = memory_version + 1, updated_at = now()"
+                                 " WHERE tenant_id = %s", (tenant_id,))
+            insert_dead_letters(conn, outcome.conflicts or [])
+        self._remember(tenant_id, canon, new_ids, new_vectors)  # only after the commit
+        return outcome
+
+    def _drop_known(self, conn: psycopg.Connection, tenant_id: str, pending: Sequence[_Pending],
+                    outcome: _TenantOutcome) -> list[_Pending]:
+        """Pending turns not stored yet; redeliveries are skipped, conflicting turn ids dead-lettered."""
+        turn_ids = list({p.turn.turn_id for p in pending})
+        rows = conn.execute(
+            "SELECT turn_id, session_id, role, text, occurred_at FROM entries"
+            " WHERE tenant_id = %s AND turn_id = ANY(%s)", (tenant_id, turn_ids)).fetchall()
+        known: dict[str, Turn] = {
+            r[0]: Turn(tenant_id, r[1], r[0], r[2], r[3], r[4]) for r in rows}
+        fresh: list[_Pending] = []
+        for item in pending:
+            first = known.get(item.turn.turn_id)
+            if first is None:
+                known[item.turn.turn_id] = item.turn
+                fresh.append(item)
+            elif not first.same_content(item.turn):
+                assert outcome.conflicts is not None
+                outcome.conflicts.append(self._dead_letter(
+                    item.message, Reason.TURN_ID_CONFLICT.value,
+                    f"turn_id {item.turn.turn_id!r} already stored with different content; first write wins",
+                    item.turn))
+        return fresh
+
+    def _insert(self, conn: psycopg.Connection, item: _Pending, canonical: int | None) -> int | None:
+        turn = item.turn
+        row = conn.execute(
+            "INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding,"
+            " canonical_entry_id, metadata, encoder_truncated, stream_id)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (tenant_id, turn_id) DO NOTHING RETURNING entry_id",
+            (turn.tenant_id, turn.turn_id, turn.session_id, turn.role, turn.text, turn.occurred_at,
+             vector_to_bytes(item.vector), canonical, Jsonb(dict(turn.metadata)), item.truncated,
+             item.message.stream_id),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def _load_canonicals(self, conn: psycopg.Connection, tenant_id: str) -> _Canonicals:
+        """The tenant's canonical embeddings: the cache plus rows committed since (under the lock)."""
+        cached = self._canonicals.get(tenant_id)
+        last = cached.last_entry_id if cached else 0
+        rows = conn.execute(
+            "SELECT entry_id, embedding FROM entries WHERE tenant_id = %s AND canonical_entry_id IS NULL"
+            " AND entry_id > %s ORDER BY entry_id", (tenant_id, last)).fetchall()
+        ids = list(cached.entry_ids) if cached else []
+        vectors = cached.vectors if cached else np.zeros((0, self.encoder.dim), np.float32)
+        if rows:
+            ids.extend(int(r[0]) for r in rows)
+            vectors = np.vstack([vectors, vectors_from_bytes([bytes(r[1]) for r in rows], self.encoder.dim)])
+            last = int(rows[-1][0])
+        return _Canonicals(last, ids, vectors)
+
+    def _remember(self, tenant_id: str, canon: _Canonicals, new_ids: list[int],
+                  new_vectors: list[np.ndarray]) -> None:
+        if new_ids:
+            canon = _Canonicals(max(new_ids), canon.entry_ids + new_ids,
+                                np.vstack([canon.vectors, np.stack(new_vectors).astype(np.float32)]))
+        self._canonicals[tenant_id] = canon
+        self._canonicals.move_to_end(tenant_id)
+        while len(self._canonicals) > self.settings.max_cached_tenants:
+            self._canonicals.popitem(last=False)
+
+    def poison(self, message: StreamMessage, exc: Exception) -> None:
+        """Dead-letter a message the worker failed on by itself (``processing_error``)."""
+        letter = self._dead_letter(message, Reason.PROCESSING_ERROR.value, f"{type(exc).__name__}: {exc}")
+        with self.store.plain_tx() as conn:
+            insert_dead_letters(conn, [letter])
+        publish_dead_letters(self.connection, self.settings.dead_letter_stream, [letter])
+        self.metrics.rejected(letter.reason)
+
+    def on_lost(self, stream_id: str) -> None:
+        log.error("turn %s of %s was trimmed before it was acknowledged", stream_id, self.settings.turns_stream)
+        self.metrics.rejected(Reason.TRIMMED_BEFORE_ACK.value)
+
+    # the loop ---------------------------------------------------------------------------------
+
+    def consumer(self, name: str | None = None) -> StreamConsumer:
+        s = self.settings
+        return StreamConsumer(
+            self.connection, s.turns_stream, GROUP, name or consumer_name("ingest"),
+            batch_size=s.ingest_batch_size, block_ms=s.block_ms, claim_idle_ms=s.claim_idle_ms,
+            claim_interval_s=s.claim_interval_s, on_lost=self.on_lost)
+
+    def run(self, stop: threading.Event, name: str | None = None) -> None:
+        """Consume until ``stop`` is set."""
+        log.info("ingest worker consuming %s as group %s", self.settings.turns_stream, GROUP)
+        run_consumer(self.consumer(name), self.handle, stop, poison=self.poison,
+                     trim_interval_s=self.settings.trim_interval_s)

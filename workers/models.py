@@ -1,0 +1,99 @@
+"""Model loading for the workers, from settings: real models, or the fakes for tests.
+
+Models are loaded once at process start, before the worker takes any message or job, and passed
+in; nothing here is a module-level singleton. ``"fake"`` selects :class:`mnemos.encoder.HashingEncoder`
+/ :class:`mnemos.rerank.FakeReranker` (fast plumbing tests, never quality numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, bundled_bi_encoder_path
+from mnemos.errors import ModelLoadError
+from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker
+from workers.errors import ModelSetupError
+from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, Settings
+
+log = logging.getLogger(__name__)
+
+
+class TruncationCounter:
+    """Tells which texts exceed the bi-encoder's window (``max_seq_length`` word pieces).
+
+    The encoder only sees the first ``max_tokens`` pieces of such a text; the full text is still
+    stored in Postgres and indexed by BM25, and the worker counts these turns in a metric.
+    ``tokenizer_json`` None (the fake encoder) means no window: nothing is ever truncated.
+    """
+
+    def __init__(self, tokenizer_json: Path | None = None, max_tokens: int = 256) -> None:
+        self.max_tokens = max_tokens
+        self._tokenizer = None
+        if tokenizer_json is not None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_json))
+            self._tokenizer.no_truncation()
+            self._tokenizer.no_padding()
+
+    def truncated(self, texts: Sequence[str]) -> list[bool]:
+        if self._tokenizer is None or not texts:
+            return [False] * len(texts)
+        encodings = self._tokenizer.encode_batch(list(texts))
+        return [len(e.ids) > self.max_tokens for e in encodings]
+
+    @classmethod
+    def for_model_dir(cls, model_dir: Path) -> TruncationCounter:
+        tokenizer_json = model_dir / "tokenizer.json"
+        if not tokenizer_json.exists():
+            log.warning("no tokenizer.json in %s: encoder truncation is not counted", model_dir)
+            return cls(None)
+        max_tokens = 256
+        config = model_dir / "sentence_bert_config.json"
+        if config.exists():
+            max_tokens = int(json.loads(config.read_text()).get("max_seq_length", max_tokens))
+        return cls(tokenizer_json, max_tokens)
+
+
+def bi_encoder_dir(settings: Settings) -> Path | None:
+    """Directory of the configured bi-encoder, or None for the fake."""
+    if settings.bi_encoder == FAKE_MODEL:
+        return None
+    try:
+        return bundled_bi_encoder_path() if settings.bi_encoder == BUNDLED_BI_ENCODER else Path(settings.bi_encoder)
+    except ModelLoadError as exc:
+        raise ModelSetupError(str(exc)) from exc
+
+
+def load_encoder(settings: Settings) -> Encoder:
+    """The bi-encoder of ``settings.bi_encoder``; raises ModelSetupError when it cannot load."""
+    path = bi_encoder_dir(settings)
+    if path is None:
+        return HashingEncoder(settings.fake_encoder_dim)
+    try:
+        return SentenceTransformerEncoder(path, batch_size=settings.encoder_batch_size)
+    except ModelLoadError as exc:
+        raise ModelSetupError(str(exc)) from exc
+
+
+def load_truncation_counter(settings: Settings) -> TruncationCounter:
+    path = bi_encoder_dir(settings)
+    return TruncationCounter() if path is None else TruncationCounter.for_model_dir(path)
+
+
+def load_reranker(settings: Settings) -> Reranker | None:
+    """The cross-encoder of ``settings.cross_encoder``; None (with a warning) when unset."""
+    name = settings.cross_encoder
+    if name is None:
+        log.warning("no cross-encoder configured (MNEMOS_CROSS_ENCODER): results are the fused order")
+        return None
+    if name == FAKE_MODEL:
+        return FakeReranker()
+    try:
+        return CrossEncoderReranker(name, max_length=settings.rerank_max_length,
+                                    batch_size=settings.rerank_batch_size)
+    except ModelLoadError as exc:
+        raise ModelSetupError(str(exc)) from exc

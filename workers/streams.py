@@ -1,0 +1,270 @@
+"""Redis Streams consumer-group loop shared by the ingest and suppression workers.
+
+At-least-once delivery with acknowledgement after the handler's commit:
+
+* new entries come from ``XREADGROUP ... >`` in batches;
+* after a failed batch the consumer first re-reads its own pending entries (``XREADGROUP ... 0``);
+* every ``claim_interval_s`` it claims entries idle longer than ``claim_idle_ms`` from dead or
+  paused consumers (``XAUTOCLAIM``); that idle time must exceed the slowest legitimate batch,
+  or a paused consumer and the claimer both process the same entries (handlers are idempotent
+  anyway: the cost is work, not correctness);
+* the handler returns the ids it finished, and only those are XACKed;
+* :func:`safe_trim` never trims below the oldest entry some group has not acknowledged; entries
+  that vanished while pending (someone else trimmed) are counted as lost and acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from workers.errors import StoreError
+from workers.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamMessage:
+    """One stream entry: its id, raw fields (bytes), and whether it was claimed from another consumer."""
+
+    stream_id: str
+    fields: dict[bytes, bytes]
+    claimed: bool = False
+
+
+def consumer_name(kind: str) -> str:
+    """A consumer name unique to this process: ``<kind>-<host>-<pid>``."""
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+def _sid(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class StreamConsumer:
+    """One consumer of ``group`` on ``stream`` (see the module docstring for the delivery rules).
+
+    ``on_lost(stream_id)`` is called for every pending entry whose payload was trimmed away.
+    """
+
+    def __init__(self, connection: redis.Redis, stream: str, group: str, consumer: str, *, batch_size: int,
+                 block_ms: int, claim_idle_ms: int, claim_interval_s: float,
+                 on_lost: Callable[[str], None] = lambda _sid: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.connection = connection
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.batch_size = batch_size
+        self.block_ms = block_ms
+        self.claim_idle_ms = claim_idle_ms
+        self.claim_interval_s = claim_interval_s
+        self.on_lost = on_lost
+        self.clock = clock
+        self._claim_cursor = "0-0"
+        self._next_claim = 0.0
+        self._replay_own = True  # a restarted process may own pending entries under the same name
+
+    def ensure_group(self) -> None:
+        """Create the group at the stream's beginning (and the stream) unless it exists."""
+        try:
+            self.connection.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def replay_pending(self) -> None:
+        """After a failed batch: re-read this consumer's own pending entries before new ones."""
+        self._replay_own = True
+
+    def read(self) -> list[StreamMessage]:
+        """The next batch: own pending entries (after a failure), claimed idle entries, or new ones."""
+        if self._replay_own:
+            messages = self._xreadgroup("0", block=None)
+            if messages:
+                return messages
+            self._replay_own = False
+        if self.clock() >= self._next_claim:
+            claimed = self._autoclaim()
+            if claimed:
+                return claimed
+        return self._xreadgroup(">", block=self.block_ms)
+
+    def ack(self, stream_ids: Sequence[str]) -> None:
+        if stream_ids:
+            self.connection.xack(self.stream, self.group, *stream_ids)
+
+    def _xreadgroup(self, start: str, block: int | None) -> list[StreamMessage]:
+        response = self.connection.xreadgroup(
+            self.group, self.consumer, {self.stream: start}, count=self.batch_size, block=block)
+        messages: list[StreamMessage] = []
+        lost: list[str] = []
+        for _stream, entries in response or []:
+            for raw_id, fields in entries:
+                if not fields:  # the payload was trimmed while the entry was pending
+                    lost.append(_sid(raw_id))
+                else:
+                    messages.append(StreamMessage(_sid(raw_id), fields))
+        self._lost(lost)
+        return messages
+
+    def _autoclaim(self) -> list[StreamMessage]:
+        cursor, entries, deleted = self.connection.xautoclaim(
+            self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms,
+            start_id=self._claim_cursor, count=self.batch_size)
+        self._claim_cursor = _sid(cursor)
+        if self._claim_cursor == "0-0":  # scanned the whole pending list: wait for the next round
+            self._next_claim = self.clock() + self.claim_interval_s
+        for raw_id in deleted or []:
+            self.on_lost(_sid(raw_id))  # XAUTOCLAIM already removed them from the pending list
+        messages = [StreamMessage(_sid(raw_id), fields, claimed=True) for raw_id, fields in entries if fields]
+        if messages:
+            log.info("claimed %d idle entries of %s/%s", len(messages), self.stream, self.group)
+        return messages
+
+    def _lost(self, stream_ids: list[str]) -> None:
+        if not stream_ids:
+            return
+        for stream_id in stream_ids:
+            self.on_lost(stream_id)
+        self.ack(stream_ids)
+
+
+def safe_trim(connection: redis.Redis, stream: str) -> int:
+    """Trim entries every group of ``stream`` has acknowledged; returns the number removed.
+
+    The floor is, over all groups, the oldest pending entry or (when none is pending) the last
+    delivered id. Nothing is trimmed while the stream has no group.
+    """
+    try:
+        groups = connection.xinfo_groups(stream)
+    except redis.ResponseError:  # no such stream
+        return 0
+    if not groups:
+        return 0
+    floors: list[tuple[int, int]] = []
+    for group in groups:
+        name = group["name"]
+        summary = connection.xpending(stream, name)
+        floor = summary["min"] if summary["pending"] else group["last-delivered-id"]
+        floors.append(_parse_id(_sid(floor)))
+    low = min(floors)
+    if low == (0, 0):
+        return 0
+    return int(connection.xtrim(stream, minid=f"{low[0]}-{low[1]}", approximate=False))
+
+
+def _parse_id(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class StreamSampler:
+    """Background thread: stream length / pending / lag per (stream, group) and rq queue lengths.
+
+    Sampling errors are logged and skipped; the thread is a daemon and stops with :meth:`stop`.
+    """
+
+    def __init__(self, connection: redis.Redis, metrics: ServiceMetrics, streams: Sequence[tuple[str, str]],
+                 queues: Sequence[str], interval_s: float) -> None:
+        self.connection = connection
+        self.metrics = metrics
+        self.streams = list(streams)
+        self.queues = list(queues)
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mnemos-sampler", daemon=True)
+
+    def start(self) -> StreamSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def sample(self) -> None:
+        for stream, group in self.streams:
+            length = int(self.connection.xlen(stream))
+            pending, lag = 0, None
+            try:
+                for info in self.connection.xinfo_groups(stream):
+                    if _sid(info["name"]) == group:
+                        pending = int(info["pending"])
+                        lag = None if info.get("lag") is None else int(info["lag"])
+            except redis.ResponseError:
+                pass  # stream not created yet
+            self.metrics.stream_state(stream, group, length=length, pending=pending, lag=lag)
+        for queue in self.queues:
+            self.metrics.queue_length.labels(queue=queue).set(int(self.connection.llen(f"rq:queue:{queue}")))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except redis.RedisError as exc:
+                log.warning("metrics sampling failed: %s", exc)
+            self._stop.wait(self.interval_s)
+
+
+TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, StoreError)
+
+
+def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]], list[str]],
+                 stop: threading.Event, *, poison: Callable[[StreamMessage, Exception], None],
+                 trim_interval_s: float | None = None, max_backoff_s: float = 5.0) -> None:
+    """Read, handle, acknowledge until ``stop`` is set.
+
+    ``handle`` returns the stream ids it committed; only those are acknowledged. Transient errors
+    (Redis or Postgres unavailable) back off and replay the consumer's pending entries, so
+    nothing is acknowledged that was not committed. Any other error is a bug or a poison message:
+    the batch is retried one message at a time and a message that still fails is handed to
+    ``poison`` (which dead-letters it) and acknowledged, so one bad message cannot stop the group.
+    """
+    backoff = 0.1
+    next_trim = time.monotonic() + (trim_interval_s or 0)
+    ensured = False
+    while not stop.is_set():
+        try:
+            if not ensured:
+                consumer.ensure_group()
+                ensured = True
+            batch = consumer.read()
+            if batch:
+                consumer.ack(_handle_guarded(handle, batch, poison))
+            if trim_interval_s and time.monotonic() >= next_trim:
+                removed = safe_trim(consumer.connection, consumer.stream)
+                if removed:
+                    log.info("trimmed %d acknowledged entries of %s", removed, consumer.stream)
+                next_trim = time.monotonic() + trim_interval_s
+            backoff = 0.1
+        except TRANSIENT_ERRORS as exc:
+            log.warning("%s/%s: %s; retrying in %.1fs", consumer.stream, consumer.group, exc, backoff)
+            consumer.replay_pending()
+            stop.wait(backoff)
+            backoff = min(backoff * 2, max_backoff_s)
+
+
+def _handle_guarded(handle: Callable[[list[StreamMessage]], list[str]], batch: list[StreamMessage],
+                    poison: Callable[[StreamMessage, Exception], None]) -> list[str]:
+    try:
+        return handle(batch)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as exc:
+        if len(batch) == 1:
+            log.exception("message %s failed; dead-lettering it", batch[0].stream_id)
+            poison(batch[0], exc)
+            return [batch[0].stream_id]
+        log.exception("batch of %d failed; retrying one message at a time", len(batch))
+    done: list[str] = []
+    for message in batch:
+        done.extend(_handle_guarded(handle, [message], poison))
+    return done
