@@ -1,0 +1,77 @@
+"""NDCG@k / Recall@k on hand-computed examples; seed 000 §5.3 behaviour metrics."""
+
+import pytest
+
+from mnemos.evaluation import (
+    Top1Behaviour,
+    abstains,
+    behaviour_rates,
+    ndcg_at_k,
+    recall_at_k,
+    remap_relevant,
+    top1_behaviour,
+)
+
+
+def test_ndcg_hand_computed():
+    # ranked a x b y c, relevant {a, b, c, d}, k = 5
+    # DCG  = 1/log2(2) + 1/log2(4) + 1/log2(6)            = 1 + 0.5 + 0.3868528     = 1.8868528
+    # IDCG = 1/log2(2) + 1/log2(3) + 1/log2(4) + 1/log2(5) = 1 + 0.6309298 + 0.5 + 0.4306766 = 2.5616063
+    # NDCG = 1.8868528 / 2.5616063 = 0.7365897
+    assert ndcg_at_k(["a", "x", "b", "y", "c"], {"a", "b", "c", "d"}, k=5) == pytest.approx(0.7365897, abs=1e-7)
+
+
+def test_ndcg_edges():
+    assert ndcg_at_k(["a", "b"], {"a", "b"}, k=10) == pytest.approx(1.0)
+    assert ndcg_at_k(["x", "a"], {"a"}, k=1) == 0.0
+    # rel at rank 2 only: (1/log2 3) / 1 = 0.6309298
+    assert ndcg_at_k(["x", "a"], {"a"}, k=2) == pytest.approx(0.6309298, abs=1e-7)
+    assert ndcg_at_k(["a"], set(), k=10) == 0.0
+    assert ndcg_at_k([], {"a"}, k=10) == 0.0
+    assert ndcg_at_k(["a", "a", "b"], {"a", "b"}, k=2) == pytest.approx(1.0)  # repeats count once
+    assert ndcg_at_k([3, 1, 2], {1}, k=3) == pytest.approx(0.6309298, abs=1e-7)  # int ids work too
+    with pytest.raises(ValueError):
+        ndcg_at_k(["a"], {"a"}, k=0)
+
+
+def test_recall_hand_computed():
+    ranked = ["a", "x", "b", "y", "c"]
+    relevant = {"a", "b", "c", "d"}
+    assert recall_at_k(ranked, relevant, 3) == 0.5      # a, b of 4
+    assert recall_at_k(ranked, relevant, 5) == 0.75     # a, b, c of 4
+    assert recall_at_k(ranked, set(), 5) == 0.0
+    assert recall_at_k(["a", "a", "x"], {"a", "x"}, 2) == 1.0
+
+
+def test_remap_relevant_through_aliases():
+    alias_map = {"u7": "u3", "u3": "u3"}
+    assert remap_relevant({"u7", "u9"}, alias_map) == frozenset({"u3", "u9"})
+    assert ndcg_at_k(["u3"], remap_relevant({"u7"}, alias_map), k=10) == 1.0
+
+
+def test_top1_behaviour_cases():
+    rel_turns, rel_sessions = {"u1"}, {"S1"}
+    exact = top1_behaviour(("u1",), "S1", rel_turns, rel_sessions, 3.0, 2.0)
+    assert exact == Top1Behaviour(True, False, False, False)
+    sibling = top1_behaviour(("u2",), "S1", rel_turns, rel_sessions, 1.0, 2.0)
+    assert sibling == Top1Behaviour(False, False, True, True)
+    wrong = top1_behaviour(("u9",), "S4", rel_turns, rel_sessions, 2.0, 2.0)
+    assert wrong == Top1Behaviour(False, True, False, False)  # 2.0 is not below T = 2.0
+    via_alias = top1_behaviour(("u5", "u1"), "S3", rel_turns, rel_sessions)
+    assert via_alias.exact_episode and not via_alias.wrong_family and not via_alias.abstain
+    nothing = top1_behaviour(None, None, rel_turns, rel_sessions, None, 2.0)
+    assert nothing == Top1Behaviour(False, False, False, True)
+
+
+def test_abstain_and_rates():
+    assert abstains(1.9, 2.0) and not abstains(2.0, 2.0) and abstains(None, 2.0)
+    flags = [
+        Top1Behaviour(True, False, False, False),
+        Top1Behaviour(False, True, False, True),
+        Top1Behaviour(False, True, False, True),
+        Top1Behaviour(False, False, True, False),
+    ]
+    rates = behaviour_rates(flags)
+    assert (rates.n_queries, rates.exact_episode, rates.wrong_family, rates.sibling_confusion, rates.abstain) == (
+        4, 0.25, 0.5, 0.25, 0.5)
+    assert behaviour_rates([]).n_queries == 0

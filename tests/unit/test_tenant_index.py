@@ -1,0 +1,83 @@
+"""TenantIndex: one tenant per index, entry map, embeddings, aliases, atomic refusals."""
+
+import numpy as np
+import pytest
+
+from mnemos.errors import DimensionMismatchError, DuplicateEntryError, TenantMismatchError, UnknownEntryError
+from mnemos.pipeline import RetrievalConfig, retrieve
+from mnemos.rerank import FakeReranker
+from mnemos.tenant_index import TenantIndex
+
+from .conftest import build_index, make_entries
+
+TEXTS = ["my dog is called Rex", "I moved to Lisbon in May", "the dentist is on Friday"]
+
+
+def test_two_tenants_with_identical_text_never_mix(encoder):
+    a = build_index(TEXTS, encoder, tenant_id="A", start_id=1)
+    b = build_index(TEXTS, encoder, tenant_id="B", start_id=101)
+    query = "what is my dog called"
+    q = encoder.encode([query])[0]
+    for index, ids in ((a, {1, 2, 3}), (b, {101, 102, 103})):
+        assert {eid for eid, _ in index.bm25.search(query, 10)} <= ids
+        assert {eid for eid, _ in index.dense.search(q, 10)[0]} <= ids
+        result = retrieve(index, query, q, k=10, reranker=FakeReranker(), outcome_id="o")
+        assert result.hits and {h.entry_id for h in result.hits} <= ids
+        assert result.outcome.tenant_id == index.tenant_id
+        assert {row.entry_id for row in result.outcome.pool} <= ids
+
+
+def test_foreign_entry_is_refused_and_nothing_changes(encoder):
+    index = build_index(TEXTS[:1], encoder, tenant_id="A")
+    mixed = make_entries(TEXTS[1:], tenant_id="A", start_id=10) + make_entries(["x"], tenant_id="B", start_id=20)
+    with pytest.raises(TenantMismatchError):
+        index.add(mixed, encoder.encode([e.text for e in mixed]))
+    assert len(index) == 1 and len(index.bm25) == 1 and len(index.dense) == 1
+
+
+def test_shape_and_duplicate_refusals_leave_index_unchanged(encoder):
+    index = build_index(TEXTS, encoder)
+    again = make_entries(["new text"], start_id=1)
+    with pytest.raises(DuplicateEntryError):
+        index.add(again, encoder.encode(["new text"]))
+    fresh = make_entries(["a", "b"], start_id=50)
+    with pytest.raises(DimensionMismatchError):
+        index.add(fresh, encoder.encode(["a"]))
+    assert len(index) == 3 and len(index.bm25) == 3 and len(index.dense) == 3
+
+
+def test_entry_lookup_embeddings_and_version(encoder):
+    index = TenantIndex("t1", encoder.dim)
+    assert len(index) == 0 and index.version == 0
+    entries = make_entries(TEXTS)
+    vectors = encoder.encode(TEXTS)
+    index.add(entries[:2], vectors[:2], version=4)
+    index.add(entries[2:], vectors[2:], version=5)
+    assert index.version == 5 and len(index) == 3
+    assert index.entry(2) == entries[1]
+    np.testing.assert_allclose(index.embeddings_of([3, 1]), vectors[[2, 0]])
+    ids, matrix = index.all_embeddings()
+    assert ids == [1, 2, 3]
+    np.testing.assert_allclose(matrix, vectors)
+    assert index.embeddings_of([]).shape == (0, encoder.dim)
+    with pytest.raises(UnknownEntryError):
+        index.entry(99)
+    with pytest.raises(UnknownEntryError):
+        index.embeddings_of([1, 99])
+
+
+def test_aliases_fold_into_entry_and_alias_map(encoder):
+    index = build_index(TEXTS, encoder)
+    updated = index.add_aliases(1, ["dup-a", "dup-b", "u1", "dup-a"])
+    assert updated.aliases == ("dup-a", "dup-b")
+    assert index.entry(1).turn_ids == ("u1", "dup-a", "dup-b")
+    assert index.alias_map()["dup-b"] == "u1"
+    assert index.alias_map()["u2"] == "u2"
+
+
+def test_empty_tenant_retrieval_has_no_hits_and_no_rerank_call(encoder):
+    index = TenantIndex("empty", encoder.dim)
+    reranker = FakeReranker()
+    result = retrieve(index, "anything", encoder.encode(["anything"])[0], config=RetrievalConfig(),
+                      reranker=reranker, outcome_id="o")
+    assert result.hits == () and result.outcome is None and reranker.calls == []
