@@ -9,6 +9,7 @@ they reflect.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -67,9 +68,9 @@ class TenantIndex:
         if matrix.shape[0] != len(entries):
             raise DimensionMismatchError("entry embeddings", f"({len(entries)}, {self.dim})", tuple(matrix.shape))
         ids = [e.entry_id for e in entries]
-        clash = {i for i in ids if i in self._entries}
-        if clash or len(set(ids)) != len(ids):
-            raise DuplicateEntryError(sorted(clash | {i for i in ids if ids.count(i) > 1}))
+        clash = {i for i in ids if i in self._entries} | {i for i, c in Counter(ids).items() if c > 1}
+        if clash:
+            raise DuplicateEntryError(sorted(clash))
 
         self.bm25.add(ids, [e.text for e in entries])
         self.dense.add(ids, matrix)
