@@ -109,7 +109,7 @@ class MnemosClient:
             job = self.queue.enqueue(
                 RETRIEVAL_JOB, request.to_payload(), job_id=request.request_id,
                 job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
-                failure_ttl=self.result_ttl_s, ttl=max(1, int(timeout + 0.999)),
+                failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5,  # backstop: never runs long after we gave up
             )
             return self._wait(job, request, timeout)
         except redis.RedisError as exc:

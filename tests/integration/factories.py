@@ -45,3 +45,35 @@ def drain(worker: IngestWorker, name: str = "c1", rounds: int = 5) -> int:
         consumer.ack(worker.handle(batch))
         handled += len(batch)
     return handled
+
+
+def query_service(settings: Settings, connection: redis.Redis, store: Store):
+    from workers.metrics import ServiceMetrics
+    from workers.models import load_reranker
+    from workers.query import QueryService
+
+    return QueryService(settings, connection, store, load_encoder(settings), load_reranker(settings),
+                        ServiceMetrics())
+
+
+def suppression_worker(settings: Settings, connection: redis.Redis, store: Store):
+    from workers.suppression import SuppressionWorker
+
+    return SuppressionWorker(settings, connection, store, ServiceMetrics())
+
+
+CONVERSATION = [
+    ("s1", "user", "I adopted a grey cat named Pixel last spring"),
+    ("s1", "assistant", "Pixel sounds lovely, how old is she"),
+    ("s1", "user", "She is two years old and loves the balcony"),
+    ("s2", "user", "My brother Tomas moved to Porto for a job at a bakery"),
+    ("s2", "assistant", "Porto is a good city for bakers"),
+    ("s2", "user", "He bakes sourdough bread every morning at five"),
+    ("s3", "user", "I started learning the cello in January"),
+    ("s3", "user", "My cello teacher is called Ines and she is strict"),
+]
+
+
+def conversation_turns(tenant: str, prefix: str = "t") -> list[dict[str, object]]:
+    return [turn(tenant, f"{prefix}{i}", text, session=session, role=role, minutes=i)
+            for i, (session, role, text) in enumerate(CONVERSATION)]

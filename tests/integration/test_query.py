@@ -1,0 +1,120 @@
+"""Query worker against the real Redis and Postgres (fake encoder and reranker)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from api.errors import InvalidInputError, RetrievalFailed, RetrievalTimeout
+from api.schemas import Outcome, RetrievalRequest
+from tests.integration.factories import (
+    client_for,
+    conversation_turns,
+    drain,
+    ingest_worker,
+    query_service,
+    turn,
+)
+from workers.errors import OutsideQueryWorkerError
+from workers.query import build_worker, retrieval_job
+from workers.settings import Settings
+from workers.store import Store
+
+pytestmark = pytest.mark.integration
+
+
+def _ingest(settings: Settings, connection: redis.Redis, store: Store, turns: list) -> None:
+    client_for(settings, connection).publish_turns(turns)
+    drain(ingest_worker(settings, connection, store))
+
+
+def test_answers_from_one_tenant_only_and_emits_an_outcome(settings: Settings, redis_client: redis.Redis,
+                                                           store: Store) -> None:
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
+    service = query_service(settings, redis_client, store)
+    result = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    assert result.hits and all(h.turn_id.startswith("a") for h in result.hits)
+    assert result.hits[0].turn_id == "a0"
+    assert [h.rank for h in result.hits] == list(range(1, len(result.hits) + 1))
+    assert result.memory_version == 1 and result.pool_size > 0 and result.cluster is None
+    entries = redis_client.xrange(settings.outcomes_stream)
+    assert len(entries) == 1
+    outcome = Outcome.from_stream_fields(entries[0][1])
+    assert outcome.outcome_id == result.request_id and outcome.tenant_id == "alice"
+    assert outcome.query_embedding is not None  # bootstrapping: the embedding travels
+    # the identical texts of bob never appear, on any path
+    for query in ("cat", "Pixel", "sourdough bread Porto", "cello teacher"):
+        for k in (1, 10, 100):
+            hits = service.answer(RetrievalRequest("alice", query, k=k)).hits
+            assert all(h.turn_id.startswith("a") for h in hits)
+
+
+def test_unknown_tenant_gets_an_empty_result(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    service = query_service(settings, redis_client, store)
+    for _ in range(20):
+        result = service.answer(RetrievalRequest("nobody", "anything at all", k=10))
+        assert result.hits == () and result.memory_version == 0
+    assert redis_client.exists(settings.outcomes_stream) == 0
+
+
+def test_index_refreshes_incrementally_by_memory_version(settings: Settings, redis_client: redis.Redis,
+                                                         store: Store) -> None:
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    service = query_service(settings, redis_client, store)
+    service.answer(RetrievalRequest("alice", "cat", k=3))
+    state = service.cache.get("alice")
+    assert state is not None and len(state.index) == 8
+    _ingest(settings, redis_client, store, [turn("alice", "new", "We booked a trip to Kyoto in October", minutes=99),
+                                            turn("alice", "dup", "I adopted a grey cat named Pixel last spring.")])
+    result = service.answer(RetrievalRequest("alice", "trip Kyoto", k=3))
+    assert result.hits[0].turn_id == "new" and result.memory_version == 2
+    assert service.cache.get("alice") is state and len(state.index) == 9  # extended, not rebuilt
+    pixel = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=1)).hits[0]
+    assert pixel.turn_id == "a0" and pixel.aliases == ("dup",)
+    assert service.metrics.query_index_refreshes._value.get() == 2
+
+
+def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_client: redis.Redis,
+                                                    store: Store) -> None:
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    service = query_service(settings, redis_client, store)
+    queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
+    request = RetrievalRequest("alice", "cello teacher Ines", k=3)
+    job = queue.enqueue("workers.query.retrieval_job", request.to_payload(), job_id=request.request_id)
+    bad = queue.enqueue("workers.query.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "  "})
+    worker = build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w")
+    worker.work(burst=True)
+    result = job.latest_result()
+    assert result is not None and result.return_value["hits"][0]["turn_id"] == "a7"
+    assert bad.get_status() == "failed"
+    assert service.metrics.query_jobs.labels(status="error")._value.get() == 1
+    with pytest.raises(OutsideQueryWorkerError):
+        retrieval_job(request.to_payload())
+
+
+def test_client_times_out_with_a_typed_error_when_no_worker_runs(settings: Settings,
+                                                                 redis_client: redis.Redis) -> None:
+    client = client_for(settings, redis_client)
+    started = time.monotonic()
+    with pytest.raises(RetrievalTimeout) as info:
+        client.retrieve("alice", "is anyone there", timeout_s=1.0)
+    assert time.monotonic() - started < 2.5
+    assert info.value.status in ("canceled", "queued")
+    with pytest.raises(InvalidInputError):
+        client.retrieve("alice", "   ")
+    with pytest.raises(InvalidInputError):
+        client.retrieve("alice", "fine", k=0)
+
+
+def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    service = query_service(settings, redis_client, store)
+    queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
+    job = queue.enqueue("workers.query.retrieval_job", {"v": 99, "tenant_id": "a", "query": "q"})
+    build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w2").work(burst=True)
+    client = client_for(settings, redis_client)
+    with pytest.raises(RetrievalFailed, match="unsupported_version"):
+        client._wait(job, RetrievalRequest("a", "q", request_id=job.id), 2.0)

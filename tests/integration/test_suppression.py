@@ -1,0 +1,137 @@
+"""Suppression worker against the real Redis and Postgres."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import redis
+
+from api.schemas import Outcome, PoolRow, RetrievalRequest
+from mnemos.suppression import UpdateRule, outcome_deltas
+from tests.integration.factories import (
+    client_for,
+    conversation_turns,
+    drain,
+    ingest_worker,
+    query_service,
+    suppression_worker,
+)
+from workers.settings import Settings
+from workers.store import Store
+from workers.suppression import core_outcome
+
+pytestmark = pytest.mark.integration
+
+
+def _entry_ids(settings: Settings, connection: redis.Redis, store: Store, tenant: str = "alice") -> list[int]:
+    client_for(settings, connection).publish_turns(conversation_turns(tenant, tenant[0]))
+    drain(ingest_worker(settings, connection, store))
+    with store.tenant_tx(tenant) as conn:
+        return [int(r[0]) for r in conn.execute("SELECT entry_id FROM entries ORDER BY entry_id")]
+
+
+def _scores(store: Store, tenant: str = "alice") -> dict[tuple[int, int], float]:
+    with store.tenant_tx(tenant) as conn:
+        rows = conn.execute("SELECT entry_id, cluster, score FROM suppression").fetchall()
+    return {(int(e), int(c)): float(s) for e, c, s in rows}
+
+
+def _outcome(outcome_id: str, ids: list[int], cluster: int | None, embedding=None) -> Outcome:
+    pool = tuple(PoolRow(e, rank, len(ids) + 1 - rank, 2.0 - rank) for rank, e in enumerate(ids, start=1))
+    return Outcome(outcome_id, "alice", cluster, len(ids), pool, embedding)
+
+
+def _ledger_recomputation(store: Store) -> dict[tuple[int, int], float]:
+    total: dict[tuple[int, int], float] = {}
+    with store.tenant_tx("alice") as conn:
+        for (deltas,) in conn.execute("SELECT deltas FROM applied_outcomes"):
+            for e, c, d in deltas:
+                total[(e, c)] = total.get((e, c), 0.0) + d
+    return total
+
+
+def test_outcome_applied_once_even_when_redelivered(settings: Settings, redis_client: redis.Redis,
+                                                    store: Store) -> None:
+    settings = settings.replace(clusters_k=1)
+    ids = _entry_ids(settings, redis_client, store)
+    worker = suppression_worker(settings, redis_client, store)
+    message = _outcome("o1", ids[:5], 0)
+    assert worker.apply(message) is True
+    first = _scores(store)
+    expected = outcome_deltas(core_outcome(message), UpdateRule.RANK_GAP, settings.eta)
+    assert first == pytest.approx(expected) and first
+    assert worker.apply(message) is False  # the redelivery changes nothing
+    assert _scores(store) == first
+    assert worker.metrics.suppression_duplicates._value.get() == 1
+    assert _ledger_recomputation(store) == pytest.approx(first)
+
+
+def test_batch_and_one_at_a_time_give_identical_scores(settings: Settings, redis_client: redis.Redis,
+                                                       store: Store) -> None:
+    settings = settings.replace(clusters_k=1)
+    ids = _entry_ids(settings, redis_client, store)
+    messages = [_outcome(f"o{i}", ids[i % 3: i % 3 + 4], 0) for i in range(6)]
+    for message in messages:
+        redis_client.xadd(settings.outcomes_stream, message.to_stream_fields())
+    worker = suppression_worker(settings, redis_client, store)
+    consumer = worker.consumer("c")
+    consumer.ensure_group()
+    batch = consumer.read()
+    assert len(batch) == 6
+    consumer.ack(worker.handle(batch))
+    in_batch = _scores(store)
+    sequential: dict[tuple[int, int], float] = {}
+    for message in messages:
+        for key, delta in outcome_deltas(core_outcome(message), UpdateRule.RANK_GAP, settings.eta).items():
+            sequential[key] = sequential.get(key, 0.0) + delta
+    assert in_batch == pytest.approx(sequential)
+    consumer.ack(worker.handle(batch))  # the whole batch again
+    assert _scores(store) == in_batch
+    assert redis_client.xpending(settings.outcomes_stream, "suppression")["pending"] == 0
+
+
+def test_bootstrap_buffers_then_freezes_centroids(settings: Settings, redis_client: redis.Redis,
+                                                  store: Store) -> None:
+    ids = _entry_ids(settings, redis_client, store)  # K = 2, factor 2: freeze after 4 queries
+    worker = suppression_worker(settings, redis_client, store)
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        vector = rng.normal(size=64).astype(np.float32)
+        vector /= np.linalg.norm(vector)
+        worker.apply(_outcome(f"b{i}", ids[:3], None, tuple(float(x) for x in vector)))
+        if i == 0:
+            worker.apply(_outcome("b0", ids[:3], None, tuple(float(x) for x in vector)))  # redelivered
+    assert _scores(store) == {}  # no cluster yet: nothing to suppress under
+    with store.tenant_tx("alice") as conn:
+        k, dim, n = conn.execute("SELECT k, dim, n_queries FROM centroids").fetchone()
+        buffered = conn.execute("SELECT count(*) FROM query_buffer").fetchone()[0]
+    assert (k, dim, n) == (2, 64, 4) and buffered == 4
+    assert worker.metrics.suppression_bootstrapped._value.get() == 1
+
+
+def test_outcomes_never_touch_another_tenants_entries(settings: Settings, redis_client: redis.Redis,
+                                                      store: Store) -> None:
+    settings = settings.replace(clusters_k=1)
+    ids = _entry_ids(settings, redis_client, store)
+    bob_ids = _entry_ids(settings, redis_client, store, "bob")
+    worker = suppression_worker(settings, redis_client, store)
+    worker.apply(_outcome("mixed", ids[:2] + bob_ids[:2], 0))
+    assert {e for e, _ in _scores(store)} <= set(ids[:2])
+    assert _scores(store, "bob") == {}
+
+
+def test_query_outcomes_become_suppression_rows(settings: Settings, redis_client: redis.Redis,
+                                                store: Store) -> None:
+    settings = settings.replace(clusters_k=1, update_rule="uniform")  # uniform: every pooled entry moves
+    _entry_ids(settings, redis_client, store)
+    service = query_service(settings, redis_client, store)
+    for _ in range(3):
+        service.answer(RetrievalRequest("alice", "grey cat Pixel balcony", k=3))
+    worker = suppression_worker(settings, redis_client, store)
+    consumer = worker.consumer("c")
+    consumer.ensure_group()
+    consumer.ack(worker.handle(consumer.read()))
+    scores = _scores(store)
+    assert scores and all(c == 0 for _, c in scores)
+    with store.tenant_tx("alice") as conn:
+        assert conn.execute("SELECT count(*) FROM applied_outcomes").fetchone() == (3,)

@@ -1,0 +1,176 @@
+"""Query worker: rq jobs on queue ``retrievals`` answered from per-tenant in-memory indexes.
+
+The worker is an rq :class:`~rq.worker.SimpleWorker` subclass: jobs run in the worker process
+itself (no fork per job), so tenant indexes and the models loaded at start survive between jobs
+(DESIGN.md trap 1). Jobs are JSON (``rq.serializers.JSONSerializer``), never pickle. The job
+function :func:`retrieval_job` finds the process's :class:`QueryService` through a context
+variable that :class:`QueryWorker` sets around each job, so it fails loudly anywhere else.
+
+Per request: embed the query; in one snapshot read the tenant's memory version, extend its index
+if the version moved, load its clusters and its suppression scores for the query's cluster; run
+:func:`mnemos.pipeline.retrieve`; XADD the outcome to ``<prefix>:outcomes``; return the result.
+An unknown tenant gets an empty result (and no outcome), not an error.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.worker import SimpleWorker
+
+from api import schemas
+from api.errors import InvalidInputError, Reason
+from mnemos.encoder import Encoder
+from mnemos.pipeline import RetrievalConfig, retrieve
+from mnemos.records import Outcome
+from mnemos.rerank import Reranker
+from mnemos.suppression import SuppressionTable, UpdateRule
+from workers.errors import OutsideQueryWorkerError
+from workers.ingest import limits_of
+from workers.metrics import ServiceMetrics
+from workers.settings import Settings
+from workers.store import Store
+from workers.tenant_cache import TenantCache
+
+log = logging.getLogger(__name__)
+
+_SERVICE: contextvars.ContextVar[QueryService | None] = contextvars.ContextVar("mnemos_query_service",
+                                                                                default=None)
+
+
+def retrieval_config(settings: Settings, *, rerank: bool) -> RetrievalConfig:
+    return RetrievalConfig(
+        n_candidates=settings.n_candidates, pool_size=settings.pool_size, deep_pool_size=settings.deep_pool_size,
+        deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, rerank=rerank, alpha=settings.alpha,
+        eta=settings.eta, update_rule=UpdateRule(settings.update_rule), suppression=settings.suppression)
+
+
+def outcome_message(outcome: Outcome, *, with_embedding: bool) -> schemas.Outcome:
+    """The stream form of a core outcome (the embedding only while the tenant is bootstrapping)."""
+    return schemas.Outcome(
+        outcome_id=outcome.outcome_id, tenant_id=outcome.tenant_id, cluster=outcome.cluster,
+        pool_size=outcome.pool_size,
+        pool=tuple(schemas.PoolRow(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score) for p in outcome.pool),
+        query_embedding=outcome.query_embedding if with_embedding else None)
+
+
+class QueryService:
+    """Answers retrieval requests of any tenant from this process's cache (single-threaded)."""
+
+    def __init__(self, settings: Settings, connection: redis.Redis, store: Store, encoder: Encoder,
+                 reranker: Reranker | None, metrics: ServiceMetrics,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.settings = settings
+        self.connection = connection
+        self.store = store
+        self.encoder = encoder
+        self.reranker = reranker
+        self.metrics = metrics
+        self.clock = clock
+        self.limits = limits_of(settings)
+        self.config = retrieval_config(settings, rerank=reranker is not None)
+        self.cache = TenantCache(encoder.dim, settings.max_cached_tenants)
+
+    def handle_payload(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Job entry: validate, answer, count; returns the JSON result (raises on invalid input)."""
+        try:
+            request = schemas.RetrievalRequest.parse(payload, self.limits)
+            result = self.answer(request)
+        except Exception:
+            self.metrics.query_job("error")
+            raise
+        return result.to_payload()
+
+    def answer(self, request: schemas.RetrievalRequest) -> schemas.RetrievalResult:
+        started = self.clock()
+        tenant_id = request.tenant_id
+        query_vector = self.encoder.encode([request.query])[0]
+        encode_s = self.clock() - started
+        refresh_started = self.clock()
+        with self.store.tenant_tx(tenant_id, snapshot=True) as conn:
+            version = Store.memory_version(conn, tenant_id)
+            if version is None:
+                return self._empty(request, started)
+            state, refreshed = self.cache.refresh(conn, tenant_id, version)
+            clusters = TenantCache.load_clusters(conn, state, self.settings.clusters_k)
+            cluster = None if clusters is None else clusters.assign(query_vector)
+            table = None
+            if cluster is not None and self.settings.suppression:
+                rows = conn.execute("SELECT entry_id, score FROM suppression WHERE tenant_id = %s AND cluster = %s",
+                                    (tenant_id, cluster)).fetchall()
+                table = SuppressionTable({(int(e), cluster): float(s) for e, s in rows})
+        refresh_s = self.clock() - refresh_started
+        core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config,
+                        reranker=self.reranker, suppression=table, cluster=cluster,
+                        outcome_id=request.request_id, clock=self.clock)
+        if core.outcome is not None:
+            message = outcome_message(core.outcome, with_embedding=clusters is None)
+            self.connection.xadd(self.settings.outcomes_stream, message.to_stream_fields())  # type: ignore[arg-type]
+        t = core.timings
+        stages = {"refresh": refresh_s, "bm25": t.bm25, "dense": t.dense + encode_s, "fusion": t.fusion,
+                  "suppression": t.suppression, "rerank": t.rerank, "total": self.clock() - started}
+        self.metrics.query_job("ok", stages, pool_size=core.pool_size, deep_pass=core.deep_pass, refreshed=refreshed)
+        hits = tuple(schemas.Hit(h.entry_id, h.turn_id, h.session_id, h.role, h.text, h.occurred_at, float(h.score),
+                                 h.rank, h.aliases) for h in core.hits)
+        return schemas.RetrievalResult(
+            request_id=request.request_id, tenant_id=tenant_id, hits=hits, pool_size=core.pool_size,
+            deep_pass=core.deep_pass, cluster=core.cluster,
+            top_rerank_score=None if core.top_rerank_score is None else float(core.top_rerank_score),
+            stage_seconds=stages, memory_version=version)
+
+    def _empty(self, request: schemas.RetrievalRequest, started: float) -> schemas.RetrievalResult:
+        stages = {"total": self.clock() - started}
+        self.metrics.query_job("ok", stages)
+        return schemas.RetrievalResult(request.request_id, request.tenant_id, (), 0, False, None, None, stages, 0)
+
+    def warm_up(self) -> None:
+        """Run the models once so the first job does not pay for lazy initialisation."""
+        vector = self.encoder.encode(["warm up"])
+        if self.reranker is not None:
+            self.reranker.score("warm up", ["warm up"])
+        assert np.isfinite(vector).all()
+
+
+def retrieval_job(payload: dict[str, Any]) -> dict[str, Any]:
+    """The rq job function (``workers.query.retrieval_job``): runs inside a :class:`QueryWorker`.
+
+    Raises OutsideQueryWorkerError when no service is bound (e.g. a forking rq worker picked it up),
+    InvalidInputError for an invalid payload.
+    """
+    service = _SERVICE.get()
+    if service is None:
+        raise OutsideQueryWorkerError("retrieval_job must run in a mnemos query worker (SimpleWorker)")
+    if not isinstance(payload, dict):
+        raise InvalidInputError(Reason.MALFORMED_MESSAGE, "payload", "must be a JSON object")
+    return service.handle_payload(payload)
+
+
+class QueryWorker(SimpleWorker):
+    """An rq SimpleWorker bound to a :class:`QueryService` (jobs run in this process, no fork)."""
+
+    def __init__(self, *args: Any, service: QueryService, **kwargs: Any) -> None:
+        kwargs.setdefault("serializer", JSONSerializer)
+        super().__init__(*args, **kwargs)
+        self.service = service
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        token = _SERVICE.set(self.service)
+        try:
+            super().execute_job(job, queue)
+        finally:
+            _SERVICE.reset(token)
+
+
+def build_worker(settings: Settings, connection: redis.Redis, service: QueryService, name: str | None = None
+                 ) -> QueryWorker:
+    queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
+    return QueryWorker([queue], connection=connection, service=service, name=name)

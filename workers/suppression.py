@@ -1,0 +1,168 @@
+"""Suppression worker: stream ``<prefix>:outcomes`` (group ``suppression``) into suppression scores.
+
+Per outcome, in ONE transaction scoped to its tenant (seed 000 Algorithm 1, lines 9-12):
+
+1. insert the ledger row ``applied_outcomes (tenant_id, outcome_id)`` with ``ON CONFLICT DO
+   NOTHING``; if it already existed the outcome is a redelivery and nothing else happens;
+2. compute the deltas with the configured rule (rank-gap, Eq. 2, by default), already summed per
+   (entry, cluster) so no statement touches a row twice, store them in the ledger row (the scores
+   can be recomputed from the ledger) and add them with
+   ``INSERT ... ON CONFLICT DO UPDATE SET score = suppression.score + excluded.score``;
+3. while the tenant has no frozen centroids, append the query embedding to its bootstrap buffer;
+   when the buffer reaches ``bootstrap_factor x K`` embeddings, fit k-means
+   (:class:`mnemos.suppression.QueryClusters`) and freeze the centroids.
+
+Then COMMIT, and only then XACK. Outcomes produced before bootstrap carry cluster None: they only
+feed the buffer (no cue to suppress under yet); with K = 1 (global suppression) every outcome has
+cluster 0 from the first query.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import psycopg
+import redis
+from psycopg.types.json import Jsonb
+
+from api.errors import InvalidInputError, Reason
+from api.schemas import Outcome as OutcomeMessage
+from mnemos.records import Outcome, PoolEntry
+from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas
+from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of
+from workers.metrics import ServiceMetrics
+from workers.settings import Settings
+from workers.store import Store, vector_to_bytes, vectors_from_bytes
+from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
+
+log = logging.getLogger(__name__)
+
+GROUP = "suppression"
+SUPPRESSION_LOCK_CLASS = 0x4D4E5331  # "MNS1": serialises one tenant's bootstrap across workers
+
+
+def core_outcome(message: OutcomeMessage) -> Outcome:
+    return Outcome(outcome_id=message.outcome_id, tenant_id=message.tenant_id, cluster=message.cluster,
+                   pool_size=message.pool_size,
+                   pool=tuple(PoolEntry(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score)
+                              for p in message.pool),
+                   query_embedding=message.query_embedding)
+
+
+class SuppressionWorker:
+    """Applies outcomes exactly once in effect (see the module docstring). Single-threaded."""
+
+    def __init__(self, settings: Settings, connection: redis.Redis, store: Store, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.connection = connection
+        self.store = store
+        self.metrics = metrics
+        self.rule = UpdateRule(settings.update_rule)
+        self._bootstrapped = 0
+
+    def handle(self, batch: list[StreamMessage]) -> list[str]:
+        rejected: list[DeadLetter] = []
+        for message in batch:
+            try:
+                outcome = OutcomeMessage.from_stream_fields(message.fields)
+            except InvalidInputError as exc:
+                rejected.append(DeadLetter(self.settings.outcomes_stream, message.stream_id, exc.reason.value,
+                                           str(exc), payload=payload_of(message.fields)))
+                continue
+            self.apply(outcome, message.stream_id)
+        if rejected:
+            with self.store.plain_tx() as conn:
+                insert_dead_letters(conn, rejected)
+            for letter in rejected:
+                self.metrics.rejected(letter.reason, turn=False)
+        return [m.stream_id for m in batch]
+
+    def apply(self, message: OutcomeMessage, stream_id: str | None = None) -> bool:
+        """Apply one outcome in one transaction; False when the ledger says it was applied before."""
+        started = time.perf_counter()
+        outcome = core_outcome(message)
+        deltas = outcome_deltas(outcome, self.rule, self.settings.eta)
+        tenant_id = outcome.tenant_id
+        froze = False
+        with self.store.tenant_tx(tenant_id) as conn:
+            if deltas:  # isolation: only this tenant's entries can be suppressed under its id
+                ids = sorted({e for e, _ in deltas})
+                own = {int(r[0]) for r in conn.execute(
+                    "SELECT entry_id FROM entries WHERE tenant_id = %s AND entry_id = ANY(%s)", (tenant_id, ids))}
+                if len(own) != len(ids):
+                    log.warning("outcome %s names %d entries outside its tenant; ignoring them",
+                                outcome.outcome_id, len(ids) - len(own))
+                    deltas = {key: d for key, d in deltas.items() if key[0] in own}
+            inserted = conn.execute(
+                "INSERT INTO applied_outcomes (tenant_id, outcome_id, cluster, deltas, stream_id)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, outcome_id) DO NOTHING RETURNING 1",
+                (tenant_id, outcome.outcome_id, outcome.cluster,
+                 Jsonb([[e, c, d] for (e, c), d in sorted(deltas.items())]), stream_id)).fetchone()
+            if inserted is None:
+                self.metrics.outcome_applied(seconds=time.perf_counter() - started, entries_updated=0,
+                                             duplicate=True)
+                return False
+            if deltas:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO suppression (tenant_id, entry_id, cluster, score) VALUES (%s, %s, %s, %s)"
+                        " ON CONFLICT (tenant_id, entry_id, cluster)"
+                        " DO UPDATE SET score = suppression.score + excluded.score, updated_at = now()",
+                        [(tenant_id, e, c, d) for (e, c), d in sorted(deltas.items())])
+            if message.query_embedding is not None and self.settings.clusters_k > 1:
+                froze = self._buffer(conn, tenant_id, outcome.outcome_id, np.asarray(message.query_embedding))
+        if froze:
+            self._bootstrapped += 1
+            self.metrics.suppression_bootstrapped.set(self._bootstrapped)
+        self.metrics.outcome_applied(seconds=time.perf_counter() - started, entries_updated=len(deltas),
+                                     duplicate=False)
+        return True
+
+    def _buffer(self, conn: psycopg.Connection, tenant_id: str, outcome_id: str, embedding: np.ndarray) -> bool:
+        """Append to the bootstrap buffer; fit and freeze the centroids when it is full. True if frozen now."""
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SUPPRESSION_LOCK_CLASS, tenant_id))
+        if conn.execute("SELECT 1 FROM centroids WHERE tenant_id = %s", (tenant_id,)).fetchone():
+            return False  # already frozen: late bootstrap outcomes are not needed any more
+        conn.execute("INSERT INTO query_buffer (tenant_id, outcome_id, embedding) VALUES (%s, %s, %s)",
+                     (tenant_id, outcome_id, vector_to_bytes(embedding)))
+        clusters = QueryClusters(k=self.settings.clusters_k, bootstrap_factor=self.settings.bootstrap_factor)
+        (count,) = conn.execute("SELECT count(*) FROM query_buffer WHERE tenant_id = %s", (tenant_id,)).fetchone()
+        if count < clusters.bootstrap_size:
+            return False
+        rows = conn.execute("SELECT embedding FROM query_buffer WHERE tenant_id = %s ORDER BY seq",
+                            (tenant_id,)).fetchall()
+        buffer = vectors_from_bytes([bytes(r[0]) for r in rows], embedding.shape[0])
+        for vector in buffer:
+            clusters.observe(vector)
+        assert clusters.centroids is not None
+        k, dim = clusters.centroids.shape
+        conn.execute("INSERT INTO centroids (tenant_id, k, dim, vectors, n_queries) VALUES (%s, %s, %s, %s, %s)",
+                     (tenant_id, k, dim, vector_to_bytes(clusters.centroids), len(rows)))
+        log.info("froze %d query clusters of a tenant from %d queries", k, len(rows))
+        return True
+
+    def poison(self, message: StreamMessage, exc: Exception) -> None:
+        letter = DeadLetter(self.settings.outcomes_stream, message.stream_id, Reason.PROCESSING_ERROR.value,
+                            f"{type(exc).__name__}: {exc}", payload=payload_of(message.fields))
+        with self.store.plain_tx() as conn:
+            insert_dead_letters(conn, [letter])
+        self.metrics.rejected(letter.reason, turn=False)
+
+    def on_lost(self, stream_id: str) -> None:
+        log.error("outcome %s was trimmed before it was acknowledged", stream_id)
+        self.metrics.rejected(Reason.TRIMMED_BEFORE_ACK.value, turn=False)
+
+    def consumer(self, name: str | None = None) -> StreamConsumer:
+        s = self.settings
+        return StreamConsumer(
+            self.connection, s.outcomes_stream, GROUP, name or consumer_name("suppression"),
+            batch_size=s.outcome_batch_size, block_ms=s.block_ms, claim_idle_ms=s.claim_idle_ms,
+            claim_interval_s=s.claim_interval_s, on_lost=self.on_lost)
+
+    def run(self, stop: threading.Event, name: str | None = None) -> None:
+        log.info("suppression worker consuming %s as group %s", self.settings.outcomes_stream, GROUP)
+        run_consumer(self.consumer(name), self.handle, stop, poison=self.poison,
+                     trim_interval_s=self.settings.trim_interval_s)

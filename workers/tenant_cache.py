@@ -1,0 +1,107 @@
+"""Per-tenant indexes of a query worker, refreshed from Postgres by memory version.
+
+A tenant's :class:`TenantState` holds its :class:`mnemos.tenant_index.TenantIndex`, the last
+entry id it has seen and, once the suppression worker froze them, its query clusters. On each
+request the worker reads the tenant's memory version and, in the same REPEATABLE READ snapshot,
+only the entries with a larger id (entries of one tenant are inserted under its advisory lock, so
+ids grow in commit order): new canonical entries are added to the index, new aliases folded into
+their canonical entry. The worker is single-threaded, so no request reads an index while it is
+being extended; if an extension fails half-way the state is dropped and rebuilt from scratch on
+the next request (a fresh object swapped in whole). The cache is an LRU of ``max_tenants``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC
+
+import psycopg
+
+from mnemos.errors import MnemosError
+from mnemos.records import Entry
+from mnemos.suppression import QueryClusters
+from mnemos.tenant_index import TenantIndex
+from workers.store import Store, vectors_from_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TenantState:
+    """What a query worker keeps for one tenant."""
+
+    index: TenantIndex
+    last_entry_id: int = 0
+    clusters: QueryClusters | None = None
+
+
+class TenantCache:
+    """LRU of tenant states; :meth:`refresh` brings one up to a memory version (inside a snapshot tx)."""
+
+    def __init__(self, dim: int, max_tenants: int = 256) -> None:
+        self.dim = dim
+        self.max_tenants = max_tenants
+        self._states: OrderedDict[str, TenantState] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, tenant_id: str) -> TenantState | None:
+        return self._states.get(tenant_id)
+
+    def refresh(self, conn: psycopg.Connection, tenant_id: str, version: int) -> tuple[TenantState, bool]:
+        """The tenant's state at ``version`` (read with ``conn``); True when anything was loaded."""
+        state = self._states.get(tenant_id)
+        refreshed = False
+        if state is None or state.index.version != version:
+            refreshed = True
+            if state is not None:
+                try:
+                    self._extend(conn, state, version)
+                except MnemosError as exc:
+                    log.warning("tenant index extension failed (%s); rebuilding", exc)
+                    state = None
+            if state is None:
+                state = TenantState(TenantIndex(tenant_id, self.dim, version=-1))
+                self._extend(conn, state, version)
+        self._states[tenant_id] = state
+        self._states.move_to_end(tenant_id)
+        while len(self._states) > self.max_tenants:
+            self._states.popitem(last=False)
+        return state, refreshed
+
+    def _extend(self, conn: psycopg.Connection, state: TenantState, version: int) -> None:
+        tenant_id = state.index.tenant_id
+        rows = conn.execute(
+            "SELECT entry_id, turn_id, session_id, role, text, occurred_at, embedding, canonical_entry_id"
+            " FROM entries WHERE tenant_id = %s AND entry_id > %s ORDER BY entry_id",
+            (tenant_id, state.last_entry_id)).fetchall()
+        canonical = [r for r in rows if r[7] is None]
+        entries = [Entry(int(r[0]), tenant_id, r[1], r[2], r[3], r[4], r[5].astimezone(UTC)) for r in canonical]
+        vectors = vectors_from_bytes([bytes(r[6]) for r in canonical], self.dim)
+        aliases: dict[int, list[str]] = {}
+        for r in rows:
+            if r[7] is not None:
+                aliases.setdefault(int(r[7]), []).append(r[1])
+        state.index.add(entries, vectors, version=version)
+        for entry_id, turn_ids in aliases.items():
+            state.index.add_aliases(entry_id, turn_ids)
+        if rows:
+            state.last_entry_id = int(rows[-1][0])
+        log.debug("tenant index %s: +%d entries, +%d aliases, version %d", tenant_id, len(entries),
+                  sum(map(len, aliases.values())), version)
+
+    @staticmethod
+    def load_clusters(conn: psycopg.Connection, state: TenantState, k: int) -> QueryClusters | None:
+        """The tenant's frozen clusters: K = 1 is global (always cluster 0), else stored centroids or None."""
+        if state.clusters is not None:
+            return state.clusters
+        if k == 1:
+            state.clusters = QueryClusters(k=1)
+        else:
+            centroids = Store.centroids(conn, state.index.tenant_id)
+            if centroids is not None:
+                state.clusters = QueryClusters.from_centroids(centroids)
+        return state.clusters
