@@ -19,6 +19,9 @@ import numpy as np
 
 from mnemos.errors import DimensionMismatchError, DuplicateEntryError
 
+_TIE_MARGIN = 8
+"""Extra neighbours read past the k-th to detect ties that straddle the cut."""
+
 
 def as_matrix(vectors: np.ndarray, dim: int, what: str) -> np.ndarray:
     """Return ``vectors`` as a C-contiguous ``(n, dim)`` float32 array; a ``(dim,)`` row is lifted.
@@ -76,6 +79,9 @@ class DenseIndex:
     def search(self, query_vectors: np.ndarray, n: int) -> list[list[tuple[int, float]]]:
         """Top ``n`` ``(entry_id, inner_product)`` per query row, best first, ties by entry id.
 
+        Ties are resolved by entry id even across the n-th place, so the list for ``n`` is
+        always the prefix of the list for any larger ``n``.
+
         ``query_vectors`` is ``(m, dim)`` (or one ``(dim,)`` row). Returns ``m`` lists; each is
         empty when the index is empty or ``n <= 0``, and never holds the padding id -1.
 
@@ -86,11 +92,19 @@ class DenseIndex:
         m = queries.shape[0]
         if n <= 0 or self._index.ntotal == 0 or m == 0:
             return [[] for _ in range(m)]
-        k = min(n, int(self._index.ntotal))
-        scores, ids = self._index.search(queries, k)
+        total = int(self._index.ntotal)
+        k = min(n, total)
+        # faiss breaks ties at the k-th place arbitrarily; read on until the tie run at the
+        # boundary ends, so ties always resolve to the lowest entry ids (same list for any n).
+        fetch = min(total, k + _TIE_MARGIN)
+        while True:
+            scores, ids = self._index.search(queries, fetch)
+            if fetch == total or not np.any(scores[:, k - 1] == scores[:, fetch - 1]):
+                break
+            fetch = min(total, 2 * fetch)
         results: list[list[tuple[int, float]]] = []
         for row_scores, row_ids in zip(scores, ids, strict=True):
             pairs = [(int(i), float(s)) for i, s in zip(row_ids, row_scores, strict=True) if i != -1]
             pairs.sort(key=lambda p: (-p[1], p[0]))
-            results.append(pairs)
+            results.append(pairs[:k])
         return results

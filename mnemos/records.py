@@ -111,8 +111,9 @@ class RetrievalResult:
     """What :func:`mnemos.pipeline.retrieve` returns.
 
     ``outcome`` is None when nothing was reranked (reranking off, no reranker, or an empty pool).
-    ``pool_size`` is the number of entries in the final pool (0 when nothing was reranked and the
-    fused list was empty; the fused candidate count when reranking is off).
+    ``pool_size`` is the number of entries handed to the reranker (after a deep pass, the widened
+    pool); 0 when nothing was reranked. ``deep_pass`` is True when the shallow pool's top logit
+    fell below the threshold. ``cluster`` is the query cluster the caller passed in.
     ``top_rerank_score`` is the best cross-encoder logit of the final pool, or None.
     """
 

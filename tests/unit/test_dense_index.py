@@ -88,3 +88,18 @@ def test_reconstruct_returns_stored_vector(rng):
     np.testing.assert_allclose(index.reconstruct(9), vectors[1])
     with pytest.raises(KeyError):
         index.reconstruct(8)
+
+
+def test_ties_across_the_cut_resolve_to_lowest_ids(rng):
+    base = unit_rows(rng, 3, 8)
+    vectors = np.repeat(base, 20, axis=0)  # 20 identical copies of each of 3 vectors
+    ids = rng.permutation(np.arange(100, 160)).tolist()
+    index = DenseIndex(8)
+    index.add(ids, vectors)
+    full = index.search(base, 60)
+    for n in (1, 5, 19, 20, 21, 33):
+        got = index.search(base, n)
+        assert got == [row[:n] for row in full]
+    for q, row in enumerate(full):  # the 20 copies of base[q] come first, lowest ids first
+        block = sorted(ids[q * 20 : (q + 1) * 20])
+        assert [i for i, _ in row[:20]] == block

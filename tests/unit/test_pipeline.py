@@ -242,3 +242,24 @@ def test_entries_added_later_are_retrievable(encoder):
     index.add(later, encoder.encode(TEXTS[8:]))
     result = _run(index, encoder, "Miso the cat", k=2, reranker=FakeReranker(), config=NO_DEEP)
     assert {h.entry_id for h in result.hits} == {100, 101}
+
+
+def test_shallow_pool_uses_only_the_top_n_candidates_even_when_lists_are_read_deeper(encoder):
+    texts = [f"note {i} about topic{i % 7} and thing{i % 5}" for i in range(40)]
+    index = build_index(texts, encoder)
+    confident = FakeReranker(fn=lambda q, t: 5.0)  # no deep pass is ever taken
+    deep_ready = RetrievalConfig(n_candidates=5, pool_size=5, deep_pool_size=30, deep_threshold=0.0)
+    shallow_only = RetrievalConfig(n_candidates=5, pool_size=5, deep_threshold=None)
+    for query in ["topic3 thing2", "note 17", "thing4 topic1 about"]:
+        a = _run(index, encoder, query, reranker=confident, config=deep_ready)
+        b = _run(index, encoder, query, reranker=confident, config=shallow_only)
+        assert not a.deep_pass and a.outcome.pool == b.outcome.pool
+
+
+def test_reranker_returning_wrong_shape_is_reported(index, encoder):
+    class Broken:
+        def score(self, query, texts):
+            return np.zeros(len(texts) + 1, np.float32)
+
+    with pytest.raises(DimensionMismatchError):
+        _run(index, encoder, "dog", reranker=Broken())
