@@ -85,3 +85,13 @@ def test_empty_inputs_and_shape_errors(rng):
         find_duplicates(unit_rows(rng, 2, 4), unit_rows(rng, 2, 5))
     with pytest.raises(DimensionMismatchError):
         find_duplicates(np.zeros(4, np.float32), unit_rows(rng, 2, 4))
+
+
+def test_cosine_exactly_at_threshold_is_a_duplicate():
+    t = np.float32(0.96)
+    threshold = float(t)  # the float32 value itself, so the cosine below equals it bit for bit
+    e1 = np.array([1.0, 0.0], np.float32)
+    at_t = np.array([t, np.sqrt(np.float32(1) - t * t)], np.float32)  # e1 . at_t == t exactly
+    assert float(e1 @ at_t) == threshold
+    assert find_duplicates(e1[None], at_t[None], threshold=threshold) == [0]
+    assert find_duplicates(np.vstack([e1, at_t]), np.zeros((0, 2), np.float32), threshold=threshold) == [None, -1]
