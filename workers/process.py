@@ -1,0 +1,113 @@
+"""Process entry points of the three workers: load everything, then consume until told to stop.
+
+Each ``run_*`` builds its clients and models from a :class:`Settings` value (models before the
+first message or job), serves its metrics port, starts the stream/queue sampler, and returns an
+exit code. SIGTERM and SIGINT stop the stream workers after the current batch; rq handles them
+itself for the query worker (warm shutdown after the current job).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+import redis
+
+from workers import ingest, suppression
+from workers.errors import ModelSetupError, StoreError
+from workers.metrics import ServiceMetrics, serve
+from workers.models import load_encoder, load_reranker, load_truncation_counter
+from workers.settings import Settings
+from workers.store import Store
+from workers.streams import StreamSampler
+
+log = logging.getLogger(__name__)
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_keepalive=True)
+
+
+def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis) -> tuple[ServiceMetrics,
+                                                                                             StreamSampler]:
+    metrics = ServiceMetrics()
+    if settings.metrics_enabled:
+        serve(metrics, port, worker)
+    streams = [(settings.turns_stream, ingest.GROUP), (settings.outcomes_stream, suppression.GROUP)]
+    sampler = StreamSampler(connection, metrics, streams, [settings.queue_name], settings.sample_interval_s)
+    return metrics, sampler.start()
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current batch", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def run_ingest(settings: Settings) -> int:
+    try:
+        encoder = load_encoder(settings)
+        truncation = load_truncation_counter(settings)
+        store = Store(settings.database_url, settings.db_app_role).open()
+    except (ModelSetupError, StoreError) as exc:
+        log.error("ingest worker cannot start: %s", exc)
+        return 2
+    connection = redis_client(settings)
+    metrics, sampler = _metrics(settings, settings.ingest_metrics_port, "ingest", connection)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    worker = ingest.IngestWorker(settings, connection, store, encoder, truncation, metrics)
+    try:
+        worker.run(stop)
+    finally:
+        sampler.stop()
+        store.close()
+    return 0
+
+
+def run_suppression(settings: Settings) -> int:
+    try:
+        store = Store(settings.database_url, settings.db_app_role).open()
+    except StoreError as exc:
+        log.error("suppression worker cannot start: %s", exc)
+        return 2
+    connection = redis_client(settings)
+    metrics, sampler = _metrics(settings, settings.suppression_metrics_port, "suppression", connection)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    try:
+        suppression.SuppressionWorker(settings, connection, store, metrics).run(stop)
+    finally:
+        sampler.stop()
+        store.close()
+    return 0
+
+
+def run_query(settings: Settings, *, burst: bool = False) -> int:
+    from workers.query import QueryService, build_worker
+
+    try:
+        encoder = load_encoder(settings)
+        reranker = load_reranker(settings)
+        store = Store(settings.database_url, settings.db_app_role).open()
+    except (ModelSetupError, StoreError) as exc:
+        log.error("query worker cannot start: %s", exc)
+        return 2
+    connection = redis_client(settings)
+    metrics, sampler = _metrics(settings, settings.query_metrics_port, "query", connection)
+    service = QueryService(settings, connection, store, encoder, reranker, metrics)
+    service.warm_up()
+    worker = build_worker(settings, connection, service)
+    log.info("query worker %s taking jobs from queue %s", worker.name, settings.queue_name)
+    try:
+        worker.work(burst=burst, with_scheduler=False, logging_level=logging.getLevelName(
+            logging.getLogger().getEffectiveLevel()))
+    finally:
+        sampler.stop()
+        store.close()
+    return 0
