@@ -1,0 +1,368 @@
+"""Write the Grafana dashboards of Mnemos as provisionable JSON (deploy/grafana/dashboards/*.json).
+
+The dashboards are data: this module describes each panel (title, PromQL, unit) and renders the
+Grafana JSON model (schemaVersion 39, Grafana 10/11). Edit the panels here, then run
+
+    python deploy/grafana/generate.py
+
+and commit the JSON beside it; tests/deploy fails when the two drift apart, and checks that every
+expression parses and names only metrics that workers/metrics.py registers.
+
+Every panel queries the raw metrics (not the recording rules of deploy/prometheus), so the
+dashboards work before the rules are loaded. Replicas of a worker export the same stream and queue
+gauges, so those are combined with max; counters and histograms are summed across replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OUT_DIR = Path(__file__).resolve().parent / "dashboards"
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"
+COLUMNS = 24
+ERROR = '{status="error"}'
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL target of a panel; legend uses Grafana's {{label}} templating."""
+
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A time series (default) or stat panel; width in grid columns (24 per row), height in rows."""
+
+    title: str
+    description: str
+    queries: tuple[Query, ...]
+    unit: str = "short"
+    kind: str = "timeseries"
+    width: int = 12
+    height: int = 8
+    min_zero: bool = True
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    rows: tuple[Row, ...]
+    tags: tuple[str, ...] = field(default=("mnemos",))
+
+
+def quantile(q: float, metric: str, by: str = "", selector: str = "") -> str:
+    """histogram_quantile over a Prometheus histogram's _bucket series, summed across replicas."""
+    group = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{selector}[{RATE}])))"
+
+
+def rate(metric: str, by: str = "", selector: str = "") -> str:
+    """Per-second rate of a counter, summed across replicas (optionally kept per label)."""
+    head = f"sum by ({by}) " if by else "sum"
+    return f"{head}(rate({metric}{selector}[{RATE}]))"
+
+
+def _workers_up(worker: str) -> Panel:
+    return Panel(
+        f"{worker.capitalize()} workers up",
+        f"Replicas of the {worker} worker reporting mnemos_worker_up.",
+        (Query(f'sum(mnemos_worker_up{{worker="{worker}"}})', "up"),),
+        kind="stat", width=6, height=4,
+    )
+
+
+def _stream_panels(group: str, what: str) -> tuple[Panel, ...]:
+    sel = f'{{group="{group}"}}'
+    return (
+        Panel(
+            f"{what} stream backlog",
+            f"Consumer group {group}: lag = entries not yet delivered to any consumer, pending = "
+            "delivered but not acknowledged, length = entries kept in the stream.",
+            (Query(f"max by (stream) (mnemos_stream_lag{sel})", "lag {{stream}}"),
+             Query(f"max by (stream) (mnemos_stream_pending{sel})", "pending {{stream}}"),
+             Query(f"max by (stream) (mnemos_stream_length{sel})", "length {{stream}}")),
+        ),
+    )
+
+
+OVERVIEW = Dashboard(
+    uid="mnemos-overview",
+    title="Mnemos / Overview",
+    description="Turns in, retrievals, per-stage latency, backlogs and errors of the whole service.",
+    rows=(
+        Row("Now", (
+            Panel("Turns in", "Turns read from the turns stream per second.",
+                  (Query(rate("mnemos_ingest_turns_read_total"), "turns/s"),), unit="reqps", kind="stat", width=6,
+                  height=4),
+            Panel("Retrievals", "Retrieval jobs finished per second (ok and error).",
+                  (Query(rate("mnemos_query_jobs_total"), "jobs/s"),), unit="reqps", kind="stat", width=6, height=4),
+            Panel("Retrieval p95", "95th percentile of a retrieval job's total time.",
+                  (Query(quantile(0.95, "mnemos_query_stage_seconds", selector='{stage="total"}'), "p95"),),
+                  unit="s", kind="stat", width=6, height=4),
+            Panel("Workers up", "Replicas reporting mnemos_worker_up, per worker.",
+                  (Query("sum by (worker) (mnemos_worker_up)", "{{worker}}"),), kind="stat", width=6, height=4),
+        )),
+        Row("Traffic", (
+            Panel("Turns", "Turns read, indexed as new entries, and folded into an existing entry as duplicates.",
+                  (Query(rate("mnemos_ingest_turns_read_total"), "read"),
+                   Query(rate("mnemos_ingest_turns_indexed_total"), "indexed"),
+                   Query(rate("mnemos_ingest_duplicates_total"), "duplicates")), unit="reqps"),
+            Panel("Retrievals by status", "Retrieval jobs per second, by outcome.",
+                  (Query(rate("mnemos_query_jobs_total", by="status"), "{{status}}"),), unit="reqps"),
+        )),
+        Row("Latency per stage", (
+            Panel("p50 per stage", "Median seconds spent in each retrieval stage.",
+                  (Query(quantile(0.5, "mnemos_query_stage_seconds", by="stage"), "{{stage}}"),), unit="s"),
+            Panel("p95 per stage", "95th percentile seconds spent in each retrieval stage.",
+                  (Query(quantile(0.95, "mnemos_query_stage_seconds", by="stage"), "{{stage}}"),), unit="s"),
+        )),
+        Row("Backlog", (
+            Panel("Stream lag", "Entries not yet delivered, per stream and consumer group.",
+                  (Query("max by (stream, group) (mnemos_stream_lag)", "{{stream}} / {{group}}"),), width=8),
+            Panel("Pending entries", "Entries delivered but not acknowledged, per stream and consumer group.",
+                  (Query("max by (stream, group) (mnemos_stream_pending)", "{{stream}} / {{group}}"),), width=8),
+            Panel("Retrieval queue", "rq jobs waiting for a query worker.",
+                  (Query("max by (queue) (mnemos_queue_length)", "{{queue}}"),), width=8),
+        )),
+        Row("Errors", (
+            Panel("Failed retrievals", "Retrieval jobs per second that ended with status error.",
+                  (Query(rate("mnemos_query_jobs_total", selector=ERROR), "errors"),), unit="reqps",
+                  width=8),
+            Panel("Dead letters", "Messages moved to a dead-letter stream per interval, by reason.",
+                  (Query(f"sum by (reason) (increase(mnemos_dead_letters_total[{RATE}]))", "{{reason}}"),), width=8),
+            Panel("Rejected turns", "Published turns that failed validation, per second, by reason.",
+                  (Query(rate("mnemos_ingest_turns_rejected_total", by="reason"), "{{reason}}"),), unit="reqps",
+                  width=8),
+        )),
+    ),
+)
+
+INGEST = Dashboard(
+    uid="mnemos-ingest",
+    title="Mnemos / Ingest worker",
+    description="The turns stream consumer: throughput, dedupe, batch timings and backlog.",
+    rows=(
+        Row("Throughput", (
+            _workers_up("ingest"),
+            Panel("Duplicate share", "Share of read turns folded into an existing entry (cosine >= 0.95).",
+                  (Query(f"{rate('mnemos_ingest_duplicates_total')} / {rate('mnemos_ingest_turns_read_total')}",
+                         "duplicates"),), unit="percentunit", kind="stat", width=6, height=4),
+            Panel("Claimed", "Entries claimed per second from consumers that stopped mid-batch (XAUTOCLAIM).",
+                  (Query(rate("mnemos_ingest_claimed_total"), "claimed/s"),), unit="reqps", kind="stat", width=6,
+                  height=4),
+            Panel("Rejected", "Turns rejected per second.",
+                  (Query(rate("mnemos_ingest_turns_rejected_total"), "rejected/s"),), unit="reqps", kind="stat",
+                  width=6, height=4),
+            Panel("Turns", "Turns read, indexed, duplicates and claimed per second.",
+                  (Query(rate("mnemos_ingest_turns_read_total"), "read"),
+                   Query(rate("mnemos_ingest_turns_indexed_total"), "indexed"),
+                   Query(rate("mnemos_ingest_duplicates_total"), "duplicates"),
+                   Query(rate("mnemos_ingest_claimed_total"), "claimed")), unit="reqps"),
+            Panel("Rejected by reason", "Turns that failed validation, per second.",
+                  (Query(rate("mnemos_ingest_turns_rejected_total", by="reason"), "{{reason}}"),), unit="reqps"),
+        )),
+        Row("Batches", (
+            Panel("Embedding time", "Seconds to embed one batch with the bi-encoder.",
+                  (Query(quantile(0.5, "mnemos_ingest_embed_seconds"), "p50"),
+                   Query(quantile(0.95, "mnemos_ingest_embed_seconds"), "p95")), unit="s", width=8),
+            Panel("Commit time", "Seconds to commit one batch to Postgres.",
+                  (Query(quantile(0.5, "mnemos_ingest_commit_seconds"), "p50"),
+                   Query(quantile(0.95, "mnemos_ingest_commit_seconds"), "p95")), unit="s", width=8),
+            Panel("Batch size", "Turns per batch read from the stream (mean and p95).",
+                  (Query(f"{rate('mnemos_ingest_batch_size_sum')} / {rate('mnemos_ingest_batch_size_count')}",
+                         "mean"),
+                   Query(quantile(0.95, "mnemos_ingest_batch_size"), "p95")), width=8),
+            Panel("Truncated turns", "Turns longer than the bi-encoder's 256-token window, per second: the "
+                  "embedding sees their start only (full text stays in Postgres and BM25).",
+                  (Query(rate("mnemos_ingest_encoder_truncated_total"), "truncated"),), unit="reqps"),
+            Panel("Indexed share", "Share of read turns written as new canonical entries.",
+                  (Query(f"{rate('mnemos_ingest_turns_indexed_total')} / {rate('mnemos_ingest_turns_read_total')}",
+                         "indexed"),), unit="percentunit"),
+        )),
+        Row("Backlog and failures", (
+            *_stream_panels("ingest", "Turns"),
+            Panel("Dead letters", "Messages moved to the dead-letter stream per interval, by reason.",
+                  (Query(f"sum by (reason) (increase(mnemos_dead_letters_total[{RATE}]))", "{{reason}}"),)),
+        )),
+    ),
+)
+
+QUERY = Dashboard(
+    uid="mnemos-query",
+    title="Mnemos / Query worker",
+    description="Retrieval jobs: rate, errors, latency per stage, deep passes, pool size, index refreshes.",
+    rows=(
+        Row("Jobs", (
+            _workers_up("query"),
+            Panel("Error share", "Share of retrieval jobs that ended with status error.",
+                  (Query(f"{rate('mnemos_query_jobs_total', selector=ERROR)} / {rate('mnemos_query_jobs_total')}",
+                         "errors"),), unit="percentunit", kind="stat", width=6, height=4),
+            Panel("Deep-pass share", "Share of retrievals that reranked the deep pool (top rerank score below threshold).",
+                  (Query(f"{rate('mnemos_query_deep_passes_total')} / {rate('mnemos_query_jobs_total')}",
+                         "deep passes"),), unit="percentunit", kind="stat", width=6, height=4),
+            Panel("Queue", "rq jobs waiting for a query worker.",
+                  (Query("max by (queue) (mnemos_queue_length)", "{{queue}}"),), kind="stat", width=6, height=4),
+            Panel("Jobs by status", "Retrieval jobs finished per second.",
+                  (Query(rate("mnemos_query_jobs_total", by="status"), "{{status}}"),), unit="reqps"),
+            Panel("Queue length", "rq jobs waiting for a query worker (KEDA scales on this list).",
+                  (Query("max by (queue) (mnemos_queue_length)", "{{queue}}"),)),
+        )),
+        Row("Latency", (
+            Panel("p50 per stage", "Median seconds per retrieval stage.",
+                  (Query(quantile(0.5, "mnemos_query_stage_seconds", by="stage"), "{{stage}}"),), unit="s", width=8),
+            Panel("p95 per stage", "95th percentile seconds per retrieval stage.",
+                  (Query(quantile(0.95, "mnemos_query_stage_seconds", by="stage"), "{{stage}}"),), unit="s", width=8),
+            Panel("Mean per stage", "Mean seconds per retrieval stage (sum over count).",
+                  (Query(f"sum by (stage) (rate(mnemos_query_stage_seconds_sum[{RATE}])) / "
+                         f"sum by (stage) (rate(mnemos_query_stage_seconds_count[{RATE}]))", "{{stage}}"),),
+                  unit="s", width=8),
+        )),
+        Row("Work per job", (
+            Panel("Pool size", "Candidates reranked per retrieval (p50, p95).",
+                  (Query(quantile(0.5, "mnemos_query_pool_size"), "p50"),
+                   Query(quantile(0.95, "mnemos_query_pool_size"), "p95")), width=8),
+            Panel("Deep passes", "Retrievals per second that took the deep pass.",
+                  (Query(rate("mnemos_query_deep_passes_total"), "deep passes"),), unit="reqps", width=8),
+            Panel("Index refreshes", "Tenant indexes rebuilt or extended from Postgres per second.",
+                  (Query(rate("mnemos_query_index_refreshes_total"), "refreshes"),), unit="reqps", width=8),
+        )),
+    ),
+)
+
+SUPPRESSION = Dashboard(
+    uid="mnemos-suppression",
+    title="Mnemos / Suppression worker",
+    description="Outcomes applied to suppression scores: throughput, ledger duplicates, timing, bootstrap, backlog.",
+    rows=(
+        Row("Outcomes", (
+            _workers_up("suppression"),
+            Panel("Bootstrapped tenants", "Tenants whose query clusters are fitted and frozen.",
+                  (Query("max(mnemos_suppression_bootstrapped_tenants)", "tenants"),), kind="stat", width=6,
+                  height=4),
+            Panel("Applied", "Outcomes applied per second.",
+                  (Query(rate("mnemos_suppression_outcomes_applied_total"), "applied/s"),), unit="reqps", kind="stat",
+                  width=6, height=4),
+            Panel("Redelivered", "Outcomes skipped per second because the ledger already had them.",
+                  (Query(rate("mnemos_suppression_duplicates_skipped_total"), "skipped/s"),), unit="reqps",
+                  kind="stat", width=6, height=4),
+            Panel("Outcomes", "Outcomes applied and duplicates skipped per second.",
+                  (Query(rate("mnemos_suppression_outcomes_applied_total"), "applied"),
+                   Query(rate("mnemos_suppression_duplicates_skipped_total"), "duplicates skipped")), unit="reqps"),
+            Panel("Suppression rows updated", "(entry, cluster) suppression scores changed per second.",
+                  (Query(rate("mnemos_suppression_entries_updated_total"), "entries"),), unit="reqps"),
+        )),
+        Row("Timing and backlog", (
+            Panel("Apply time", "Seconds to apply one batch of outcomes in one transaction.",
+                  (Query(quantile(0.5, "mnemos_suppression_apply_seconds"), "p50"),
+                   Query(quantile(0.95, "mnemos_suppression_apply_seconds"), "p95")), unit="s"),
+            *_stream_panels("suppression", "Outcomes"),
+        )),
+    ),
+)
+
+DASHBOARDS = (OVERVIEW, INGEST, QUERY, SUPPRESSION)
+
+
+def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict:
+    defaults: dict = {"unit": panel.unit}
+    if panel.min_zero:
+        defaults["min"] = 0
+    body: dict = {
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "targets": [
+            {"datasource": DATASOURCE, "expr": q.expr, "legendFormat": q.legend or "__auto",
+             "range": True, "refId": chr(ord("A") + i)}
+            for i, q in enumerate(panel.queries)
+        ],
+    }
+    if panel.kind == "stat":
+        body["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                           "colorMode": "value", "graphMode": "area", "textMode": "auto"}
+    else:
+        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}
+        body["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                           "tooltip": {"mode": "multi", "sort": "desc"}}
+    return body
+
+
+def render(dashboard: Dashboard) -> dict:
+    """The Grafana JSON model of ``dashboard``: rows laid out top to bottom, panels left to right."""
+    panels: list[dict] = []
+    panel_id = 1
+    y = 0
+    for row in dashboard.rows:
+        panels.append({"id": panel_id, "type": "row", "title": row.title, "collapsed": False, "panels": [],
+                       "gridPos": {"h": 1, "w": COLUMNS, "x": 0, "y": y}})
+        panel_id += 1
+        y += 1
+        x = 0
+        line_height = 0
+        for panel in row.panels:
+            if x + panel.width > COLUMNS:
+                x, y, line_height = 0, y + line_height, 0
+            panels.append(_panel_json(panel, panel_id, x, y))
+            panel_id += 1
+            x += panel.width
+            line_height = max(line_height, panel.height)
+        y += line_height
+    return {
+        "uid": dashboard.uid,
+        "title": dashboard.title,
+        "description": dashboard.description,
+        "tags": list(dashboard.tags),
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "timezone": "browser",
+        "annotations": {"list": []},
+        "links": [{"title": "Mnemos", "type": "dashboards", "tags": ["mnemos"], "asDropdown": True,
+                   "includeVars": True, "keepTime": True}],
+        "templating": {"list": [{"name": "datasource", "label": "Data source", "type": "datasource",
+                                 "query": "prometheus", "current": {}, "hide": 0, "refresh": 1,
+                                 "includeAll": False, "multi": False, "options": [], "regex": ""}]},
+        "panels": panels,
+    }
+
+
+def file_name(dashboard: Dashboard) -> str:
+    return f"{dashboard.uid}.json"
+
+
+def dumps(model: dict) -> str:
+    return json.dumps(model, indent=2, sort_keys=True) + "\n"
+
+
+def main(out_dir: Path = OUT_DIR) -> int:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for dashboard in DASHBOARDS:
+        (out_dir / file_name(dashboard)).write_text(dumps(render(dashboard)))
+        print(f"wrote {out_dir / file_name(dashboard)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT_DIR))
