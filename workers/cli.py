@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def cli(ctx: click.Context, log_level: str) -> None:
     """Mnemos: long-term conversational memory as a streaming service."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("bm25s", "httpx", "sentence_transformers", "urllib3"):
+    for noisy in ("bm25s", "faiss", "httpx", "sentence_transformers", "urllib3"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     ctx.obj = Settings.from_env()
 

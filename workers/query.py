@@ -116,8 +116,10 @@ class QueryService:
             message = outcome_message(core.outcome, with_embedding=clusters is None)
             self.connection.xadd(self.settings.outcomes_stream, message.to_stream_fields())  # type: ignore[arg-type]
         t = core.timings
+        # the metric's "dense" stage includes embedding the query; the payload also reports it apart
         stages = {"refresh": refresh_s, "bm25": t.bm25, "dense": t.dense + encode_s, "fusion": t.fusion,
-                  "suppression": t.suppression, "rerank": t.rerank, "total": self.clock() - started}
+                  "suppression": t.suppression, "rerank": t.rerank, "total": self.clock() - started,
+                  "encode": encode_s}
         self.metrics.query_job("ok", stages, pool_size=core.pool_size, deep_pass=core.deep_pass, refreshed=refreshed)
         hits = tuple(schemas.Hit(h.entry_id, h.turn_id, h.session_id, h.role, h.text, h.occurred_at, float(h.score),
                                  h.rank, h.aliases) for h in core.hits)

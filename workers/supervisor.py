@@ -27,7 +27,9 @@ WORKER_KINDS = ("ingest", "query", "suppression")
 def spawn_workers(settings: Settings, kinds: tuple[str, ...] = WORKER_KINDS) -> list[subprocess.Popen]:
     """Start one child process per kind with ``settings`` in its environment."""
     env = child_environment(settings)
-    return [subprocess.Popen([sys.executable, "-m", "workers", "worker", kind], env=env) for kind in kinds]
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    return [subprocess.Popen([sys.executable, "-m", "workers", "--log-level", level, "worker", kind], env=env)
+            for kind in kinds]
 
 
 def stop_workers(children: list[subprocess.Popen], timeout_s: float = 15.0) -> None:

@@ -1,0 +1,353 @@
+"""``mnemos bench service``: LoCoMo through the real service, scored against the in-process pipeline.
+
+Protocol:
+
+1. A fresh database ``mnemos_bench_<stamp>`` and stream prefix; the ingest, query and suppression
+   workers run as separate processes (``python -m workers worker ...``) with the bundled
+   bi-encoder and the given cross-encoder, suppression off and no deep pass, so the service runs
+   exactly the ``hybrid_rerank`` arm of ``mnemos bench quality`` (BM25 + dense, RRF, pool 30,
+   cross-encoder).
+2. Every turn of the evaluated conversations is published turn by turn to the stream, one
+   tenant per conversation; ingest throughput is turns over the seconds from the first XADD to
+   the last commit.
+3. Every question is asked through the rq queue, one at a time; latency is the client's wall
+   time. The share of time outside the models is ``1 - (query embedding + rerank seconds) /
+   end-to-end seconds``, with model seconds as measured inside the worker.
+4. The same questions run in-process (:func:`mnemos.pipeline.retrieve`, ``hybrid_rerank``
+   config, tenants built by :func:`bench.corpora.build_tenants`) with the same cross-encoder;
+   NDCG@10 / Recall@10 of both are reported side by side with the largest per-question gap.
+
+A reranker trained on some conversations (its ``mnemos_provenance.json``) is only evaluated on
+the others. Relevance is alias-aware: a gold turn folded into a canonical entry by dedupe counts
+when that entry is retrieved.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import psycopg
+import redis
+from psycopg import sql
+from rq import Worker
+
+from api.client import MnemosClient
+from api.schemas import RetrievalResult
+from bench.datasets import Conversation, load_locomo
+from mnemos.evaluation import ndcg_at_k, recall_at_k
+from workers.ingest import GROUP as INGEST_GROUP
+from workers.ingest import limits_of
+from workers.migrate import ensure_database, run_migrations
+from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, Settings
+from workers.store import Store
+from workers.supervisor import WORKER_KINDS, spawn_workers, stop_workers
+
+log = logging.getLogger(__name__)
+
+PROVENANCE_FILE = "mnemos_provenance.json"
+DEFAULT_RERANK_CACHE = Path.home() / ".cache" / "mnemos" / "bench" / "rerank_scores.sqlite"
+
+
+# a running service ------------------------------------------------------------------------------
+
+@dataclass
+class ServiceRun:
+    """A benchmark's own service: settings, client, store and worker processes."""
+
+    settings: Settings
+    client: MnemosClient
+    store: Store
+    connection: redis.Redis
+    children: list = field(default_factory=list)
+
+    def stored(self, tenant_id: str) -> int:
+        with self.store.tenant_tx(tenant_id) as conn:
+            return int(conn.execute("SELECT count(*) FROM entries WHERE tenant_id = %s", (tenant_id,)).fetchone()[0])
+
+    def canonical_map(self, tenant_id: str) -> dict[str, str]:
+        """``{turn_id: canonical turn_id}`` of a tenant, from Postgres."""
+        with self.store.tenant_tx(tenant_id) as conn:
+            rows = conn.execute(
+                "SELECT e.turn_id, coalesce(c.turn_id, e.turn_id) FROM entries e"
+                " LEFT JOIN entries c ON c.entry_id = e.canonical_entry_id WHERE e.tenant_id = %s",
+                (tenant_id,)).fetchall()
+        return dict(rows)
+
+
+def bench_settings(base: Settings, *, reranker: str | None, stamp: str) -> Settings:
+    """The service settings of one benchmark run: own database and prefix, hybrid_rerank knobs."""
+    url = psycopg.conninfo.make_conninfo(base.database_url, dbname=f"mnemos_bench_{stamp}")
+    return base.replace(
+        database_url=url, stream_prefix=f"mnemos_bench_{stamp}", queue_name=f"mnemos_bench_{stamp}_retrievals",
+        cross_encoder=reranker, suppression=False, deep_threshold=None, metrics_enabled=False,
+        retrieve_timeout_s=max(base.retrieve_timeout_s, 120.0), job_timeout_s=max(base.job_timeout_s, 120),
+        claim_idle_ms=max(base.claim_idle_ms, 120_000))
+
+
+def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> float:
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout_s:
+            raise click.ClickException(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+    return time.monotonic()
+
+
+@contextmanager
+def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, keep: bool = False,
+                    ready_timeout_s: float = 300.0) -> Iterator[ServiceRun]:
+    """Create and migrate the run's database, start the workers, wait until they listen."""
+    ensure_database(settings.database_url)
+    run_migrations(settings.database_url)
+    connection = redis.Redis.from_url(settings.redis_url)
+    client = MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+                          limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
+                          job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s)
+    children = spawn_workers(settings, tuple(kinds))
+    store = Store(settings.database_url, settings.db_app_role).open()
+    run = ServiceRun(settings, client, store, connection, children)
+    try:
+        if "ingest" in kinds:
+            _wait(lambda: _has_consumer(connection, settings.turns_stream, INGEST_GROUP), ready_timeout_s,
+                  "the ingest worker")
+        if "query" in kinds:
+            _wait(lambda: bool(Worker.all(queue=client.queue)), ready_timeout_s, "the query worker")
+        yield run
+    finally:
+        stop_workers(children)
+        store.close()
+        keys = list(connection.scan_iter(match=f"{settings.stream_prefix}*"))
+        if keys and not keep:
+            connection.delete(*keys)
+        if not keep:
+            _drop_database(settings.database_url)
+
+
+def _has_consumer(connection: redis.Redis, stream: str, group: str) -> bool:
+    try:
+        return bool(connection.xinfo_consumers(stream, group))
+    except redis.ResponseError:
+        return False
+
+
+def _drop_database(url: str) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    admin = psycopg.conninfo.make_conninfo(url, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation],
+                          timeout_s: float = 3600.0) -> dict[str, float]:
+    """Publish every turn (tenant = conversation id), wait until all are stored; returns timings."""
+    turns = [{"tenant_id": c.conversation_id, "session_id": t.session_id, "turn_id": t.turn_id, "role": t.role,
+              "text": t.text, "occurred_at": t.occurred_at.isoformat()} for c in conversations for t in c.turns]
+    expected = {c.conversation_id: len(c.turns) for c in conversations}
+    started = time.monotonic()
+    for turn in turns:  # turn by turn, as an agent would
+        run.client.publish_turn(turn)
+    published = time.monotonic()
+    done = _wait(lambda: all(run.stored(t) >= n for t, n in expected.items()), timeout_s, "ingestion", 0.1)
+    seconds = done - started
+    return {"turns": len(turns), "publish_seconds": published - started, "ingest_seconds": seconds,
+            "ingest_turns_per_s": len(turns) / seconds if seconds > 0 else float("nan")}
+
+
+# questions ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Asked:
+    """One question as the service answered it."""
+
+    key: str
+    conversation_id: str
+    latency_s: float
+    result: RetrievalResult
+
+
+def ask_questions(run: ServiceRun, questions: Sequence[Any], k: int = 30) -> list[Asked]:
+    """Ask each question through rq, one at a time (``questions`` are ``bench.engine.BenchQuestion``)."""
+    asked = []
+    for number, question in enumerate(questions, start=1):
+        started = time.perf_counter()
+        result = run.client.retrieve(question.conversation_id, question.text, k=k)
+        asked.append(Asked(question.key, question.conversation_id, time.perf_counter() - started, result))
+        if number % 50 == 0:
+            log.info("asked %d/%d questions", number, len(questions))
+    return asked
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
+
+
+def evaluated_conversations(data: Path, reranker: str | None, limit_conversations: int | None,
+                            all_conversations: bool) -> tuple[list[Conversation], list[str]]:
+    """LoCoMo conversations to evaluate: those the reranker was not trained on (unless overridden)."""
+    conversations = load_locomo(data)
+    trained: list[str] = []
+    if reranker and reranker != FAKE_MODEL and (Path(reranker) / PROVENANCE_FILE).is_file():
+        provenance = json.loads((Path(reranker) / PROVENANCE_FILE).read_text(encoding="utf-8"))
+        trained = list(provenance.get("training_conversations") or [])
+    if not all_conversations:
+        conversations = [c for c in conversations if c.conversation_id not in set(trained)]
+    if limit_conversations is not None:
+        conversations = conversations[:limit_conversations]
+    if not conversations:
+        raise click.ClickException("no conversation left to evaluate (all were used to train the reranker?)")
+    return conversations, trained
+
+
+def load_models(settings: Settings):
+    """The bi-encoder and cross-encoder of ``settings`` for the in-process comparison."""
+    from workers.models import load_encoder, load_reranker
+
+    encoder = load_encoder(settings)
+    reranker = load_reranker(settings)
+    name = settings.cross_encoder
+    if reranker is not None and name not in (None, FAKE_MODEL) and Path(name).is_dir():
+        from bench.caches import PersistentReranker, model_identity
+
+        inner = reranker
+        reranker = PersistentReranker(model_identity(name), DEFAULT_RERANK_CACHE, load=lambda: inner)
+    return encoder, reranker
+
+
+def in_process_rankings(conversations: Sequence[Conversation], questions: Sequence[Any], encoder, reranker,
+                        k: int = 30) -> dict[str, tuple[list[int], frozenset[int]]]:
+    """``{question key: (ranked canonical entry ids, relevant canonical entry ids)}`` of hybrid_rerank."""
+    from bench.arms import BASELINE_ARM, arm_by_name
+    from bench.corpora import CorpusMode, build_tenants
+    from mnemos.pipeline import retrieve
+
+    texts = [t.text for c in conversations for t in c.turns]
+    tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim)
+    config = arm_by_name(BASELINE_ARM).config
+    out = {}
+    for question in questions:
+        tenant = tenants[question.conversation_id]
+        vector = encoder.encode([question.text])[0]
+        result = retrieve(tenant.index, question.text, vector, k=k, config=config, reranker=reranker)
+        out[question.key] = ([h.entry_id for h in result.hits], tenant.relevant_entries(question.relevant_turns))
+    return out
+
+
+def service_rankings(run: ServiceRun, asked: Sequence[Asked], questions: Sequence[Any]
+                     ) -> dict[str, tuple[list[str], frozenset[str]]]:
+    """``{question key: (ranked canonical turn ids, relevant canonical turn ids)}`` from the service."""
+    maps = {c: run.canonical_map(c) for c in {a.conversation_id for a in asked}}
+    by_key = {q.key: q for q in questions}
+    out = {}
+    for item in asked:
+        canonical = maps[item.conversation_id]
+        local = [t.split("/", 1)[1] for t in by_key[item.key].relevant_turns]
+        relevant = frozenset(canonical[t] for t in local if t in canonical)
+        out[item.key] = ([h.turn_id for h in item.result.hits], relevant)
+    return out
+
+
+def mean_metrics(rankings: dict[str, tuple[list, frozenset]]) -> dict[str, float]:
+    ndcg = [ndcg_at_k(r, rel, 10) for r, rel in rankings.values()]
+    recall = [recall_at_k(r, rel, 10) for r, rel in rankings.values()]
+    return {"ndcg@10": statistics.fmean(ndcg) if ndcg else float("nan"),
+            "recall@10": statistics.fmean(recall) if recall else float("nan")}
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "cpu": cpu, "python": platform.python_version()}
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def run_service_bench(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
+                      limit_conversations: int | None, all_conversations: bool, json_path: Path | None,
+                      keep: bool) -> int:
+    from bench.engine import prepare_questions
+
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    run_settings = bench_settings(settings.replace(bi_encoder=settings.bi_encoder or BUNDLED_BI_ENCODER),
+                                  reranker=reranker, stamp=stamp)
+    conversations, trained = evaluated_conversations(data, reranker, limit_conversations, all_conversations)
+    questions = prepare_questions(conversations, limit=limit)
+    click.echo(f"{len(conversations)} conversations, {sum(len(c.turns) for c in conversations)} turns, "
+               f"{len(questions)} questions; reranker {reranker} (trained on {trained or 'nothing listed'})")
+    with running_service(run_settings, keep=keep) as run:
+        ingest = publish_conversations(run, conversations)
+        click.echo(f"ingested {ingest['turns']} turns in {ingest['ingest_seconds']:.1f}s "
+                   f"({ingest['ingest_turns_per_s']:.1f} turns/s)")
+        asked = ask_questions(run, questions)
+        service = service_rankings(run, asked, questions)
+    encoder, in_reranker = load_models(run_settings)
+    local = in_process_rankings(conversations, questions, encoder, in_reranker)
+    latencies = [a.latency_s for a in asked]
+    model_s = sum(a.result.stage_seconds.get("encode", 0.0) + a.result.stage_seconds.get("rerank", 0.0)
+                  for a in asked)
+    gaps = [abs(ndcg_at_k(*service[key], 10) - ndcg_at_k(*local[key], 10)) for key in service]
+    service_metrics, local_metrics = mean_metrics(service), mean_metrics(local)
+    payload = {
+        "command": " ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]),
+        "machine": machine(), "data": str(data), "reranker": reranker, "reranker_training_conversations": trained,
+        "conversations": [c.conversation_id for c in conversations], "n_questions": len(questions),
+        **service_metrics,
+        "in_process_hybrid_rerank": local_metrics,
+        "max_abs_ndcg@10_gap_per_question": max(gaps) if gaps else 0.0,
+        "questions_with_different_ndcg@10": sum(g > 1e-9 for g in gaps),
+        **ingest,
+        "query_p50_s": percentile(latencies, 50), "query_p95_s": percentile(latencies, 95),
+        "share_outside_models": 1.0 - model_s / sum(latencies) if latencies else float("nan"),
+        "settings": {"pool_size": run_settings.pool_size, "n_candidates": run_settings.n_candidates,
+                     "suppression": run_settings.suppression, "deep_threshold": run_settings.deep_threshold,
+                     "bi_encoder": run_settings.bi_encoder},
+    }
+    click.echo(json.dumps({k: payload[k] for k in ("n_questions", "ndcg@10", "recall@10",
+                                                    "in_process_hybrid_rerank", "ingest_turns_per_s", "query_p50_s",
+                                                    "query_p95_s", "share_outside_models")}, indent=2))
+    if json_path is not None:
+        write_json(json_path, payload)
+        click.echo(f"wrote {json_path}")
+    return 0
+
+
+@click.command("service")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="LoCoMo JSON (locomo10.json)")
+@click.option("--reranker", default=None, help="cross-encoder dir ('fake' for plumbing); default: settings")
+@click.option("--limit", type=int, default=None, help="about this many questions, spread over conversations")
+@click.option("--conversations", "limit_conversations", type=int, default=None, help="first N conversations only")
+@click.option("--all-conversations", is_flag=True, help="also evaluate conversations the reranker was trained on")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the results here (e.g. bench/results/service.json)")
+@click.option("--keep", is_flag=True, help="keep the run's database and streams")
+@click.pass_context
+def service(ctx: click.Context, data: Path, reranker: str | None, limit: int | None,
+            limit_conversations: int | None, all_conversations: bool, json_path: Path | None, keep: bool) -> None:
+    """LoCoMo through the running service vs the in-process hybrid_rerank numbers."""
+    settings: Settings = ctx.find_root().obj
+    sys.exit(run_service_bench(settings, data=data, reranker=reranker or settings.cross_encoder, limit=limit,
+                               limit_conversations=limit_conversations, all_conversations=all_conversations,
+                               json_path=json_path, keep=keep))
