@@ -1,0 +1,157 @@
+"""``mnemos bench speed``: service overhead against the models' own time, in the same run.
+
+* Ingest: the bi-encoder's own throughput on the turns (in this process, batches of the
+  configured size) first, then end-to-end turns per second through the stream (first XADD to
+  last commit) with one ingest worker process; target: at least 90% of the encoder's rate.
+* Query: p50 / p95 client wall time of questions through rq (query worker process), against
+  the cross-encoder's own time scoring the same pools in this process (the pool is the top
+  ``pool_size`` of the fused list, as in the worker with suppression off); target overhead <= 20%.
+* Freshness: seconds from XADD of a new turn to its commit in Postgres, from which the next
+  request sees it (every request reads the tenant's memory version first); each probe is then
+  confirmed retrievable through the queue (not timed).
+
+Numbers, not assertions: the JSON records the machine and the command; run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from bench.service import (
+    bench_settings,
+    evaluated_conversations,
+    machine,
+    percentile,
+    publish_conversations,
+    running_service,
+    write_json,
+)
+from workers.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def encoder_rate(encoder, texts: list[str]) -> float:
+    """Turns per second of ``encoder.encode`` over ``texts`` (one warm-up call first)."""
+    encoder.encode(texts[:8])
+    started = time.perf_counter()
+    encoder.encode(texts)
+    return len(texts) / (time.perf_counter() - started)
+
+
+def rerank_times(conversations, questions, encoder, reranker, pool_size: int) -> list[float]:
+    """Seconds the cross-encoder alone takes on each question's pool (fused top ``pool_size``)."""
+    from bench.corpora import CorpusMode, build_tenants
+    from mnemos.pipeline import RetrievalConfig, retrieve
+
+    texts = [t.text for c in conversations for t in c.turns]
+    tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim)
+    fused = RetrievalConfig(rerank=False, suppression=False, deep_threshold=None)
+    times = []
+    reranker.score("warm up", ["warm up"])
+    for question in questions:
+        tenant = tenants[question.conversation_id]
+        vector = encoder.encode([question.text])[0]
+        hits = retrieve(tenant.index, question.text, vector, k=pool_size, config=fused, reranker=None).hits
+        pool = [h.text for h in hits[:pool_size]]
+        started = time.perf_counter()
+        reranker.score(question.text, pool)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def freshness(run, tenant_id: str, probes: int) -> list[float]:
+    """Seconds from XADD to the committed row, for ``probes`` new turns of ``tenant_id``."""
+    seconds = []
+    for number in range(probes):
+        turn_id = f"probe-{uuid.uuid4().hex[:8]}"
+        text = f"Freshness probe {number}: the parcel code is {uuid.uuid4().hex[:6]}"
+        started = time.perf_counter()
+        run.client.publish_turn({"tenant_id": tenant_id, "session_id": "probe", "turn_id": turn_id, "role": "user",
+                                 "text": text, "occurred_at": datetime.now(UTC).isoformat()})
+        deadline = started + 60
+        while True:
+            with run.store.tenant_tx(tenant_id) as conn:
+                if conn.execute("SELECT 1 FROM entries WHERE tenant_id = %s AND turn_id = %s",
+                                (tenant_id, turn_id)).fetchone():
+                    break
+            if time.perf_counter() > deadline:
+                raise click.ClickException(f"probe {turn_id} was not stored within 60s")
+            time.sleep(0.005)
+        seconds.append(time.perf_counter() - started)
+        hits = run.client.retrieve(tenant_id, text, k=5).hits
+        if turn_id not in [t for h in hits for t in (h.turn_id, *h.aliases)]:
+            log.warning("probe %s committed but not among the top 5 hits", turn_id)
+    return seconds
+
+
+def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
+                    limit_conversations: int | None, probes: int, json_path: Path | None) -> int:
+    from bench.engine import prepare_questions
+    from workers.models import load_encoder, load_reranker
+
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    run_settings = bench_settings(settings, reranker=reranker, stamp=stamp)
+    conversations, _trained = evaluated_conversations(data, reranker, limit_conversations, True)
+    questions = prepare_questions(conversations, limit=limit)
+    texts = [t.text for c in conversations for t in c.turns]
+    encoder = load_encoder(run_settings)
+    encoder_tps = encoder_rate(encoder, texts)
+    click.echo(f"bi-encoder alone: {encoder_tps:.1f} turns/s on {len(texts)} turns")
+    with running_service(run_settings, ("ingest", "query")) as run:
+        ingest = publish_conversations(run, conversations)
+        click.echo(f"through the stream: {ingest['ingest_turns_per_s']:.1f} turns/s")
+        latencies = []
+        for question in questions:
+            started = time.perf_counter()
+            run.client.retrieve(question.conversation_id, question.text, k=10)
+            latencies.append(time.perf_counter() - started)
+        fresh = freshness(run, conversations[0].conversation_id, probes)
+    cross = load_reranker(run_settings)
+    rerank = rerank_times(conversations, questions, encoder, cross, run_settings.pool_size) if cross else []
+    payload = {
+        "command": " ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]),
+        "machine": machine(), "data": str(data), "reranker": reranker,
+        "n_turns": len(texts), "n_queries": len(questions), "n_freshness_probes": probes,
+        "encoder_turns_per_s": encoder_tps, "ingest_turns_per_s": ingest["ingest_turns_per_s"],
+        "ingest_share_of_encoder": ingest["ingest_turns_per_s"] / encoder_tps,
+        "query_p50_s": percentile(latencies, 50), "query_p95_s": percentile(latencies, 95),
+        "rerank_p50_s": percentile(rerank, 50), "rerank_p95_s": percentile(rerank, 95),
+        "query_overhead_p50": percentile(latencies, 50) / percentile(rerank, 50) - 1 if rerank else None,
+        "freshness_p50_s": percentile(fresh, 50), "freshness_p95_s": percentile(fresh, 95),
+        "settings": {"pool_size": run_settings.pool_size, "encoder_batch_size": run_settings.encoder_batch_size,
+                     "ingest_batch_size": run_settings.ingest_batch_size, "bi_encoder": run_settings.bi_encoder},
+    }
+    for key in ("encoder_turns_per_s", "ingest_turns_per_s", "ingest_share_of_encoder", "query_p50_s",
+                "query_p95_s", "rerank_p50_s", "query_overhead_p50", "freshness_p50_s", "freshness_p95_s"):
+        click.echo(f"{key}: {payload[key]}")
+    if json_path is not None:
+        write_json(json_path, payload)
+        click.echo(f"wrote {json_path}")
+    return 0
+
+
+@click.command("speed")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="LoCoMo JSON (locomo10.json)")
+@click.option("--reranker", default=None, help="cross-encoder dir ('fake' for plumbing); default: settings")
+@click.option("--limit", type=int, default=None, help="about this many questions")
+@click.option("--conversations", "limit_conversations", type=int, default=None, help="first N conversations only")
+@click.option("--probes", type=int, default=20, show_default=True, help="freshness probes")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the results here (e.g. bench/results/speed.json)")
+@click.pass_context
+def speed(ctx: click.Context, data: Path, reranker: str | None, limit: int | None, limit_conversations: int | None,
+          probes: int, json_path: Path | None) -> None:
+    """Ingest, query and freshness speed of the service against the models' own time."""
+    settings: Settings = ctx.find_root().obj
+    sys.exit(run_speed_bench(settings, data=data, reranker=reranker or settings.cross_encoder, limit=limit,
+                             limit_conversations=limit_conversations, probes=probes, json_path=json_path))
