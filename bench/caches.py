@@ -1,0 +1,176 @@
+"""On-disk caches that make benchmark reruns and resumes cheap: rerank scores and embeddings.
+
+Both are SQLite files under the benchmark's ``--cache-dir``. A key is a SHA-1 of the model's
+identity plus the input text(s), so a retrained model (new weights, new identity) never reads
+old scores. Models are loaded lazily: a rerun whose pairs are all cached never loads the
+cross-encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mnemos.encoder import Encoder
+from mnemos.rerank import Reranker
+
+__all__ = ["PersistentEncoder", "PersistentReranker", "model_identity"]
+
+logger = logging.getLogger(__name__)
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "config.json")
+
+
+def model_identity(model_dir: str | Path) -> str:
+    """``"<resolved path>@<sha1 of the weight and config files>"`` for a local model directory.
+
+    Falls back to the path alone when none of the usual files exist (e.g. a fake in tests).
+    """
+    path = Path(model_dir).resolve()
+    digest = hashlib.sha1()
+    found = False
+    for name in _WEIGHT_FILES:
+        file = path / name
+        if file.is_file():
+            found = True
+            with file.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return f"{path}@{digest.hexdigest()[:16]}" if found else str(path)
+
+
+def _key(*parts: str) -> bytes:
+    return hashlib.sha1("\x1f".join(parts).encode("utf-8")).digest()
+
+
+class _Store:
+    """A tiny SQLite key/value table ``(model, key) -> blob``; one connection, one lock."""
+
+    def __init__(self, path: Path, table: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._table = table
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (model TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL,"
+            " PRIMARY KEY (model, key))"
+        )
+        self._db.commit()
+
+    def load(self, model: str) -> dict[bytes, bytes]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT key, value FROM {self._table} WHERE model = ?", (model,)).fetchall()
+        return {bytes(k): bytes(v) for k, v in rows}
+
+    def put(self, model: str, items: Sequence[tuple[bytes, bytes]]) -> None:
+        if not items:
+            return
+        with self._lock:
+            self._db.executemany(
+                f"INSERT OR REPLACE INTO {self._table} (model, key, value) VALUES (?, ?, ?)",
+                [(model, k, v) for k, v in items],
+            )
+            self._db.commit()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class PersistentReranker:
+    """A :class:`~mnemos.rerank.Reranker` whose scores persist in ``<cache_dir>/rerank_scores.sqlite``.
+
+    Args:
+        model_key: identity of the model (see :func:`model_identity`).
+        cache_path: the SQLite file (shared by every model; rows are keyed by model).
+        load: builds the real reranker on the first cache miss.
+
+    ``model_pairs_scored`` counts the pairs actually sent to the model by this process.
+    """
+
+    def __init__(self, model_key: str, cache_path: str | Path, load: Callable[[], Reranker]) -> None:
+        self.model_key = model_key
+        self._store = _Store(Path(cache_path), "rerank_scores")
+        self._load = load
+        self._inner: Reranker | None = None
+        self._scores = {k: float(np.frombuffer(v, dtype=np.float32)[0]) for k, v in self._store.load(model_key).items()}
+        self.model_pairs_scored = 0
+        self.loaded_from_disk = len(self._scores)
+
+    def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts),)`` float32 logits; only uncached pairs reach the model (one call)."""
+        keys = [_key(query, t) for t in texts]
+        todo = [i for i, k in enumerate(keys) if k not in self._scores]
+        if todo:
+            if self._inner is None:
+                self._inner = self._load()
+            fresh = np.asarray(self._inner.score(query, [texts[i] for i in todo]), dtype=np.float32)
+            rows = []
+            for i, value in zip(todo, fresh, strict=True):
+                self._scores[keys[i]] = float(value)
+                rows.append((keys[i], np.float32(value).tobytes()))
+            self._store.put(self.model_key, rows)
+            self.model_pairs_scored += len(todo)
+        return np.asarray([self._scores[k] for k in keys], dtype=np.float32)
+
+
+class PersistentEncoder:
+    """An :class:`~mnemos.encoder.Encoder` whose vectors persist in ``<cache_dir>/embeddings.sqlite``.
+
+    Uncached texts are encoded by the lazily built inner encoder in chunks of ``chunk`` (so a
+    long first run can be interrupted and resumed); ``progress(total)`` returns ``(advance,
+    close)`` callables around the chunk loop (e.g. a tqdm bar). ``dim`` must be known up front so an all-cached run never loads the model.
+    """
+
+    def __init__(
+        self,
+        model_key: str,
+        dim: int,
+        cache_path: str | Path,
+        load: Callable[[], Encoder],
+        chunk: int = 256,
+        progress: Callable[[int], tuple[Callable[[int], None], Callable[[], None]]] | None = None,
+    ) -> None:
+        self.model_key = model_key
+        self.dim = dim
+        self._store = _Store(Path(cache_path), "embeddings")
+        self._load = load
+        self._inner: Encoder | None = None
+        self._chunk = chunk
+        self._progress = progress
+        self._vectors = self._store.load(model_key)
+        self.encoded = 0
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """``(n, dim)`` float32 unit rows; ``(0, dim)`` for no texts."""
+        keys = [_key(t) for t in texts]
+        todo_keys: dict[bytes, str] = {}
+        for k, t in zip(keys, texts, strict=True):
+            if k not in self._vectors and k not in todo_keys:
+                todo_keys[k] = t
+        if todo_keys:
+            if self._inner is None:
+                self._inner = self._load()
+            pending = list(todo_keys.items())
+            advance, close = self._progress(len(pending)) if self._progress else (None, None)
+            for start in range(0, len(pending), self._chunk):
+                batch = pending[start : start + self._chunk]
+                vectors = np.asarray(self._inner.encode([t for _, t in batch]), dtype=np.float32)
+                rows = [(k, np.ascontiguousarray(v).tobytes()) for (k, _), v in zip(batch, vectors, strict=True)]
+                self._vectors.update(rows)
+                self._store.put(self.model_key, rows)
+                self.encoded += len(batch)
+                if advance:
+                    advance(len(batch))
+            if close:
+                close()
+        if not keys:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([np.frombuffer(self._vectors[k], dtype=np.float32) for k in keys]).astype(np.float32)

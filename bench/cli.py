@@ -1,0 +1,283 @@
+"""``mnemos bench``: the benchmark command group; ``quality`` lives here.
+
+The root CLI (``workers/cli.py``) registers :data:`bench`; the service builder adds its
+``service`` and ``speed`` commands to the same group. Commands are thin: parse options, call a
+``run_*`` function that returns an exit code.
+
+Example (the committed LoCoMo run)::
+
+    mnemos bench quality --data /work/shared/data/locomo/locomo10.json \\
+        --reranker-fold /work/models/locomo-fold-a --reranker-fold /work/models/locomo-fold-b \\
+        --json bench/results/locomo.json --markdown bench/results/locomo.md --plot bench/results/locomo.png
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["bench", "parse_fold_spec", "run_quality_command"]
+
+logger = logging.getLogger(__name__)
+
+PROVENANCE_FILE = "mnemos_provenance.json"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mnemos" / "bench"
+
+
+def parse_fold_spec(spec: str) -> tuple[Path, list[str] | None]:
+    """``"DIR"`` or ``"DIR=conv-a,conv-b"`` (the conversations DIR's model was trained on).
+
+    Without ``=``, the training conversations are read from ``DIR/mnemos_provenance.json``.
+    """
+    path, sep, convs = spec.partition("=")
+    if not sep:
+        return Path(path), None
+    return Path(path), [c.strip() for c in convs.split(",") if c.strip()]
+
+
+def _read_provenance(path: Path) -> dict[str, Any]:
+    file = path / PROVENANCE_FILE
+    if not file.is_file():
+        return {}
+    return json.loads(file.read_text(encoding="utf-8"))
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _tqdm_progress(total: int, description: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=description, unit="q", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
+    return bar.update, bar.close
+
+
+def run_quality_command(
+    *,
+    data: Path,
+    data_format: str,
+    folds: list[str],
+    arms: list[str] | None,
+    corpora: list[str],
+    protocols: list[str],
+    limit: int | None,
+    json_path: Path | None,
+    markdown_path: Path | None,
+    plot_path: Path | None,
+    per_question_path: Path | None,
+    cache_dir: Path,
+    burnin_factor: float,
+    clusters: int,
+    queries_per_cluster: int,
+    seed: int,
+    resamples: int,
+    abstain_threshold: float,
+    dedupe: bool,
+    full_features: str,
+    threads: int,
+    max_length: int,
+    batch_size: int,
+    bi_encoder: Path | None,
+    command: str,
+) -> int:
+    """Load data and models, run :func:`bench.quality.run_quality`, write the outputs.
+
+    Returns 0 on success, 2 on unusable input (message on stderr).
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import faiss
+    import torch
+
+    from bench.arms import ARM_NAMES
+    from bench.caches import PersistentEncoder, PersistentReranker, model_identity
+    from bench.corpora import CorpusMode
+    from bench.datasets import DatasetError, load_locomo, load_longmemeval
+    from bench.engine import FoldRerankers, Protocol, RerankerFold
+    from bench.plot import plot_ndcg
+    from bench.quality import QualityOptions, run_quality
+    from mnemos.encoder import SentenceTransformerEncoder, bundled_bi_encoder_path
+    from mnemos.errors import MnemosError
+    from mnemos.rerank import CachedReranker, CrossEncoderReranker
+
+    torch.set_num_threads(threads)
+    # One query at a time: faiss's OpenMP start-up costs more than the search itself (measured
+    # ~1.7 ms vs ~0.3 ms per search on a LoCoMo-sized index), so search single-threaded.
+    faiss.omp_set_num_threads(1)
+    started = time.perf_counter()
+    try:
+        conversations = load_locomo(data) if data_format == "locomo" else load_longmemeval(data)
+        options = QualityOptions(
+            arms=tuple(arms or ARM_NAMES),
+            modes=tuple(CorpusMode(c) for c in corpora),
+            protocols=tuple(Protocol(p) for p in protocols),
+            burnin_factor=burnin_factor, clusters=clusters, queries_per_cluster=queries_per_cluster, seed=seed,
+            n_resamples=resamples, abstain_threshold=abstain_threshold, dedupe_threshold=0.95 if dedupe else None,
+            limit=limit, full_features=full_features,
+        )
+    except (DatasetError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+
+    all_ids = [c.conversation_id for c in conversations]
+    fold_records, rerankers = [], {}
+    for i, spec in enumerate(folds):
+        path, explicit = parse_fold_spec(spec)
+        if not path.is_dir():
+            click.echo(f"error: reranker directory {path} does not exist", err=True)
+            return 2
+        provenance = _read_provenance(path)
+        trained = explicit if explicit is not None else provenance.get("training_conversations")
+        if trained is None:
+            click.echo(f"error: {path} has no {PROVENANCE_FILE}; give DIR=conv-a,conv-b", err=True)
+            return 2
+        name = path.name or f"fold-{i}"
+        identity = model_identity(path)
+        fold_records.append(RerankerFold(name, str(path.resolve()), frozenset(trained), identity, provenance))
+
+        def load(p: Path = path) -> CrossEncoderReranker:
+            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size)
+
+        persistent = PersistentReranker(f"{identity}|max_length={max_length}", cache_dir / "rerank_scores.sqlite", load)
+        rerankers[name] = CachedReranker(persistent, max_entries=None)
+    router = FoldRerankers(fold_records, rerankers) if fold_records else None
+
+    encoder_path = bi_encoder or bundled_bi_encoder_path()
+    config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
+    encoder = PersistentEncoder(
+        model_identity(encoder_path), int(config["hidden_size"]), cache_dir / "embeddings.sqlite",
+        lambda: SentenceTransformerEncoder(encoder_path), progress=lambda n: _tqdm_progress(n, "embed"),
+    )
+    assignment: dict[str, str] = {}
+    for conv in all_ids:
+        try:
+            assignment[conv] = router.fold_for(conv).name if router else ""
+        except LookupError:
+            assignment[conv] = ""
+    reranker_info = {
+        "selection": "per question: the first fold whose training conversations exclude the question's conversation",
+        "max_length": max_length,
+        "folds": [
+            {
+                "name": f.name, "path": f.path, "identity": f.identity,
+                "train_conversations": sorted(f.train_conversations),
+                "evaluated_conversations": [c for c in all_ids if assignment[c] == f.name],
+                "provenance": f.provenance,
+            }
+            for f in fold_records
+        ],
+    }
+    dataset = {"name": "LoCoMo" if data_format == "locomo" else "LongMemEval", "format": data_format,
+               "path": str(data), "sha256": _file_sha256(data)}
+    try:
+        report = run_quality(
+            conversations, encoder=encoder, rerankers=router, options=options, dataset=dataset,
+            reranker_info=reranker_info, command=command, progress=_tqdm_progress,
+        )
+    except (LookupError, ValueError, MnemosError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    doc = report.document
+    click.echo(report.markdown)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    if markdown_path:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(report.markdown, encoding="utf-8")
+    if plot_path:
+        plot_ndcg(doc["runs"], plot_path, title=f"{doc['dataset']['name']}: NDCG@10 per arm (95% CI)")
+    if per_question_path:
+        per_question_path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(per_question_path, "wt", encoding="utf-8") as handle:
+            json.dump({"metrics": ["ndcg@10", "recall@10", "recall@30"], "runs": report.per_question}, handle)
+    cost = doc["cost"]
+    click.echo(
+        f"total seconds: {time.perf_counter() - started:.1f}; reranker pairs: {cost['reranker_pairs']} "
+        f"({cost['reranker_pairs_scored_by_model']} scored by the model, the rest from {cache_dir})",
+        err=True,
+    )
+    return 0
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: retrieval quality (and, from the service, speed)."""
+
+
+@bench.command("quality")
+@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Dataset file (LoCoMo locomo10.json or a LongMemEval JSON).")
+@click.option("--format", "data_format", type=click.Choice(["locomo", "longmemeval"]), default="locomo",
+              show_default=True)
+@click.option("--reranker-fold", "folds", multiple=True, metavar="DIR[=CONV,...]",
+              help="A cross-encoder directory, optionally with the conversations it was trained on "
+                   "(default: read from its mnemos_provenance.json). Repeat per fold.")
+@click.option("--arms", default=None, help="Comma-separated arms (default: all).")
+@click.option("--corpus", default="per_tenant,pooled", show_default=True, help="per_tenant and/or pooled.")
+@click.option("--protocol", default="heldout,transductive", show_default=True, help="heldout and/or transductive.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="About N questions, spread over conversations.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--per-question", "per_question_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Gzipped JSON of per-question NDCG@10/Recall@10/Recall@30 for every run.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CACHE_DIR,
+              show_default=True, help="Rerank-score and embedding caches (SQLite).")
+@click.option("--burnin-factor", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Burn-in draws per burn-in question.")
+@click.option("--clusters", type=click.IntRange(min=1), default=30, show_default=True, help="Max K (seed: 30).")
+@click.option("--queries-per-cluster", type=click.IntRange(min=1), default=17, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--resamples", type=click.IntRange(min=100), default=10_000, show_default=True)
+@click.option("--abstain-threshold", type=float, default=0.0, show_default=True, help="T of abstain@T (logits).")
+@click.option("--dedupe/--no-dedupe", default=True, show_default=True, help="Cosine >= 0.95 dedupe per tenant.")
+@click.option("--full-features", type=click.Choice(["auto", "none"]), default="auto", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--max-length", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--bi-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")
+def quality(**kwargs: Any) -> None:
+    """Retrieval quality of every arm on identical questions (see bench/quality.py)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command = "mnemos bench quality " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("quality") + 1:]) \
+        if "quality" in sys.argv else "mnemos bench quality"
+    sys.exit(
+        run_quality_command(
+            data=kwargs["data"], data_format=kwargs["data_format"], folds=list(kwargs["folds"]),
+            arms=_split(kwargs["arms"]) or None, corpora=_split(kwargs["corpus"]),
+            protocols=_split(kwargs["protocol"]), limit=kwargs["limit"], json_path=kwargs["json_path"],
+            markdown_path=kwargs["markdown_path"], plot_path=kwargs["plot_path"],
+            per_question_path=kwargs["per_question_path"], cache_dir=kwargs["cache_dir"],
+            burnin_factor=kwargs["burnin_factor"], clusters=kwargs["clusters"],
+            queries_per_cluster=kwargs["queries_per_cluster"], seed=kwargs["seed"], resamples=kwargs["resamples"],
+            abstain_threshold=kwargs["abstain_threshold"], dedupe=kwargs["dedupe"],
+            full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
+            batch_size=kwargs["batch_size"], bi_encoder=kwargs["bi_encoder"], command=command,
+        )
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    bench()

@@ -1,0 +1,183 @@
+"""Benchmark corpora: dataset conversations turned into tenant indexes, per tenant or pooled.
+
+Turn and session ids are made global (``"<conversation>/<turn id>"``) so the pooled index, where
+LoCoMo's ``D1:3`` would repeat in every conversation, stays unambiguous. Each tenant is built
+like the service builds one: embed, dedupe at cosine >= 0.95 within the tenant (aliases kept,
+seed 004 checkpoint 7), add canonical entries to a :class:`~mnemos.tenant_index.TenantIndex`.
+Relevant turns are mapped to canonical entry ids, so an absorbed gold turn still counts when
+its canonical is retrieved (seed 004, dedupe note).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+import numpy as np
+
+from bench.datasets import Conversation, Turn
+from mnemos.bm25_index import BM25Index
+from mnemos.dedupe import DEFAULT_THRESHOLD, dedupe_batch
+from mnemos.fusion import reciprocal_rank_fusion
+from mnemos.records import Entry
+from mnemos.tenant_index import TenantIndex
+
+__all__ = ["CorpusMode", "SessionRanker", "Tenant", "build_tenants", "global_id"]
+
+
+class CorpusMode(StrEnum):
+    """How conversations map to tenants."""
+
+    PER_TENANT = "per_tenant"
+    """Each conversation is its own tenant (the service's unit of isolation)."""
+    POOLED = "pooled"
+    """Every conversation in one index, as seed 000 evaluates LongMemEval S."""
+
+
+def global_id(conversation_id: str, local_id: str) -> str:
+    """``"<conversation>/<local id>"``: unique across a pooled corpus."""
+    return f"{conversation_id}/{local_id}"
+
+
+class SessionRanker:
+    """Ranks a tenant's sessions for a query: RRF of BM25 over session transcripts and the cosine
+    to each session's centroid (normalised mean of its turn vectors).
+
+    The session-level retriever of seed 003's "session-utterance" baseline, built from the same
+    tokenizer and bi-encoder as the turn-level pipeline.
+    """
+
+    def __init__(self, session_ids: Sequence[str], texts: Sequence[str], centroids: np.ndarray) -> None:
+        self.session_ids = tuple(session_ids)
+        self._bm25 = BM25Index()
+        self._bm25.add(list(range(len(texts))), list(texts))
+        self._centroids = np.asarray(centroids, dtype=np.float32)
+
+    def rank(self, query: str, query_embedding: np.ndarray) -> tuple[str, ...]:
+        """Every session id, best first."""
+        n = len(self.session_ids)
+        lexical = [i for i, _ in self._bm25.search(query, n)]
+        dense = list(np.argsort(-(self._centroids @ np.asarray(query_embedding, dtype=np.float32)), kind="stable"))
+        fused = reciprocal_rank_fusion([lexical, [int(i) for i in dense]])
+        return tuple(self.session_ids[i] for i, _ in fused)
+
+
+@dataclass
+class Tenant:
+    """One tenant of a corpus mode: its index plus the maps the metrics need.
+
+    ``canonical`` maps every global turn id of the tenant to its canonical entry id;
+    ``entry_session`` / ``entry_date`` give an entry's session and session start.
+    """
+
+    tenant_id: str
+    index: TenantIndex
+    canonical: dict[str, int]
+    entry_session: dict[int, str]
+    entry_date: dict[int, datetime]
+    sessions: SessionRanker
+    conversations: tuple[str, ...]
+    n_aliases: int = 0
+    question_keys: list[str] = field(default_factory=list)
+
+    def relevant_entries(self, turn_ids: frozenset[str]) -> frozenset[int]:
+        """Canonical entry ids of the given global turn ids (ids outside the tenant are ignored)."""
+        return frozenset(self.canonical[t] for t in turn_ids if t in self.canonical)
+
+
+def _build_tenant(
+    tenant_id: str,
+    rows: Sequence[tuple[int, str, Turn]],
+    vectors: np.ndarray,
+    dim: int,
+    dedupe_threshold: float | None,
+) -> Tenant:
+    """``rows`` are ``(global turn number, conversation id, turn)``; ``vectors`` their embeddings."""
+    index = TenantIndex(tenant_id, dim)
+    if dedupe_threshold is None:
+        decisions = [None] * len(rows)
+    else:
+        decisions = [d if d.is_duplicate else None for d in dedupe_batch(vectors, np.zeros((0, dim)), dedupe_threshold)]
+    aliases: dict[int, list[str]] = defaultdict(list)
+    canonical: dict[str, int] = {}
+    for i, (number, conv, turn) in enumerate(rows):
+        decision = decisions[i]
+        if decision is not None and decision.batch is not None:
+            target = rows[decision.batch][0]
+            aliases[target].append(global_id(conv, turn.turn_id))
+            canonical[global_id(conv, turn.turn_id)] = target
+        else:
+            canonical[global_id(conv, turn.turn_id)] = number
+    entries, keep = [], []
+    entry_session: dict[int, str] = {}
+    entry_date: dict[int, datetime] = {}
+    for i, (number, conv, turn) in enumerate(rows):
+        if decisions[i] is not None:
+            continue
+        session = global_id(conv, turn.session_id)
+        entries.append(
+            Entry(
+                entry_id=number, tenant_id=tenant_id, turn_id=global_id(conv, turn.turn_id), session_id=session,
+                role=turn.role, text=turn.text, occurred_at=turn.occurred_at, aliases=tuple(aliases.get(number, ())),
+            )
+        )
+        keep.append(i)
+        entry_session[number] = session
+        entry_date[number] = turn.occurred_at
+    index.add(entries, vectors[keep] if keep else np.zeros((0, dim), np.float32))
+
+    texts: dict[str, list[str]] = defaultdict(list)
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, (_, conv, turn) in enumerate(rows):
+        session = global_id(conv, turn.session_id)
+        texts[session].append(turn.text)
+        members[session].append(i)
+    session_ids = list(texts)
+    centroids = np.zeros((len(session_ids), dim), dtype=np.float32)
+    for j, session in enumerate(session_ids):
+        mean = vectors[members[session]].mean(axis=0)
+        norm = float(np.linalg.norm(mean))
+        centroids[j] = mean / norm if norm > 0 else mean
+    return Tenant(
+        tenant_id=tenant_id,
+        index=index,
+        canonical=canonical,
+        entry_session=entry_session,
+        entry_date=entry_date,
+        sessions=SessionRanker(session_ids, [" ".join(texts[s]) for s in session_ids], centroids),
+        conversations=tuple(dict.fromkeys(conv for _, conv, _ in rows)),
+        n_aliases=sum(1 for d in decisions if d is not None),
+    )
+
+
+def build_tenants(
+    conversations: Sequence[Conversation],
+    turn_vectors: np.ndarray,
+    mode: CorpusMode,
+    *,
+    dim: int,
+    dedupe_threshold: float | None = DEFAULT_THRESHOLD,
+) -> dict[str, Tenant]:
+    """Tenants of ``mode``, keyed by tenant id (the conversation id, or ``"pooled"``).
+
+    ``turn_vectors`` is ``(total turns, dim)`` float32, rows in conversation order then turn
+    order; a turn's row number is its entry id in every mode (aliases have no entry).
+    """
+    rows: list[tuple[int, str, Turn]] = []
+    for conv in conversations:
+        base = len(rows)
+        rows.extend((base + i, conv.conversation_id, turn) for i, turn in enumerate(conv.turns))
+    if turn_vectors.shape != (len(rows), dim):
+        raise ValueError(f"turn_vectors must be ({len(rows)}, {dim}), got {turn_vectors.shape}")
+    groups: dict[str, list[tuple[int, str, Turn]]] = defaultdict(list)
+    for row in rows:
+        groups["pooled" if mode is CorpusMode.POOLED else row[1]].append(row)
+    return {
+        tenant_id: _build_tenant(
+            tenant_id, members, turn_vectors[[n for n, _, _ in members]], dim, dedupe_threshold
+        )
+        for tenant_id, members in groups.items()
+    }

@@ -1,0 +1,336 @@
+"""``mnemos bench quality``: all arms on identical questions, both corpus modes, both protocols.
+
+:func:`run_quality` drives :class:`~bench.engine.Engine` (retrievals), :mod:`bench.selection`
+(``mnemos_full``), :mod:`bench.report` (CIs, p-values, tables) and returns the JSON document
+and the Markdown report. The order of work keeps the expensive part, cross-encoder scoring,
+to one pass over each (query, text) pair: stateless fused arms first, then one rerank call
+per question over the union of every unsuppressed pool of both corpus modes, then the arms
+that read those scores from the cache (suppression only shifts a few entries into the pools).
+See :mod:`bench.engine` for the protocols and the choice of K.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.arms import ARM_NAMES, BASELINE_ARM, arm_by_name
+from bench.corpora import CorpusMode
+from bench.datasets import Conversation
+from bench.engine import (
+    Engine,
+    FoldRerankers,
+    PoolResult,
+    Protocol,
+    QuestionMetrics,
+    RunKey,
+    prepare_questions,
+)
+from bench.report import render_markdown, run_row
+from bench.selection import Selection, overall_question, select_full
+from bench.stats import DEFAULT_RESAMPLES, compare_paired
+from mnemos.encoder import Encoder
+
+__all__ = ["QualityOptions", "QualityReport", "run_quality"]
+
+logger = logging.getLogger(__name__)
+
+GAP_ARM = "+clustered_rif_gap"
+FULL_ARM = "mnemos_full"
+_DEEP_VARIANT = "+clustered_rif_gap+deep_pass"
+
+
+@dataclass(frozen=True)
+class QualityOptions:
+    """What to run. ``full_features``: ``"auto"`` selects on the dev split (needs the held-out
+    protocol), ``"none"`` makes ``mnemos_full`` equal to ``+clustered_rif_gap``."""
+
+    arms: tuple[str, ...] = ARM_NAMES
+    modes: tuple[CorpusMode, ...] = (CorpusMode.PER_TENANT, CorpusMode.POOLED)
+    protocols: tuple[Protocol, ...] = (Protocol.HELDOUT, Protocol.TRANSDUCTIVE)
+    burnin_factor: float = 5.0
+    clusters: int = 30
+    queries_per_cluster: int = 17
+    bootstrap_factor: int = 10
+    seed: int = 0
+    n_resamples: int = DEFAULT_RESAMPLES
+    abstain_threshold: float = 0.0
+    dedupe_threshold: float | None = 0.95
+    limit: int | None = None
+    full_features: str = "auto"
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.arms if a not in ARM_NAMES]
+        if unknown:
+            raise ValueError(f"unknown arms {unknown}; known: {', '.join(ARM_NAMES)}")
+        if self.full_features not in ("auto", "none"):
+            raise ValueError(f"full_features must be 'auto' or 'none', got {self.full_features!r}")
+        if self.burnin_factor < 0:
+            raise ValueError(f"burnin_factor must be >= 0, got {self.burnin_factor}")
+
+
+@dataclass
+class QualityReport:
+    """The JSON document, the Markdown report and per-question NDCG/Recall for reanalysis."""
+
+    document: dict[str, Any]
+    markdown: str
+    per_question: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+def _selection_json(selection: Selection) -> dict[str, Any]:
+    return {
+        "features": list(selection.labels),
+        "deep_pass": selection.deep_pass,
+        "rule": selection.rule,
+        "dev_questions": selection.dev_questions,
+        "steps": [
+            {"candidate": s.candidate, "kept": s.kept, "dev": dict(s.per_mode), "grid": list(s.grid)}
+            for s in selection.steps
+        ],
+    }
+
+
+def _cost(rerankers: FoldRerankers | None, engine: Engine, seconds: float) -> dict[str, Any]:
+    pairs = model_pairs = 0
+    for reranker in (rerankers.rerankers.values() if rerankers else ()):
+        pairs += int(getattr(reranker, "pairs_scored", 0))
+        inner = getattr(reranker, "inner", None)
+        model_pairs += int(getattr(inner, "model_pairs_scored", getattr(reranker, "pairs_scored", 0)))
+    return {
+        "seconds": round(seconds, 1),
+        "stage_seconds": {k: round(v, 1) for k, v in engine.seconds.items()},
+        "reranker_pairs": pairs,
+        "reranker_pairs_scored_by_model": model_pairs,
+        "reranker_pairs_from_disk_cache": pairs - model_pairs,
+        "embeddings_computed": int(getattr(engine.encoder, "encoded", 0)),
+        "retrievals": engine.retrievals,
+    }
+
+
+def _header(document: Mapping[str, Any]) -> list[str]:
+    d, cost = document["dataset"], document["cost"]
+    lines = [f"# Retrieval quality on {d['name']}", ""]
+    if document.get("command"):
+        lines += ["Command:", "", "```", document["command"], "```", ""]
+    lines += [
+        f"Dataset: `{d['path']}` ({d['conversations']} conversations, {d['turns']} turns, {d['questions']} questions"
+        f" run, {d['labelled']} with evidence). Overall = categories 1-4; category 5 separately.",
+        f"Cost: {cost['seconds']} s total, {cost['reranker_pairs']} reranker pairs "
+        f"({cost['reranker_pairs_scored_by_model']} scored by the model in this process, the rest from the disk "
+        f"cache), {cost['retrievals']} retrievals.",
+        "",
+        "Rerankers (each question uses the fold that never saw its conversation):",
+        "",
+    ]
+    for fold in document["reranker"].get("folds", []):
+        lines.append(
+            f"- `{fold['name']}` ({fold['path']}): trained on {', '.join(fold['train_conversations']) or '—'}; "
+            f"evaluates {', '.join(fold['evaluated_conversations']) or '—'}"
+        )
+    s = document["settings"]
+    lines += [
+        "",
+        f"Suppression: alpha {s['alpha']}, eta {s['eta']}, burn-in {s['burnin_factor']}x the burn-in set, "
+        f"K = {s['k_rule']}; evaluation with frozen state. Held-out: {s['heldout_split']}",
+    ]
+    full = document.get("mnemos_full")
+    if full:
+        lines += ["", f"`mnemos_full` = `{GAP_ARM}` + {', '.join(full['features']) or 'nothing'} "
+                      f"({full['rule']}; {full['dev_questions']} dev questions).", ""]
+        if full["steps"]:
+            lines += ["| candidate | kept | " + " | ".join(f"Δ NDCG@10 {m} (p)" for m in full["steps"][0]["dev"]) + " |",
+                      "|---|---|" + "---|" * len(full["steps"][0]["dev"])]
+            for step in full["steps"]:
+                cells = " | ".join(f"{v['delta']:+.4f} ({v['p']:.3f})" for v in step["dev"].values())
+                lines.append(f"| {step['candidate']} | {'yes' if step['kept'] else 'no'} | {cells} |")
+        for item in full.get("test_split", []):
+            lines.append(
+                f"\nTest split ({item['corpus']}, {item['protocol']}, n={item['n']}): {FULL_ARM} − {GAP_ARM} "
+                f"NDCG@10 {item['delta']:+.4f} [{item['ci95'][0]:+.4f}, {item['ci95'][1]:+.4f}], p={item['p']:.3f}"
+            )
+    return lines
+
+
+def run_quality(
+    conversations: Sequence[Conversation],
+    *,
+    encoder: Encoder,
+    rerankers: FoldRerankers | None,
+    options: QualityOptions,
+    dataset: Mapping[str, Any],
+    reranker_info: Mapping[str, Any] | None = None,
+    command: str = "",
+    progress: Callable[[int, str], tuple[Callable[[int], None], Callable[[], None]]] | None = None,
+) -> QualityReport:
+    """Run the benchmark and build its report (see the module docstring for the order of work).
+
+    Raises:
+        ValueError: if a reranking arm is requested without rerankers.
+        LookupError: if some question's conversation was seen by every reranker fold.
+    """
+    started = time.perf_counter()
+    arms = [arm_by_name(a) for a in options.arms]
+    rerank_needed = any(a.reranks for a in arms)
+    if rerank_needed and rerankers is None:
+        raise ValueError("reranking arms need --reranker-fold models")
+    questions = prepare_questions(conversations, seed=options.seed, limit=options.limit)
+    if rerankers is not None:
+        for conv in {q.conversation_id for q in questions}:
+            rerankers.fold_for(conv)  # fail before any work if a conversation has no clean fold
+    engine = Engine(
+        conversations=conversations, questions=questions, encoder=encoder, rerankers=rerankers,
+        modes=options.modes, burnin_factor=options.burnin_factor, clusters=options.clusters,
+        queries_per_cluster=options.queries_per_cluster, bootstrap_factor=options.bootstrap_factor,
+        seed=options.seed, dedupe_threshold=options.dedupe_threshold, progress=progress,
+    )
+    by_key = {q.key: q for q in questions}
+    results: dict[tuple[CorpusMode, Protocol, str], Mapping[str, PoolResult]] = {}
+
+    # 1. stateless fused arms; 2. one rerank pass over the union of unsuppressed pools
+    for mode in options.modes:
+        for arm in arms:
+            if not arm.reranks:
+                for protocol in options.protocols:
+                    results[(mode, protocol, arm.name)] = engine.run_plain(mode, arm)
+    if rerank_needed:
+        t0 = time.perf_counter()
+        prewarm = [arm_by_name(BASELINE_ARM).config]
+        if "dense_rerank" in options.arms:
+            prewarm.append(arm_by_name("dense_rerank").config)
+        engine.prewarm(prewarm)
+        if FULL_ARM in options.arms and options.full_features == "auto" and Protocol.HELDOUT in options.protocols:
+            deep = arm_by_name(FULL_ARM, deep_pass=True).config
+            assert deep.deep_threshold is not None
+            engine.prewarm_deep(arm_by_name(BASELINE_ARM).config, deep.deep_pool_size, deep.deep_threshold)
+        engine.seconds["rerank_prewarm"] = time.perf_counter() - t0
+    baseline = {}
+    for mode in options.modes:
+        if rerank_needed:
+            baseline[mode] = engine.run_plain(mode, arm_by_name(BASELINE_ARM))
+        for arm in arms:
+            if arm.reranks and arm.suppression is None:
+                for protocol in options.protocols:
+                    results[(mode, protocol, arm.name)] = engine.run_plain(mode, arm)
+
+    # 3. suppression arms, held-out first (it feeds the mnemos_full selection)
+    protocols = sorted(options.protocols, key=lambda p: p is not Protocol.HELDOUT)
+    for protocol in protocols:
+        for mode in options.modes:
+            for arm in arms:
+                if arm.suppression is not None and arm.name != FULL_ARM:
+                    results[(mode, protocol, arm.name)] = engine.run_suppressed(mode, protocol, arm)
+
+    selection = Selection(False, (), (), 0, "fixed: mnemos_full = +clustered_rif_gap (selection off)")
+    if FULL_ARM in options.arms:
+        if options.full_features == "auto" and Protocol.HELDOUT in options.protocols:
+            gap = arm_by_name(GAP_ARM)
+            deep = arm_by_name(FULL_ARM, deep_pass=True)
+            shallow_runs = {m: engine.run_suppressed(m, Protocol.HELDOUT, gap) for m in options.modes}
+            deep_runs = {m: engine.run_suppressed(m, Protocol.HELDOUT, deep, _DEEP_VARIANT) for m in options.modes}
+            t0 = time.perf_counter()
+            selection = select_full(engine, shallow_runs, deep_runs, alpha=options.alpha,
+                                    n_resamples=options.n_resamples, seed=options.seed)
+            engine.seconds["selection"] = time.perf_counter() - t0
+        elif options.full_features == "auto":
+            logger.warning("mnemos_full selection needs the held-out protocol; using +clustered_rif_gap alone")
+        base_arm = arm_by_name(FULL_ARM, deep_pass=selection.deep_pass)
+        variant = _DEEP_VARIANT if selection.deep_pass else GAP_ARM
+        for protocol in protocols:
+            for mode in options.modes:
+                results[(mode, protocol, FULL_ARM)] = engine.run_suppressed(mode, protocol, base_arm, variant)
+
+    # 4. metrics, statistics, rows
+    metrics: dict[tuple[CorpusMode, Protocol, str], dict[str, QuestionMetrics]] = {}
+    for (mode, protocol, name), res in results.items():
+        arm = arm_by_name(name)
+        settings = selection.settings if name == FULL_ARM else ()
+        metrics[(mode, protocol, name)] = engine.evaluate(
+            mode, res, reranked=arm.reranks, settings=settings, abstain_threshold=options.abstain_threshold
+        )
+    base_metrics = {
+        m: engine.evaluate(m, baseline[m], reranked=True, abstain_threshold=options.abstain_threshold)
+        for m in baseline
+    }
+    t0 = time.perf_counter()
+    runs, memo = [], {}
+    for mode in options.modes:
+        for protocol in options.protocols:
+            for name in options.arms:
+                arm = arm_by_name(name)
+                memo_key = (mode, name) if arm.suppression is None else (mode, protocol, name)
+                if memo_key not in memo:
+                    memo[memo_key] = run_row(
+                        corpus=mode.value, protocol=protocol.value, arm=name, metrics=metrics[(mode, protocol, name)],
+                        baseline=base_metrics.get(mode), questions=by_key,
+                        abstain_threshold=options.abstain_threshold, n_resamples=options.n_resamples, seed=options.seed,
+                    )
+                row = dict(memo[memo_key], protocol=protocol.value)
+                if arm.suppression is not None:
+                    variant = (_DEEP_VARIANT if selection.deep_pass else GAP_ARM) if name == FULL_ARM else name
+                    states = engine.states.get(RunKey(mode, protocol, variant), [])
+                    row["suppression_state"] = {
+                        "k_per_state": sorted({s.k for s in states}),
+                        "burn_in_steps": sum(s.steps for s in states),
+                        "all_bootstrapped": all(s.bootstrapped for s in states),
+                        "suppressed_scores_mean": float(np.mean([s.suppressed for s in states])) if states else 0.0,
+                    }
+                runs.append(row)
+    test_split = []
+    if FULL_ARM in options.arms:
+        for mode in options.modes:
+            for protocol in options.protocols:
+                full, gap = metrics.get((mode, protocol, FULL_ARM)), metrics.get((mode, protocol, GAP_ARM))
+                if full is None or gap is None:
+                    continue
+                keys = [k for k in full if not by_key[k].dev and overall_question(by_key[k].category)]
+                cmp = compare_paired([full[k].ndcg10 for k in keys], [gap[k].ndcg10 for k in keys],
+                                     n_resamples=options.n_resamples, seed=options.seed)
+                test_split.append({"corpus": mode.value, "protocol": protocol.value, "n": cmp.n, "delta": cmp.delta,
+                                   "ci95": list(cmp.delta_ci95), "p": cmp.p_value})
+    engine.seconds["statistics"] = time.perf_counter() - t0
+
+    labelled = [q for q in questions if q.labelled]
+    document: dict[str, Any] = {
+        "dataset": {
+            **dataset,
+            "conversations": len(conversations),
+            "turns": sum(len(c.turns) for c in conversations),
+            "questions": len(questions),
+            "labelled": len(labelled),
+            "overall_questions": sum(1 for q in labelled if overall_question(q.category)),
+            "limit": options.limit,
+        },
+        "command": command,
+        "reranker": dict(reranker_info or {}),
+        "encoder": {"dim": encoder.dim, "identity": getattr(encoder, "model_key", type(encoder).__name__)},
+        "settings": {
+            **{k: v for k, v in asdict(options).items() if k not in ("arms", "modes", "protocols")},
+            "arms": list(options.arms),
+            "corpus_modes": [m.value for m in options.modes],
+            "protocols": [p.value for p in options.protocols],
+            "alpha": arm_by_name(GAP_ARM).config.alpha,
+            "eta": arm_by_name(GAP_ARM).config.eta,
+            "pool_size": arm_by_name(GAP_ARM).config.pool_size,
+            "n_candidates": arm_by_name(GAP_ARM).config.n_candidates,
+            "k_rule": f"min({options.clusters}, max(2, distinct burn-in questions // {options.queries_per_cluster})); "
+                      f"global = 1; bootstrap after {options.bootstrap_factor} x K burn-in draws "
+                      "(seed 000: K = 30 at 500 queries)",
+            "heldout_split": "per conversation, seeded shuffle into halves A/B; burn-in on A evaluates B and vice versa",
+            "dev_split": "per conversation, an independent seeded half; used only to select mnemos_full",
+        },
+        "mnemos_full": {**_selection_json(selection), "test_split": test_split} if FULL_ARM in options.arms else None,
+        "cost": _cost(rerankers, engine, time.perf_counter() - started),
+        "runs": runs,
+    }
+    per_question = {
+        f"{m.value}/{p.value}/{a}": {k: [v.ndcg10, v.recall10, v.recall30] for k, v in values.items()}
+        for (m, p, a), values in metrics.items()
+    }
+    return QualityReport(document=document, markdown=render_markdown(document, header=_header), per_question=per_question)

@@ -1,0 +1,148 @@
+"""Choosing ``mnemos_full``: forward selection of candidate features on a development split.
+
+Start from ``+clustered_rif_gap`` (seed 000's best) under the held-out protocol. Candidates, in
+order: the adaptive deep pass (seed 004), then the post-rerank features of :mod:`bench.arms`
+(session-then-turn, temporal match, importance; seed 003). For each post-rerank family the best
+grid setting is picked by mean NDCG@10 gain over corpus modes on the development questions
+(categories 1-4); a candidate is kept only if its NDCG@10 gain is positive in every corpus mode
+and significant (two-sided paired permutation p < ``alpha``) in at least one. Kept candidates
+accumulate. The rest of the questions (the test split) never influence the choice, so
+``bench.quality`` can report ``mnemos_full`` against ``+clustered_rif_gap`` on them alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.arms import Feature, FeatureSetting
+from bench.corpora import CorpusMode
+from bench.engine import Engine, PoolResult
+from bench.stats import DEFAULT_RESAMPLES, compare_paired
+
+__all__ = ["DEFAULT_GRID", "CandidateOutcome", "Selection", "overall_question", "select_full"]
+
+DEFAULT_GRID: dict[Feature, tuple[dict[str, float], ...]] = {
+    Feature.SESSION: tuple({"top": t, "weight": w} for t in (1, 3) for w in (0.5, 1.0, 2.0)),
+    Feature.TEMPORAL: tuple({"slack_days": s, "weight": w} for s in (7, 31) for w in (0.5, 1.0, 2.0)),
+    Feature.IMPORTANCE: tuple({"weight": w} for w in (0.25, 0.5, 1.0)),
+}
+"""Settings tried per feature; weights are in rerank-logit units."""
+
+SELECTION_RULE = (
+    "forward selection on the dev split (held-out protocol, categories 1-4): keep a candidate when its "
+    "NDCG@10 gain over the current configuration is > 0 in every corpus mode and paired permutation "
+    "p < {alpha} in at least one"
+)
+
+
+def overall_question(category: int | None) -> bool:
+    """True for questions in the headline set: LoCoMo categories 1-4, or uncategorised datasets."""
+    return category is None or category != 5
+
+
+@dataclass(frozen=True)
+class CandidateOutcome:
+    """One selection step: the candidate, its best setting's per-mode result and the decision.
+
+    ``per_mode`` maps a corpus mode to ``{"base", "new", "delta", "delta_ci95", "p", "n"}`` on
+    the dev questions; ``grid`` lists every setting tried with its mean gain over modes.
+    """
+
+    candidate: str
+    kept: bool
+    per_mode: Mapping[str, Mapping[str, object]]
+    grid: tuple[Mapping[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The outcome: whether the deep pass is on, the post-rerank settings, and every step."""
+
+    deep_pass: bool
+    settings: tuple[FeatureSetting, ...]
+    steps: tuple[CandidateOutcome, ...]
+    dev_questions: int
+    rule: str
+    labels: tuple[str, ...] = field(default=())
+
+
+def _ndcg(engine: Engine, mode: CorpusMode, results: Mapping[str, PoolResult], keys: Sequence[str],
+          settings: Sequence[FeatureSetting]) -> np.ndarray:
+    metrics = engine.evaluate(mode, results, reranked=True, settings=settings, keys=keys)
+    return np.asarray([metrics[k].ndcg10 for k in keys], dtype=np.float64)
+
+
+def _decide(new: Mapping[CorpusMode, np.ndarray], base: Mapping[CorpusMode, np.ndarray], alpha: float,
+            n_resamples: int, seed: int) -> tuple[bool, dict[str, dict[str, object]]]:
+    per_mode: dict[str, dict[str, object]] = {}
+    positive, significant = True, False
+    for mode in base:
+        comparison = compare_paired(new[mode], base[mode], n_resamples=n_resamples, seed=seed)
+        per_mode[mode.value] = {
+            "base": float(base[mode].mean()) if base[mode].size else float("nan"),
+            "new": float(new[mode].mean()) if new[mode].size else float("nan"),
+            "delta": comparison.delta,
+            "delta_ci95": list(comparison.delta_ci95),
+            "p": comparison.p_value,
+            "n": comparison.n,
+        }
+        positive = positive and comparison.delta > 0
+        significant = significant or comparison.p_value < alpha
+    return positive and significant, per_mode
+
+
+def select_full(
+    engine: Engine,
+    shallow: Mapping[CorpusMode, Mapping[str, PoolResult]],
+    deep: Mapping[CorpusMode, Mapping[str, PoolResult]] | None,
+    *,
+    grid: Mapping[Feature, Sequence[Mapping[str, float]]] = DEFAULT_GRID,
+    alpha: float = 0.05,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> Selection:
+    """Run the forward selection (module docstring) on held-out results of every corpus mode.
+
+    Args:
+        engine: the engine that produced the results (questions, tenants, vectors).
+        shallow: held-out ``+clustered_rif_gap`` results per corpus mode.
+        deep: held-out results of the same arm with the deep pass, or None to skip that candidate.
+    """
+    keys = [q.key for q in engine.questions if q.dev and q.labelled and overall_question(q.category)]
+    modes = list(shallow)
+    current = dict(shallow)
+    settings: list[FeatureSetting] = []
+    steps: list[CandidateOutcome] = []
+    deep_on = False
+    base = {m: _ndcg(engine, m, current[m], keys, settings) for m in modes}
+    if deep is not None:
+        new = {m: _ndcg(engine, m, deep[m], keys, settings) for m in modes}
+        kept, per_mode = _decide(new, base, alpha, n_resamples, seed)
+        steps.append(CandidateOutcome("deep_pass(pool=30->100,threshold=0)", kept, per_mode))
+        if kept:
+            deep_on, current, base = True, dict(deep), new
+    for feature, options in grid.items():
+        tried = []
+        best: tuple[float, FeatureSetting, dict[CorpusMode, np.ndarray]] | None = None
+        for params in options:
+            setting = FeatureSetting(feature, dict(params))
+            new = {m: _ndcg(engine, m, current[m], keys, [*settings, setting]) for m in modes}
+            gain = float(np.mean([new[m].mean() - base[m].mean() for m in modes])) if keys else 0.0
+            tried.append({"setting": setting.label(), "mean_delta": gain})
+            if best is None or gain > best[0]:
+                best = (gain, setting, new)
+        if best is None:
+            continue
+        kept, per_mode = _decide(best[2], base, alpha, n_resamples, seed)
+        steps.append(CandidateOutcome(best[1].label(), kept, per_mode, tuple(tried)))
+        if kept:
+            settings.append(best[1])
+            base = best[2]
+    labels = (("deep_pass",) if deep_on else ()) + tuple(s.label() for s in settings)
+    return Selection(
+        deep_pass=deep_on, settings=tuple(settings), steps=tuple(steps), dev_questions=len(keys),
+        rule=SELECTION_RULE.format(alpha=alpha), labels=labels,
+    )

@@ -1,0 +1,156 @@
+"""The quality benchmark end to end on a tiny synthetic dataset, with fake encoder and reranker."""
+
+from __future__ import annotations
+
+import json
+
+import faiss
+import pytest
+
+from bench.arms import ARM_NAMES, arm_by_name
+from bench.caches import PersistentEncoder, PersistentReranker
+from bench.cli import parse_fold_spec
+from bench.corpora import CorpusMode
+from bench.engine import Engine, FoldRerankers, Protocol, RerankerFold, RunKey, prepare_questions
+from bench.plot import plot_ndcg
+from bench.quality import QualityOptions, run_quality
+from mnemos.encoder import HashingEncoder
+from mnemos.rerank import CachedReranker, FakeReranker
+from tests.unit.test_bench_synthetic import synthetic_conversations
+
+faiss.omp_set_num_threads(1)  # single-query searches: OpenMP start-up dominates otherwise
+
+
+def _rerankers() -> FoldRerankers:
+    folds = [RerankerFold("fold-a", "fake-a", frozenset({"conv-1"})), RerankerFold("fold-b", "fake-b", frozenset({"conv-2"}))]
+    return FoldRerankers(folds, {f.name: CachedReranker(FakeReranker(), max_entries=None) for f in folds})
+
+
+@pytest.fixture(scope="module")
+def report():
+    options = QualityOptions(burnin_factor=2.0, n_resamples=200)
+    return run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(), options=options,
+                       dataset={"name": "synthetic", "path": "-"})
+
+
+def _engine(modes=(CorpusMode.PER_TENANT, CorpusMode.POOLED)) -> Engine:
+    convs = synthetic_conversations()
+    return Engine(conversations=convs, questions=prepare_questions(convs), encoder=HashingEncoder(64),
+                  rerankers=_rerankers(), modes=modes, burnin_factor=2.0)
+
+
+def test_fold_selection_never_uses_a_model_trained_on_the_conversation() -> None:
+    router = _rerankers()
+    assert router.fold_for("conv-1").name == "fold-b"
+    assert router.fold_for("conv-2").name == "fold-a"
+    assert router.fold_for("conv-9").name == "fold-a"
+    only = FoldRerankers([RerankerFold("x", "x", frozenset({"conv-1"}))], {"x": FakeReranker()})
+    with pytest.raises(LookupError):
+        only.fold_for("conv-1")
+
+
+def test_questions_split_in_halves_per_conversation_and_limit_spreads() -> None:
+    questions = prepare_questions(synthetic_conversations(), seed=0)
+    for conv in ("conv-1", "conv-2"):
+        mine = [q for q in questions if q.conversation_id == conv]
+        assert sum(q.half == 0 for q in mine) == len(mine) // 2
+        assert sum(q.dev for q in mine) == len(mine) // 2
+    assert [q.half for q in questions] == [q.half for q in prepare_questions(synthetic_conversations(), seed=0)]
+    limited = prepare_questions(synthetic_conversations(), limit=10)
+    assert len(limited) == 10 and {q.conversation_id for q in limited} == {"conv-1", "conv-2"}
+
+
+@pytest.mark.parametrize("mode", [CorpusMode.PER_TENANT, CorpusMode.POOLED])
+def test_heldout_never_evaluates_a_question_with_state_it_touched(mode: CorpusMode) -> None:
+    engine = _engine((mode,))
+    arm = arm_by_name("+clustered_rif_gap")
+    results = engine.run_suppressed(mode, Protocol.HELDOUT, arm)
+    records = engine.states[RunKey(mode, Protocol.HELDOUT, arm.name)]
+    evaluated = [k for r in records for k in r.evaluated]
+    assert sorted(evaluated) == sorted(q.key for q in engine.questions)  # each question exactly once
+    assert set(results) == set(evaluated)
+    for record in records:
+        assert record.burn_keys and not (record.burn_keys & record.evaluated)
+        assert record.bootstrapped and record.suppressed > 0
+    transductive = engine.run_suppressed(mode, Protocol.TRANSDUCTIVE, arm)
+    assert set(transductive) == set(evaluated)
+    for record in engine.states[RunKey(mode, Protocol.TRANSDUCTIVE, arm.name)]:
+        assert record.burn_keys <= record.evaluated
+
+
+def test_cluster_count_follows_the_seed_ratio() -> None:
+    engine = _engine((CorpusMode.PER_TENANT,))
+    assert engine.cluster_count(arm_by_name("+global_rif"), 500) == 1
+    assert engine.cluster_count(arm_by_name("+clustered_rif_gap"), 500) == 29
+    assert engine.cluster_count(arm_by_name("+clustered_rif_gap"), 1986) == 30
+    assert engine.cluster_count(arm_by_name("+clustered_rif_gap"), 100) == 5
+    assert engine.cluster_count(arm_by_name("+clustered_rif_gap"), 20) == 2
+
+
+def test_json_has_the_schema_and_every_run(report) -> None:
+    doc = json.loads(json.dumps(report.document))
+    assert {"dataset", "reranker", "runs", "settings", "cost", "mnemos_full"} <= set(doc)
+    runs = doc["runs"]
+    assert len(runs) == len(ARM_NAMES) * 2 * 2
+    assert {(r["corpus"], r["protocol"], r["arm"]) for r in runs} == {
+        (c, p, a) for c in ("per_tenant", "pooled") for p in ("heldout", "transductive") for a in ARM_NAMES
+    }
+    for run in runs:
+        for key in ("n_questions", "ndcg@10", "ndcg@10_ci95", "recall@10", "recall@10_ci95", "recall@30",
+                    "recall@30_ci95", "p_vs_hybrid_rerank", "exact_episode", "wrong_family", "sibling_confusion",
+                    "categories"):
+            assert key in run, key
+        assert set(run["categories"]) == {"1", "2", "3", "4", "5"}
+    assert doc["cost"]["reranker_pairs"] > 0
+
+
+def test_numbers_are_sane(report) -> None:
+    runs = {(r["corpus"], r["protocol"], r["arm"]): r for r in report.document["runs"]}
+    for run in runs.values():
+        assert run["n_questions"] == 72  # 88 labelled, 16 of them category 5
+        for key in ("ndcg@10", "recall@10", "recall@30", "exact_episode", "wrong_family", "sibling_confusion"):
+            assert 0.0 <= run[key] <= 1.0
+        lo, hi = run["ndcg@10_ci95"]
+        assert lo <= run["ndcg@10"] <= hi
+        assert run["exact_episode"] + run["wrong_family"] + run["sibling_confusion"] == pytest.approx(1.0)
+        assert run["recall@10"] <= run["recall@30"] + 1e-12
+    for corpus in ("per_tenant", "pooled"):
+        base = runs[(corpus, "heldout", "hybrid_rerank")]
+        assert base["p_vs_hybrid_rerank"] == 1.0
+        assert base["ndcg@10"] > 0.5
+        # stateless arms are identical under both protocols
+        assert runs[(corpus, "transductive", "bm25")]["ndcg@10"] == runs[(corpus, "heldout", "bm25")]["ndcg@10"]
+        assert runs[(corpus, "heldout", "+clustered_rif_gap")]["suppression_state"]["all_bootstrapped"]
+
+
+def test_markdown_and_plot(report, tmp_path) -> None:
+    assert "| hybrid_rerank |" in report.markdown and "## pooled · heldout" in report.markdown
+    out = plot_ndcg(report.document["runs"], tmp_path / "p.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_persistent_caches_answer_reruns_without_loading_models(tmp_path) -> None:
+    fake = FakeReranker()
+    first = PersistentReranker("m1", tmp_path / "s.sqlite", lambda: fake)
+    scores = first.score("q", ["a q", "b"])
+    assert first.model_pairs_scored == 2
+
+    def refuse():
+        raise AssertionError("model loaded although every pair was cached")
+
+    second = PersistentReranker("m1", tmp_path / "s.sqlite", refuse)
+    assert second.score("q", ["b", "a q"]).tolist() == [scores[1], scores[0]]
+    other = PersistentReranker("m2", tmp_path / "s.sqlite", lambda: FakeReranker(fn=lambda q, t: 9.0))
+    assert other.score("q", ["b"]).tolist() == [9.0]  # another model never reads m1's scores
+
+    enc = PersistentEncoder("e", 64, tmp_path / "e.sqlite", lambda: HashingEncoder(64))
+    vectors = enc.encode(["x y", "z", "x y"])
+    again = PersistentEncoder("e", 64, tmp_path / "e.sqlite", refuse).encode(["z", "x y"])
+    assert (again == vectors[[1, 0]]).all() and enc.encoded == 2
+    assert PersistentEncoder("e", 64, tmp_path / "e.sqlite", refuse).encode([]).shape == (0, 64)
+
+
+def test_parse_fold_spec() -> None:
+    assert parse_fold_spec("/m/a") == (parse_fold_spec("/m/a")[0], None)
+    path, convs = parse_fold_spec("/m/a=conv-1, conv-2")
+    assert str(path) == "/m/a" and convs == ["conv-1", "conv-2"]
