@@ -23,7 +23,15 @@ class MigrationError(WorkerError):
 
 
 class StoreError(WorkerError):
-    """Raised when Postgres rejects or cannot serve a store operation."""
+    """Raised when Postgres rejects or cannot serve a store operation.
+
+    ``transient`` is True when the server could not be reached or the connection broke (retry
+    later); False when the server refused the statement itself (retrying will not help).
+    """
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class ModelSetupError(WorkerError):

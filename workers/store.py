@@ -125,8 +125,10 @@ class Store:
                 yield conn
         except PoolTimeout as exc:
             raise StoreError(f"no Postgres connection within {self.timeout_s}s") from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}", transient=True) from exc
         except psycopg.Error as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+            raise StoreError(f"{type(exc).__name__}: {exc}", transient=False) from exc
 
     def ping(self) -> None:
         """Round-trip ``SELECT 1``; raises StoreError when Postgres does not answer."""

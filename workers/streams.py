@@ -217,6 +217,13 @@ class StreamSampler:
 TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, StoreError)
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Redis unreachable, or a StoreError that says the database was unreachable."""
+    if isinstance(exc, StoreError):
+        return exc.transient
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+
+
 def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]], list[str]],
                  stop: threading.Event, *, poison: Callable[[StreamMessage, Exception], None],
                  trim_interval_s: float | None = None, max_backoff_s: float = 5.0) -> None:
@@ -246,6 +253,8 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
                 next_trim = time.monotonic() + trim_interval_s
             backoff = 0.1
         except TRANSIENT_ERRORS as exc:
+            if not is_transient(exc):
+                raise
             log.warning("%s/%s: %s; retrying in %.1fs", consumer.stream, consumer.group, exc, backoff)
             consumer.replay_pending()
             stop.wait(backoff)
@@ -256,9 +265,9 @@ def _handle_guarded(handle: Callable[[list[StreamMessage]], list[str]], batch: l
                     poison: Callable[[StreamMessage, Exception], None]) -> list[str]:
     try:
         return handle(batch)
-    except TRANSIENT_ERRORS:
-        raise
     except Exception as exc:
+        if is_transient(exc):
+            raise
         if len(batch) == 1:
             log.exception("message %s failed; dead-lettering it", batch[0].stream_id)
             poison(batch[0], exc)

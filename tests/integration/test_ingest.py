@@ -180,3 +180,31 @@ def test_two_workers_dedupe_the_same_instant(settings: Settings, redis_client: r
     assert len(rows) == 2
     assert sum(r[3] is None for r in rows) == 1  # one canonical, one alias
     assert _version(store, "t") == 2
+
+
+def test_a_message_the_worker_fails_on_is_dead_lettered_and_the_rest_goes_on(
+        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client_for(settings, redis_client).publish_turns(
+        [turn("good", "g1", "first good turn"), turn("bad", "b1", "this one trips a bug"),
+         turn("good", "g2", "second good turn")])
+    worker = ingest_worker(settings, redis_client, store)
+    real = worker._write_tenant
+
+    def buggy(tenant_id, pending):
+        if tenant_id == "bad":
+            raise ValueError("a bug, not an outage")
+        return real(tenant_id, pending)
+
+    worker._write_tenant = buggy  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=run_consumer, args=(worker.consumer("c1"), worker.handle, stop),
+                              kwargs={"poison": worker.poison})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not _dead(store) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(5)
+    assert [r[1] for r in _entries(store, "good")] == ["g1", "g2"]
+    assert _dead(store) == [("processing_error", "bad", "b1")]
+    assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
