@@ -52,7 +52,7 @@ from mnemos.evaluation import ndcg_at_k, recall_at_k
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.ingest import limits_of
 from workers.migrate import ensure_database, run_migrations
-from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, Settings
+from workers.settings import FAKE_MODEL, Settings
 from workers.store import Store
 from workers.supervisor import WORKER_KINDS, spawn_workers, stop_workers
 
@@ -284,14 +284,25 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-def run_service_bench(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
-                      limit_conversations: int | None, all_conversations: bool, json_path: Path | None,
-                      keep: bool) -> int:
+@dataclass
+class FoldRun:
+    """The service and in-process rankings of one reranker on the conversations it was not trained on."""
+
+    reranker: str | None
+    trained: list[str]
+    conversations: list[str]
+    service: dict[str, tuple[list, frozenset]]
+    local: dict[str, tuple[list, frozenset]]
+    latencies: list[float]
+    model_seconds: float
+    ingest: dict[str, float]
+
+
+def run_fold(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
+             limit_conversations: int | None, all_conversations: bool, keep: bool, stamp: str) -> FoldRun:
     from bench.engine import prepare_questions
 
-    stamp = time.strftime("%Y%m%d%H%M%S")
-    run_settings = bench_settings(settings.replace(bi_encoder=settings.bi_encoder or BUNDLED_BI_ENCODER),
-                                  reranker=reranker, stamp=stamp)
+    run_settings = bench_settings(settings, reranker=reranker, stamp=stamp)
     conversations, trained = evaluated_conversations(data, reranker, limit_conversations, all_conversations)
     questions = prepare_questions(conversations, limit=limit)
     click.echo(f"{len(conversations)} conversations, {sum(len(c.turns) for c in conversations)} turns, "
@@ -304,29 +315,47 @@ def run_service_bench(settings: Settings, *, data: Path, reranker: str | None, l
         service = service_rankings(run, asked, questions)
     encoder, in_reranker = load_models(run_settings)
     local = in_process_rankings(conversations, questions, encoder, in_reranker)
-    latencies = [a.latency_s for a in asked]
     model_s = sum(a.result.stage_seconds.get("encode", 0.0) + a.result.stage_seconds.get("rerank", 0.0)
                   for a in asked)
+    return FoldRun(reranker, trained, [c.conversation_id for c in conversations], service, local,
+                   [a.latency_s for a in asked], model_s, ingest)
+
+
+def run_service_bench(settings: Settings, *, data: Path, rerankers: Sequence[str | None], limit: int | None,
+                      limit_conversations: int | None, all_conversations: bool, json_path: Path | None,
+                      keep: bool) -> int:
+    """One service run per reranker (each on the conversations it was not trained on), pooled."""
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    folds = [run_fold(settings, data=data, reranker=r, limit=limit, limit_conversations=limit_conversations,
+                      all_conversations=all_conversations, keep=keep, stamp=f"{stamp}_{i}")
+             for i, r in enumerate(rerankers)]
+    service = {f"{i}:{k}": v for i, f in enumerate(folds) for k, v in f.service.items()}
+    local = {f"{i}:{k}": v for i, f in enumerate(folds) for k, v in f.local.items()}
+    latencies = [x for f in folds for x in f.latencies]
     gaps = [abs(ndcg_at_k(*service[key], 10) - ndcg_at_k(*local[key], 10)) for key in service]
-    service_metrics, local_metrics = mean_metrics(service), mean_metrics(local)
+    turns = sum(f.ingest["turns"] for f in folds)
+    ingest_s = sum(f.ingest["ingest_seconds"] for f in folds)
     payload = {
         "command": " ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]),
-        "machine": machine(), "data": str(data), "reranker": reranker, "reranker_training_conversations": trained,
-        "conversations": [c.conversation_id for c in conversations], "n_questions": len(questions),
-        **service_metrics,
-        "in_process_hybrid_rerank": local_metrics,
+        "machine": machine(), "data": str(data),
+        "n_questions": len(service), **mean_metrics(service),
+        "in_process_hybrid_rerank": {"n_questions": len(local), **mean_metrics(local)},
         "max_abs_ndcg@10_gap_per_question": max(gaps) if gaps else 0.0,
         "questions_with_different_ndcg@10": sum(g > 1e-9 for g in gaps),
-        **ingest,
+        "turns": turns, "ingest_seconds": ingest_s, "ingest_turns_per_s": turns / ingest_s if ingest_s else None,
         "query_p50_s": percentile(latencies, 50), "query_p95_s": percentile(latencies, 95),
-        "share_outside_models": 1.0 - model_s / sum(latencies) if latencies else float("nan"),
-        "settings": {"pool_size": run_settings.pool_size, "n_candidates": run_settings.n_candidates,
-                     "suppression": run_settings.suppression, "deep_threshold": run_settings.deep_threshold,
-                     "bi_encoder": run_settings.bi_encoder},
+        "share_outside_models": 1.0 - sum(f.model_seconds for f in folds) / sum(latencies) if latencies else None,
+        "folds": [{"reranker": f.reranker, "training_conversations": f.trained, "conversations": f.conversations,
+                   "n_questions": len(f.service), **mean_metrics(f.service),
+                   "in_process_hybrid_rerank": mean_metrics(f.local), **f.ingest,
+                   "query_p50_s": percentile(f.latencies, 50), "query_p95_s": percentile(f.latencies, 95)}
+                  for f in folds],
+        "settings": {"pool_size": settings.pool_size, "n_candidates": settings.n_candidates, "suppression": False,
+                     "deep_threshold": None, "bi_encoder": settings.bi_encoder},
     }
-    click.echo(json.dumps({k: payload[k] for k in ("n_questions", "ndcg@10", "recall@10",
-                                                    "in_process_hybrid_rerank", "ingest_turns_per_s", "query_p50_s",
-                                                    "query_p95_s", "share_outside_models")}, indent=2))
+    click.echo(json.dumps({k: payload[k] for k in ("n_questions", "ndcg@10", "recall@10", "in_process_hybrid_rerank",
+                                                    "max_abs_ndcg@10_gap_per_question", "ingest_turns_per_s",
+                                                    "query_p50_s", "query_p95_s", "share_outside_models")}, indent=2))
     if json_path is not None:
         write_json(json_path, payload)
         click.echo(f"wrote {json_path}")
@@ -336,18 +365,20 @@ def run_service_bench(settings: Settings, *, data: Path, reranker: str | None, l
 @click.command("service")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="LoCoMo JSON (locomo10.json)")
-@click.option("--reranker", default=None, help="cross-encoder dir ('fake' for plumbing); default: settings")
-@click.option("--limit", type=int, default=None, help="about this many questions, spread over conversations")
+@click.option("--reranker", "rerankers", multiple=True,
+              help="cross-encoder dir ('fake' for plumbing); repeat per fold; default: settings")
+@click.option("--limit", type=int, default=None, help="about this many questions per fold, spread over conversations")
 @click.option("--conversations", "limit_conversations", type=int, default=None, help="first N conversations only")
 @click.option("--all-conversations", is_flag=True, help="also evaluate conversations the reranker was trained on")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the results here (e.g. bench/results/service.json)")
-@click.option("--keep", is_flag=True, help="keep the run's database and streams")
+@click.option("--keep", is_flag=True, help="keep the runs' databases and streams")
 @click.pass_context
-def service(ctx: click.Context, data: Path, reranker: str | None, limit: int | None,
+def service(ctx: click.Context, data: Path, rerankers: tuple[str, ...], limit: int | None,
             limit_conversations: int | None, all_conversations: bool, json_path: Path | None, keep: bool) -> None:
     """LoCoMo through the running service vs the in-process hybrid_rerank numbers."""
     settings: Settings = ctx.find_root().obj
-    sys.exit(run_service_bench(settings, data=data, reranker=reranker or settings.cross_encoder, limit=limit,
+    chosen: list[str | None] = list(rerankers) or [settings.cross_encoder]
+    sys.exit(run_service_bench(settings, data=data, rerankers=chosen, limit=limit,
                                limit_conversations=limit_conversations, all_conversations=all_conversations,
                                json_path=json_path, keep=keep))
