@@ -9,6 +9,7 @@ applied file whose checksum changed is an error: migrations are append-only.
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import logging
 import re
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from workers.errors import MigrationError
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(str(importlib.resources.files("migrations")))  # package data: works installed or editable
 MIGRATION_LOCK_KEY = 0x6D6E656D6F73  # "mnemos": any fixed bigint shared by all migrators
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -40,7 +41,7 @@ class Migration:
 
 
 def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
-    """Migration files of ``directory`` sorted by version; raises MigrationError on bad names."""
+    """Migration files of ``directory`` sorted by version; raises MigrationError on bad names or none."""
     found: list[Migration] = []
     for path in sorted(directory.glob("*.sql")):
         match = _FILE_RE.match(path.name)
@@ -48,6 +49,8 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
             raise MigrationError(f"migration file name must look like 0001_name.sql: {path.name}")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         found.append(Migration(match.group(1), match.group(2), path, digest))
+    if not found:
+        raise MigrationError(f"no migration files (*.sql) in {directory}")
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise MigrationError(f"duplicate migration versions in {directory}: {versions}")
