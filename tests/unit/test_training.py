@@ -242,9 +242,10 @@ def test_cli_reports_bad_pairs_file(tmp_path):
     assert result.exit_code == 2 and "invalid JSON" in result.output
 
 
-@pytest.mark.slow
-def test_tiny_training_run_writes_model_and_provenance(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
     """A real (tiny) fine-tune through the CLI: two optimiser steps on synthetic pairs."""
+    tmp_path = tmp_path_factory.mktemp("tiny")
     pairs = tmp_path / "pairs.jsonl"
     rows = [{"query": f"fact about {t.split()[2]}", "positive": t} for t in TEXTS]
     pairs.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
@@ -254,6 +255,12 @@ def test_tiny_training_run_writes_model_and_provenance(tmp_path):
         ["train", "--pairs", str(pairs), "--out", str(out), "--max-steps", "2", "--no-dense", "--threads", "1",
          "--seed", "7"],
     )
+    return out, result, pairs
+
+
+@pytest.mark.slow
+def test_tiny_training_run_writes_model_and_provenance(tiny_model):
+    out, result, pairs = tiny_model
     assert result.exit_code == 0, result.output
     assert "training time:" in result.output
     provenance = json.loads((out / PROVENANCE_FILE).read_text(encoding="utf-8"))
@@ -262,7 +269,33 @@ def test_tiny_training_run_writes_model_and_provenance(tmp_path):
     assert provenance["seed"] == 7 and provenance["steps"] == 2 and provenance["seconds"] > 0
     assert provenance["training_conversations"] == [] and provenance["pairs_file"] == str(pairs.resolve())
     assert "all-MiniLM-L6-v2" in provenance["base_model"] and provenance["created_at"]
+    config = json.loads((out / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    assert config["activation_fn"].endswith("Identity")  # predict() gives logits
     from sentence_transformers.cross_encoder import CrossEncoder
 
     scores = CrossEncoder(str(out)).predict([("fact about cat", TEXTS[0]), ("fact about cat", TEXTS[6])])
     assert np.asarray(scores).shape == (2,)
+
+
+@pytest.mark.slow
+def test_check_scores_held_out_conversations_only(tiny_model, tmp_path):
+    from tests.unit.test_datasets import LOCOMO_FIXTURE
+
+    out, result, _ = tiny_model
+    assert result.exit_code == 0, result.output
+    data = tmp_path / "locomo.json"
+    data.write_text(LOCOMO_FIXTURE, encoding="utf-8")
+    provenance_path = out / PROVENANCE_FILE
+    provenance = json.loads(provenance_path.read_text(encoding="utf-8"))
+    args = ["check", "--model", str(out), "--data", str(data), "--speed-pairs", "40", "--threads", "1"]
+
+    provenance.update(training_conversations=["conv-9"], held_out_conversations=["conv-9"])
+    provenance_path.write_text(json.dumps(provenance), encoding="utf-8")
+    refused = CliRunner().invoke(reranker, args)
+    assert refused.exit_code == 2 and "no held-out conversation" in refused.output
+
+    provenance.update(training_conversations=[], held_out_conversations=["conv-9"])
+    provenance_path.write_text(json.dumps(provenance), encoding="utf-8")
+    checked = CliRunner().invoke(reranker, args)
+    assert checked.exit_code == 0, checked.output
+    assert "mean logit (question, evidence turn)" in checked.output and "pairs/s" in checked.output
