@@ -34,11 +34,16 @@ class Limits:
 
 
 def check_version(value: Any) -> int:
-    """The schema version as an int; refuses missing or unknown versions."""
-    try:
+    """The schema version as an int (an int, or a string of ASCII digits); refuses missing or unknown ones.
+
+    Floats and bools are refused rather than truncated (``1.5`` is not version 1).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        version = value
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         version = int(value)
-    except (TypeError, ValueError):
-        raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", f"not a schema version: {value!r}") from None
+    else:
+        raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", f"not a schema version: {value!r:.40}")
     if version not in SUPPORTED_VERSIONS:
         raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", f"unknown schema version {version}")
     return version
@@ -70,14 +75,28 @@ def check_id(value: Any, field: str, limits: Limits) -> str:
     return value
 
 
+def _blank(value: str) -> bool:
+    """True when nothing visible is left: only whitespace and format characters (zero-width, BOM)."""
+    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in value)
+
+
 def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, large_reason: Reason) -> str:
-    """Non-blank text of at most ``max_bytes`` UTF-8 bytes; tab, CR and LF are the only controls allowed."""
+    """Non-blank text of at most ``max_bytes`` UTF-8 bytes; tab, CR and LF are the only controls allowed.
+
+    Blank means empty, whitespace, or only invisible format characters (zero-width space/joiner,
+    BOM). Bytes that are not UTF-8 are refused as ``invalid_utf8``, as the workers refuse them.
+    """
     if value is None:
         raise InvalidInputError(Reason.MISSING_FIELD, field, "is missing")
+    if isinstance(value, bytes | bytearray):
+        try:
+            bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInputError(Reason.INVALID_UTF8, field, "is not valid UTF-8") from None
     if not isinstance(value, str):
         raise InvalidInputError(empty_reason, field, f"must be a string, not {type(value).__name__}")
-    if not value.strip():
-        raise InvalidInputError(empty_reason, field, "is empty or whitespace only")
+    if _blank(value):
+        raise InvalidInputError(empty_reason, field, "is empty, whitespace or invisible characters only")
     size = _utf8_size(value, field)
     if size > max_bytes:
         raise InvalidInputError(large_reason, field, f"{size} bytes, limit {max_bytes}")
@@ -101,27 +120,42 @@ def check_timestamp(value: Any, field: str, limits: Limits, now: datetime) -> da
         raise InvalidInputError(Reason.BAD_TIMESTAMP, field, f"must be an ISO 8601 string, not {type(value).__name__}")
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise InvalidInputError(Reason.TIMESTAMP_WITHOUT_ZONE, field, "has no time zone (add Z or +HH:MM)")
-    moment = moment.astimezone(UTC)
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:  # e.g. 9999-12-31T23:59:59-14:00 is in year 10000 in UTC
+        raise InvalidInputError(Reason.BAD_TIMESTAMP, field, f"{moment.isoformat()} is outside years 1..9999 in UTC"
+                                ) from None
     if (moment - now).total_seconds() > limits.max_future_skew_s:
         raise InvalidInputError(Reason.TIMESTAMP_IN_FUTURE, field, f"{moment.isoformat()} is in the future")
     return moment
 
 
 def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
-    """A JSON object (dict or its JSON text) of at most ``max_metadata_bytes`` serialized bytes."""
+    """A JSON object (dict or its JSON text) of at most ``max_metadata_bytes`` bytes, as text and serialized.
+
+    Text is measured before it is parsed; nesting deeper than the JSON parser allows is ``bad_metadata``.
+    """
     if value is None or value == "":
         return {}
     if isinstance(value, str):
+        size = _utf8_size(value, "metadata")  # refuse a huge text before parsing it
+        if size > limits.max_metadata_bytes:
+            raise InvalidInputError(Reason.METADATA_TOO_LARGE, "metadata",
+                                    f"{size} bytes, limit {limits.max_metadata_bytes}")
         try:
             value = json.loads(value)
         except ValueError:
             raise InvalidInputError(Reason.BAD_METADATA, "metadata", "not valid JSON") from None
+        except RecursionError:
+            raise InvalidInputError(Reason.BAD_METADATA, "metadata", "nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidInputError(Reason.BAD_METADATA, "metadata", "must be a JSON object")
     try:
         encoded = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(Reason.BAD_METADATA, "metadata", f"not JSON-serializable: {exc}") from None
+    except RecursionError:
+        raise InvalidInputError(Reason.BAD_METADATA, "metadata", "nested too deeply") from None
     if "\\u0000" in encoded:
         raise InvalidInputError(Reason.CONTROL_CHARACTERS, "metadata", "contains NUL")
     size = _utf8_size(encoded, "metadata")
