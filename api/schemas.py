@@ -12,6 +12,7 @@ same checks as the client. Times travel as ISO 8601 with a zone and are UTC in m
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -223,14 +224,19 @@ class Outcome:
 
     @classmethod
     def from_stream_fields(cls, raw: Mapping[bytes, bytes]) -> Outcome:
-        """Decode a stream message; raises InvalidInputError (MALFORMED_MESSAGE) when it is not one."""
+        """Decode and validate a stream message; raises InvalidInputError (MALFORMED_MESSAGE) when it is not one.
+
+        Besides parsing, the message must make sense as an update: a valid tenant id, ``pool_size >= 1``,
+        ranks in ``1..pool_size``, finite logits and embedding values, entry ids within bigint and a
+        cluster within ``0..2**31-1``. A refusal here is final (a dead letter), never retried.
+        """
         try:
             values = {k.decode(): v.decode() for k, v in raw.items()}
             version = check_version(values.get("v"))
-            body = json.loads(values["outcome"])
+            body = json.loads(values["outcome"], parse_constant=_refuse_constant)
             pool = tuple(PoolRow(int(e), int(i), int(f), float(s)) for e, i, f, s in body["pool"])
             embedding = body.get("query_embedding")
-            return cls(
+            outcome = cls(
                 outcome_id=str(body["outcome_id"]), tenant_id=values["tenant_id"],
                 cluster=None if body.get("cluster") is None else int(body["cluster"]),
                 pool_size=int(body["pool_size"]), pool=pool,
@@ -240,3 +246,37 @@ class Outcome:
             raise
         except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as exc:
             raise InvalidInputError(Reason.MALFORMED_MESSAGE, "outcome", f"{type(exc).__name__}: {exc}") from None
+        outcome._check()
+        return outcome
+
+    def _check(self) -> None:
+        def refuse(name: str, detail: str) -> InvalidInputError:
+            return InvalidInputError(Reason.MALFORMED_MESSAGE, f"outcome.{name}", detail)
+
+        for name, value in (("tenant_id", self.tenant_id), ("outcome_id", self.outcome_id)):
+            try:
+                check_id(value, name, DEFAULT_LIMITS)
+            except InvalidInputError as exc:
+                raise refuse(name, f"{exc.detail} ({exc.reason.value})") from None
+        if self.cluster is not None and not 0 <= self.cluster <= _INT32_MAX:
+            raise refuse("cluster", f"{self.cluster} is outside 0..{_INT32_MAX}")
+        if self.pool_size < 1:
+            raise refuse("pool_size", f"must be >= 1, got {self.pool_size}")
+        for row in self.pool:
+            if not 1 <= row.entry_id <= _INT64_MAX:
+                raise refuse("pool", f"entry id {row.entry_id} is outside 1..{_INT64_MAX}")
+            for name, rank in (("initial_rank", row.initial_rank), ("final_rank", row.final_rank)):
+                if not 1 <= rank <= self.pool_size:
+                    raise refuse("pool", f"{name} {rank} is outside 1..{self.pool_size}")
+            if not math.isfinite(row.rerank_score):
+                raise refuse("pool", f"rerank score {row.rerank_score} is not finite")
+        if self.query_embedding is not None and not all(math.isfinite(x) for x in self.query_embedding):
+            raise refuse("query_embedding", "has non-finite values")
+
+
+_INT32_MAX = 2**31 - 1  # Postgres integer (cluster)
+_INT64_MAX = 2**63 - 1  # Postgres bigint (entry id)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")

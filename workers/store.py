@@ -104,8 +104,8 @@ class Store:
         (the query worker reads a memory version and its entries together).
         Raises StoreError on connection or server errors; the transaction is rolled back.
         """
-        if not tenant_id:
-            raise StoreError("tenant_tx needs a non-empty tenant id")
+        if not tenant_id:  # a caller's bug, not an outage: never retried
+            raise StoreError("tenant_tx needs a non-empty tenant id", transient=False)
         with self._transaction() as conn:
             if snapshot:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -114,7 +114,7 @@ class Store:
 
     @contextmanager
     def plain_tx(self) -> Iterator[psycopg.Connection]:
-        """A transaction without tenant scope: only tables without policies (dead_letters) are visible."""
+        """A transaction without tenant scope: it may record dead letters, and reads nothing of any tenant."""
         with self._transaction() as conn:
             yield conn
 
