@@ -80,9 +80,14 @@ class QueryService:
         self.config = retrieval_config(settings, rerank=reranker is not None)
         self.cache = TenantCache(encoder.dim, settings.max_cached_tenants)
 
-    def handle_payload(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Job entry: validate, answer, count; returns the JSON result (raises on invalid input)."""
+    def handle_payload(self, payload: Any) -> dict[str, Any]:
+        """Job entry: validate, answer, count; returns the JSON result (raises on invalid input).
+
+        Every failure, a payload that is not a JSON object included, counts as an errored job.
+        """
         try:
+            if not isinstance(payload, dict):
+                raise InvalidInputError(Reason.MALFORMED_MESSAGE, "payload", "must be a JSON object")
             request = schemas.RetrievalRequest.parse(payload, self.limits)
             result = self.answer(request)
         except Exception:
@@ -151,8 +156,6 @@ def retrieval_job(payload: dict[str, Any]) -> dict[str, Any]:
     service = _SERVICE.get()
     if service is None:
         raise OutsideQueryWorkerError("retrieval_job must run in a mnemos query worker (SimpleWorker)")
-    if not isinstance(payload, dict):
-        raise InvalidInputError(Reason.MALFORMED_MESSAGE, "payload", "must be a JSON object")
     return service.handle_payload(payload)
 
 
