@@ -52,11 +52,14 @@ def payload_of(fields: Mapping[bytes, bytes]) -> dict[str, str]:
 
 
 def insert_dead_letters(conn: psycopg.Connection, letters: Sequence[DeadLetter]) -> None:
-    """Insert ``letters`` inside the caller's transaction (idempotent per stream message)."""
+    """Insert ``letters`` inside the caller's transaction (idempotent per stream message: the
+    ``dead_letters_message`` unique constraint drops a second letter for the same message)."""
     for letter in letters:
         conn.execute(
             "INSERT INTO dead_letters (stream, stream_id, reason, detail, tenant_id, turn_id, payload)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (stream, stream_id) DO NOTHING",
+            # no conflict target: naming the (stream, stream_id) arbiter would need SELECT on the row,
+            # which row-level security (migration 0003) only grants for the scoped tenant's letters
+            " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
             (letter.stream, letter.stream_id, letter.reason, _clean(letter.detail),
              None if letter.tenant_id is None else _clean(letter.tenant_id),
              None if letter.turn_id is None else _clean(letter.turn_id), Jsonb(dict(letter.payload))),

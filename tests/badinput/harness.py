@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import redis
 
 from api.client import MnemosClient
@@ -130,8 +131,12 @@ def turn_ids(store: Store, tenant: str) -> list[str]:
 
 
 def dead_letters(store: Store) -> list[tuple]:
-    """``(stream, reason, detail, tenant_id, turn_id, payload)`` of every dead letter, in order."""
-    with store.plain_tx() as conn:
+    """``(stream, reason, detail, tenant_id, turn_id, payload)`` of every dead letter, in order.
+
+    Read as the login role (the table owner), as an operator would: the app role only sees the
+    letters of the tenant its transaction is scoped to.
+    """
+    with psycopg.connect(store.database_url) as conn:
         return conn.execute("SELECT stream, reason, detail, tenant_id, turn_id, payload FROM dead_letters"
                             " ORDER BY dead_letter_id").fetchall()
 
