@@ -26,10 +26,12 @@ class StoreError(WorkerError):
     """Raised when Postgres rejects or cannot serve a store operation.
 
     ``transient`` is True when the server could not be reached or the connection broke (retry
-    later); False when the server refused the statement itself (retrying will not help).
+    later); False when the server refused the statement itself or the stored data cannot be used
+    (retrying will not help). Only a known outage is transient: the default is False, so a new
+    failure mode goes to the poison path (a dead letter) instead of being retried forever.
     """
 
-    def __init__(self, message: str, *, transient: bool = True) -> None:
+    def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
 

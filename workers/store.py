@@ -79,7 +79,7 @@ class Store:
         try:
             self._pool.open(wait=wait, timeout=self.timeout_s)
         except PoolTimeout as exc:
-            raise StoreError(f"cannot connect to Postgres within {self.timeout_s}s") from exc
+            raise StoreError(f"cannot connect to Postgres within {self.timeout_s}s", transient=True) from exc
         return self
 
     def close(self) -> None:
@@ -105,7 +105,7 @@ class Store:
         Raises StoreError on connection or server errors; the transaction is rolled back.
         """
         if not tenant_id:  # a caller's bug, not an outage: never retried
-            raise StoreError("tenant_tx needs a non-empty tenant id", transient=False)
+            raise StoreError("tenant_tx needs a non-empty tenant id")
         with self._transaction() as conn:
             if snapshot:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -124,7 +124,7 @@ class Store:
             with self._pool.connection(timeout=self.timeout_s) as conn, conn.transaction():
                 yield conn
         except PoolTimeout as exc:
-            raise StoreError(f"no Postgres connection within {self.timeout_s}s") from exc
+            raise StoreError(f"no Postgres connection within {self.timeout_s}s", transient=True) from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}", transient=True) from exc
         except psycopg.Error as exc:

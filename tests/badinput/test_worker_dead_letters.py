@@ -12,6 +12,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 
@@ -282,3 +283,16 @@ def test_redelivered_bad_message_is_recorded_once(settings, redis_client, store)
     worker.handle(batch)
     consumer.ack(worker.handle(batch))
     assert reasons(store) == [Reason.EMPTY_TEXT.value]
+
+
+def test_a_stored_embedding_of_the_wrong_size_does_not_wedge_the_group(settings, redis_client, store) -> None:
+    """State the worker cannot use (e.g. written under another encoder) is a per-message failure,
+    dead-lettered with the reason; it is not mistaken for an outage and retried forever."""
+    with psycopg.connect(settings.database_url) as conn:  # as the owner: a row from another encoder
+        conn.execute("INSERT INTO tenants (tenant_id) VALUES ('legacy')")
+        conn.execute("INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
+                     " VALUES ('legacy', 'old', 's', 'user', 'from the old encoder', now(), %s)", (b"\0" * 16,))
+    redis_client.xadd(settings.turns_stream, wire_fields(settings, redis_client, turn("legacy", "new", "a new turn")))
+    feed(settings, redis_client, store)
+    assert reasons(store) == [Reason.PROCESSING_ERROR.value]
+    assert dead_letters(store)[0][4] == "new" and "expected 64" in dead_letters(store)[0][2]

@@ -109,7 +109,7 @@ def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: re
         if failures["left"]:
             failures["left"] -= 1
             seen_pending.append(redis_client.xpending(settings.turns_stream, "ingest")["pending"])
-            raise StoreError("connection lost")
+            raise StoreError("connection lost", transient=True)
         return real(tenant_id, pending)
 
     worker._write_tenant = flaky  # type: ignore[method-assign]
