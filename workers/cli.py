@@ -167,31 +167,16 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
 
 
 def _register_other_groups() -> None:
-    """Benchmark and reranker groups of other builders; a missing module must not break the CLI."""
-    try:
-        from bench.cli import bench
-    except ImportError as exc:
-        log.debug("bench.cli not available (%s): using a local bench group", exc)
+    """Attach the benchmark and reranker groups (they live in ``bench/``, which imports ``workers``)."""
+    from bench.cli import bench
+    from bench.reranker_cli import reranker
+    from bench.service import service
+    from bench.speed import speed
 
-        @click.group()
-        def bench() -> None:
-            """Benchmarks."""
-
-    for module, name in (("bench.service", "service"), ("bench.speed", "speed")):
-        try:
-            command = getattr(__import__(module, fromlist=[name]), name)
-        except (ImportError, AttributeError) as exc:
-            log.debug("%s.%s not available: %s", module, name, exc)
-            continue
-        if name not in bench.commands:
-            bench.add_command(command, name)
+    bench.add_command(service, "service")
+    bench.add_command(speed, "speed")
     cli.add_command(bench, "bench")
-    try:
-        from bench.reranker_cli import reranker
-    except ImportError as exc:
-        log.debug("bench.reranker_cli not available: %s", exc)
-    else:
-        cli.add_command(reranker, "reranker")
+    cli.add_command(reranker, "reranker")
 
 
 def main() -> None:
