@@ -445,12 +445,11 @@ def train_cross_encoder(
         CrossEncoderTrainingArguments,
     )
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
-    from transformers import set_seed
 
     out_dir = Path(out_dir)
     base = Path(base_model_path) if base_model_path is not None else _bundled_base_path()
     started = clock()
-    set_seed(config.seed)
+    torch.manual_seed(config.seed)  # the new 1-logit head; the trainer seeds data order itself
     # Identity: the saved model predicts raw logits, like cross-encoder/ms-marco-MiniLM-L-6-v2 does;
     # training is unaffected (the loss applies its own activation to the raw logits).
     model = CrossEncoder(
