@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 
 import redis
@@ -88,7 +89,15 @@ def run_suppression(settings: Settings) -> int:
     return 0
 
 
-def run_query(settings: Settings, *, burst: bool = False) -> int:
+def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float = 5.0) -> int:
+    """Take retrieval jobs until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty).
+
+    rq's work loop quits on any unhandled error, a lost Redis connection included; the worker then
+    starts a fresh rq worker around the same :class:`QueryService` (models and tenant indexes stay
+    loaded) after a backoff, as the stream workers do, instead of exiting.
+    """
+    from rq.exceptions import StopRequested
+
     from workers.query import QueryService, build_worker
 
     try:
@@ -102,11 +111,30 @@ def run_query(settings: Settings, *, burst: bool = False) -> int:
     metrics, sampler = _metrics(settings, settings.query_metrics_port, "query", connection)
     service = QueryService(settings, connection, store, encoder, reranker, metrics)
     service.warm_up()
-    worker = build_worker(settings, connection, service)
-    log.info("query worker %s taking jobs from queue %s", worker.name, settings.queue_name)
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    backoff = 0.5
     try:
-        worker.work(burst=burst, with_scheduler=False, logging_level=logging.getLevelName(
-            logging.getLogger().getEffectiveLevel()))
+        while True:
+            stop, began = burst, time.monotonic()
+            try:
+                worker = build_worker(settings, connection, service)  # registers with Redis already
+                log.info("query worker %s taking jobs from queue %s", worker.name, settings.queue_name)
+                worker.work(burst=burst, with_scheduler=False, logging_level=level)
+                stop = stop or worker.stop_signalled
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("query worker lost Redis: %s", exc)
+            except StopRequested:  # SIGTERM/SIGINT outside a job (rq's handlers are installed)
+                stop = True
+            if stop:
+                break
+            if time.monotonic() - began > 60:  # it had been running fine: start over with a short wait
+                backoff = 0.5
+            log.warning("rq work loop ended without a stop request (Redis lost?); restarting it in %.1fs", backoff)
+            try:
+                time.sleep(backoff)
+            except StopRequested:
+                break
+            backoff = min(backoff * 2, max_backoff_s)
     finally:
         sampler.stop()
         store.close()

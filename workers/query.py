@@ -166,6 +166,11 @@ class QueryWorker(SimpleWorker):
         kwargs.setdefault("serializer", JSONSerializer)
         super().__init__(*args, **kwargs)
         self.service = service
+        self.stop_signalled = False  # SIGTERM/SIGINT seen: the process should end, not restart the loop
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_signalled = True
+        super().request_stop(signum, frame)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         token = _SERVICE.set(self.service)

@@ -1,0 +1,51 @@
+"""Promise 5 under faults: every retrieval ends within its timeout, with a result or a typed error."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bench.fault_phases import run_queries, seed_entries
+from bench.fault_run import FaultRun
+from tests.faults.conftest import CI_PLAN
+
+pytestmark = pytest.mark.faults
+
+
+def test_every_request_ends_in_time_while_query_workers_and_servers_fail(fault_run: FaultRun,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    report = run_queries(fault_run, CI_PLAN)
+    with capsys.disabled():
+        print("\n" + report.line())
+    assert report.untyped_failures == [], "a request ended with an error that is not a MnemosClientError"
+    assert report.overtime == 0, f"a request took {report.max_wait_s:.1f}s with a {CI_PLAN.query_timeout_s}s timeout"
+    assert report.isolation_violations == 0
+    assert report.retry_ok, "after the faults, asking again did not succeed"
+    assert report.answered > CI_PLAN.queries // 2  # most requests are answered despite the faults
+    assert sum(report.typed_failures.values()) + report.answered == CI_PLAN.queries
+    assert (report.kills, report.redis_restarts, report.postgres_restarts) == (
+        CI_PLAN.kills, CI_PLAN.redis_restarts, CI_PLAN.postgres_restarts)
+    assert report.worker_exits == [], "a query worker died on its own (see its log)"
+
+
+def test_a_query_worker_survives_a_redis_restart_during_a_job(fault_run: FaultRun) -> None:
+    """The stream workers back off and reconnect; the query worker must too, keeping its models and
+    indexes, instead of exiting (which under ``mnemos up`` stops the whole service)."""
+    settings = fault_run.settings("survive", CI_PLAN).replace(retrieve_timeout_s=10.0)
+    seed_entries(fault_run, settings, ["solo"], per_tenant=6)
+    worker = fault_run.workers("query", settings, 1)[0]
+    worker.start()
+    client = fault_run.client(settings)
+    try:
+        assert client.retrieve("solo", "w1x1", k=3, timeout_s=30.0).hits
+        for _ in range(3):
+            fault_run.redis.restart(down_s=1.5)  # the worker is blocked on the queue or finishing a job
+            time.sleep(0.5)
+            assert worker.exited() is None, f"the query worker exited:\n{worker.tail(3000)}"
+        result = client.retrieve("solo", "w2x2", k=3, timeout_s=30.0)
+        assert result.hits and all(h.turn_id.startswith("solo-") for h in result.hits)
+        assert worker.exited() is None and worker.starts == 1
+    finally:
+        worker.terminate()
+    assert worker.exited() == 0  # SIGTERM still ends it cleanly
