@@ -3,12 +3,16 @@
 ``publish_turn(s)`` validates and XADDs to ``<prefix>:turns``; ``retrieve`` enqueues a JSON job
 (never pickle: anyone who can write to Redis could otherwise run code in a worker) on the rq
 queue and waits with its own timeout, because a job whose worker was SIGKILLed is only marked
-failed by rq's periodic maintenance. Redis errors become :class:`ServiceUnavailable`.
+failed by rq's periodic maintenance. Redis errors become :class:`ServiceUnavailable`. The rq job
+id is derived from the tenant and the request id (:func:`job_id_for`), and the client only reads
+results newer than its own enqueue, so a reused request id never returns an older or another
+tenant's answer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -105,17 +109,21 @@ class MnemosClient:
             payload["request_id"] = request_id
         request = RetrievalRequest.parse(payload, self.limits)
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
+        job_id = job_id_for(request.tenant_id, request.request_id)
         try:
+            # results of an earlier job with this id (a retry) stay in its result stream: read after them
+            last = self.connection.xrevrange(Result.get_key(job_id), count=1)
+            after = _sid(last[0][0]) if last else "0-0"
             job = self.queue.enqueue(
-                RETRIEVAL_JOB, request.to_payload(), job_id=request.request_id,
+                RETRIEVAL_JOB, request.to_payload(), job_id=job_id,
                 job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
                 failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5,  # backstop: never runs long after we gave up
             )
-            return self._wait(job, request, timeout)
+            return self._wait(job, request, timeout, after=after)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"retrieval {request.request_id}: {exc}") from exc
 
-    def _wait(self, job: Job, request: RetrievalRequest, timeout_s: float) -> RetrievalResult:
+    def _wait(self, job: Job, request: RetrievalRequest, timeout_s: float, after: str = "0-0") -> RetrievalResult:
         deadline = time.monotonic() + timeout_s
         key = Result.get_key(job.id)
         while True:
@@ -123,7 +131,7 @@ class MnemosClient:
             if remaining_ms <= 0:
                 break
             # block on the job's result stream, waking up at least every 500 ms to look at its status
-            if self.connection.xread({key: "0-0"}, count=1, block=min(remaining_ms, 500)):
+            if self.connection.xread({key: after}, count=1, block=min(remaining_ms, 500)):
                 result = job.latest_result()
                 if result is not None:
                     return self._from_result(request, result)
@@ -148,9 +156,27 @@ class MnemosClient:
     @staticmethod
     def _from_result(request: RetrievalRequest, result: Result) -> RetrievalResult:
         if result.type == Result.Type.SUCCESSFUL:
-            return RetrievalResult.from_payload(result.return_value)  # type: ignore[arg-type]
+            answer = RetrievalResult.from_payload(result.return_value)  # type: ignore[arg-type]
+            if (answer.tenant_id, answer.request_id) != (request.tenant_id, request.request_id):
+                raise RetrievalFailed(request.request_id, "mismatched", "the result belongs to another request")
+            return answer
         detail = result.exc_string or result.type.name
         raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail))
+
+
+def job_id_for(tenant_id: str, request_id: str) -> str:
+    """The rq job id of a request: ``mnemos-`` + a hash of the tenant and the request id.
+
+    rq job ids are one namespace per Redis and allow only ``[A-Za-z0-9_-]``, while request ids
+    are chosen by clients (any id text) and only unique within a tenant: hashing both keeps two
+    tenants' ``"req-1"`` apart and lets any valid request id through.
+    """
+    digest = hashlib.blake2b(f"{tenant_id}\x00{request_id}".encode(), digest_size=16).hexdigest()
+    return f"mnemos-{digest}"
+
+
+def _sid(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _last_line(text: str) -> str:

@@ -117,7 +117,9 @@ class RetrievalRequest:
     @classmethod
     def parse(cls, values: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS) -> RetrievalRequest:
         """Validate a request payload; raises InvalidInputError."""
-        request_id = values.get("request_id") or uuid.uuid4().hex
+        request_id = values.get("request_id")
+        if request_id is None:  # an explicit "" is refused below, not silently replaced
+            request_id = uuid.uuid4().hex
         return cls(
             tenant_id=check_id(values.get("tenant_id"), "tenant_id", limits),
             query=check_text(values.get("query"), "query", limits.max_query_bytes, Reason.EMPTY_QUERY,

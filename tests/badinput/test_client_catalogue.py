@@ -320,3 +320,18 @@ def test_request_with_a_bad_tenant(client: MnemosClient, tenant: Any, reason: Re
 def test_a_valid_request_reaches_the_network(client: MnemosClient) -> None:
     with pytest.raises(ServiceUnavailable):
         client.retrieve("t1", "where is Pixel", k=5, timeout_s=0.5)
+
+
+@pytest.mark.parametrize("request_id", ["req:1", "a/b c", "x'; DROP TABLE entries; --", "ünï-42"])
+def test_request_ids_with_separators_are_accepted(client: MnemosClient, request_id: str) -> None:
+    """Ids may hold separators (they are bound parameters everywhere); the request reaches the network."""
+    with pytest.raises(ServiceUnavailable):
+        client.retrieve("t1", "where is Pixel", k=5, timeout_s=0.5, request_id=request_id)
+
+
+@pytest.mark.parametrize(("request_id", "reason"), [("", Reason.BAD_ID), ("r\x00", Reason.CONTROL_CHARACTERS),
+                                                    ("r" * 257, Reason.BAD_ID)])
+def test_bad_request_ids(client: MnemosClient, request_id: str, reason: Reason) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        client.retrieve("t1", "where is Pixel", k=5, timeout_s=0.5, request_id=request_id)
+    assert info.value.reason is reason and info.value.field == "request_id"

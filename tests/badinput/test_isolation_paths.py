@@ -9,6 +9,11 @@ suppression rows, bootstrap buffer, centroids and memory version must not move.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -18,6 +23,7 @@ from rq.serializers import JSONSerializer
 from api.schemas import Outcome, RetrievalRequest
 from mnemos.rerank import FakeReranker
 from tests.badinput.harness import (
+    client_for,
     entries,
     ingest_worker,
     publish,
@@ -29,10 +35,12 @@ from tests.badinput.harness import (
     turn_ids,
 )
 from workers.query import QueryService, build_worker
-from workers.settings import Settings
+from workers.settings import Settings, to_environment
 from workers.store import Store
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 
 SHARED = ["I really like coffee in the morning", "my sister Ana lives in Lisbon", "the spare key is under the mat",
           "we adopted a grey cat named Pixel", "the dentist appointment is on Tuesday", "quick brown fox notes",
@@ -166,3 +174,37 @@ def test_rq_jobs_of_two_tenants_share_one_worker_without_mixing(settings, redis_
         assert got and got <= (alpha if tenant == "alpha" else beta)
         assert result.return_value["tenant_id"] == tenant
     assert len(service.cache) == 2
+
+
+def _spawn_query_worker(settings: Settings, log: Path) -> subprocess.Popen:
+    env = {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO)}
+    with log.open("ab") as sink:
+        return subprocess.Popen([sys.executable, "-m", "workers", "worker", "query"], env=env, cwd=REPO,
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.e2e
+def test_the_same_request_id_from_two_tenants_never_returns_the_other_tenants_result(
+        settings, redis_client, store, tmp_path: Path) -> None:
+    """Request ids are chosen by clients; rq job ids are one global namespace per Redis."""
+    ingest(settings, redis_client, store, "alpha", SHARED)
+    ingest(settings, redis_client, store, "beta", SHARED + B_ONLY)
+    alpha, beta = entry_ids(store, "alpha"), entry_ids(store, "beta")
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    worker = _spawn_query_worker(settings, tmp_path / "query.log")
+    try:
+        client = client_for(settings, redis_client)
+        first = client.retrieve("alpha", "grey cat Pixel", k=5, request_id=request_id, timeout_s=30.0)
+        assert first.tenant_id == "alpha" and {h.entry_id for h in first.hits} <= alpha
+        second = client.retrieve("beta", "zeppelin Reykjavik", k=5, request_id=request_id, timeout_s=30.0)
+        assert second.tenant_id == "beta" and second.hits and {h.entry_id for h in second.hits} <= beta
+        again = client.retrieve("alpha", "dentist appointment", k=5, request_id=request_id, timeout_s=30.0)
+        assert {h.entry_id for h in again.hits} <= alpha  # a fresh answer, not the first one replayed
+        assert again.hits[0].text == "the dentist appointment is on Tuesday"
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)
