@@ -67,6 +67,10 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def version(self) -> tuple[int, ...]:
+        return redis_version(self.binary)
+
     def _ping(self) -> bool:
         try:
             return bool(redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5).ping())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.faults import PhaseReport, count_scores, count_turns
+from bench.fault_run import PhaseReport, count_scores, count_turns
 
 pytestmark = pytest.mark.faults
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.faults import FaultRun, run_turns
+from bench.fault_phases import run_turns
+from bench.fault_run import FaultRun
 from tests.faults.conftest import CI_PLAN
 
 pytestmark = pytest.mark.faults

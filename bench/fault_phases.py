@@ -1,0 +1,301 @@
+"""The phases of the fault-injection run: turns (ingest), outcomes (suppression), queries (query).
+
+Each phase uses its own database and stream prefix on the run's private servers, starts real
+``mnemos worker <kind>`` processes, publishes while :meth:`bench.fault_run.FaultRun.chaos`
+injects the planned faults, waits for the system to settle and fills a
+:class:`bench.fault_run.PhaseReport` from the ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from api.schemas import Outcome, PoolRow
+from bench.fault_run import (
+    BASE_TIME,
+    FaultPlan,
+    FaultRun,
+    PhaseReport,
+    count_scores,
+    count_turns,
+    publish_paced,
+    words,
+)
+from mnemos.suppression import UpdateRule, outcome_deltas
+from workers.settings import Settings
+from workers.suppression import core_outcome
+
+log = logging.getLogger(__name__)
+
+def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
+    """Phase 1: turns through killed, paused and restarted ingest workers (module docstring)."""
+    started = time.monotonic()
+    report = PhaseReport("turns")
+    settings = run.settings("turns", plan)
+    rng = random.Random(plan.seed)
+    tenants = [f"tenant-{chr(97 + i)}{plan.seed}" for i in range(plan.tenants)]
+    good: list[dict[str, Any]] = []
+    pairs: list[tuple[str, str, str]] = []  # (tenant, original, near-duplicate)
+    bad: list[dict[str, str]] = []
+    last: dict[str, dict[str, Any]] = {}
+    for i in range(plan.turns):
+        tenant = tenants[i % len(tenants)]
+        text = words(rng, 8)
+        if i % 25 == 24 and tenant in last:
+            text = last[tenant]["text"] + "."
+            pairs.append((tenant, last[tenant]["turn_id"], f"{tenant}-{i:06d}"))
+        turn = {"tenant_id": tenant, "session_id": f"s{i // 50}", "turn_id": f"{tenant}-{i:06d}",
+                "role": "user" if i % 2 else "assistant", "text": text,
+                "occurred_at": (BASE_TIME + timedelta(seconds=i)).isoformat()}
+        good.append(turn)
+        last[tenant] = turn
+        if i % 97 == 50:
+            bad.append({"v": "1", "tenant_id": tenant, "session_id": "s", "turn_id": f"{tenant}-bad-{i}",
+                        "role": "user", "text": " ", "occurred_at": BASE_TIME.isoformat()})
+    client = run.client(settings)
+    batches: list[Callable[[], Any]] = []
+    for start in range(0, len(good), 10):
+        chunk = good[start:start + 10]
+        if start % 40 == 0:
+            chunk = [*chunk, chunk[0]]  # an exact re-send, as a client retry would produce
+            report.resent += 1
+        batches.append(lambda chunk=chunk: client.publish_turns(chunk))
+    for fields in bad:
+        batches.insert(rng.randrange(len(batches)), lambda fields=fields: client.connection.xadd(
+            settings.turns_stream, fields))
+    report.published = len(good) + len(bad)
+    report.accepted = len(good)
+    report.dead_letters_expected = len(bad)
+
+    workers = run.workers("ingest", settings, plan.workers)
+    for worker in workers:
+        worker.start()
+    stop = threading.Event()
+    publisher = publish_paced(batches, plan.publish_seconds, report, stop)
+    try:
+        run.chaos(plan, workers, report, publisher)
+        publisher.join(plan.settle_timeout_s)
+        accepted = {(t["tenant_id"], t["turn_id"]) for t in good}
+        bad_keys = {(b["tenant_id"], b["turn_id"]) for b in bad}
+
+        def done() -> bool:
+            with psycopg.connect(settings.database_url, connect_timeout=2) as conn:
+                stored = set(conn.execute("SELECT tenant_id, turn_id FROM entries").fetchall())
+                dead = set(conn.execute("SELECT tenant_id, turn_id FROM dead_letters").fetchall())
+            return accepted <= stored and bad_keys <= dead and run.drained(settings, settings.turns_stream, "ingest")
+
+        report.settled = run.settle(done, plan.settle_timeout_s)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.terminate()
+    with psycopg.connect(settings.database_url) as conn:
+        rows = conn.execute("SELECT e.tenant_id, e.turn_id, e.entry_id, e.canonical_entry_id, c.tenant_id,"
+                            " c.canonical_entry_id FROM entries e LEFT JOIN entries c"
+                            " ON c.entry_id = e.canonical_entry_id").fetchall()
+        dead = conn.execute("SELECT tenant_id, turn_id FROM dead_letters").fetchall()
+    report.lost, report.duplicated = count_turns(accepted, [(r[0], r[1]) for r in rows], dead)
+    report.dead_letters_found = len(bad_keys & set(dead))
+    report.aliases = sum(r[3] is not None for r in rows)
+    by_key = {(r[0], r[1]): r for r in rows}
+    # an alias points at a canonical entry of its own tenant; each near-duplicate pair is one memory
+    report.dedupe_violations = sum(r[3] is not None and (r[4] != r[0] or r[5] is not None) for r in rows)
+    for tenant, first, second in pairs:
+        a, b = by_key.get((tenant, first)), by_key.get((tenant, second))
+        if a is None or b is None:
+            continue
+        one_memory = (a[3] is None and b[3] == a[2]) or (b[3] is None and a[3] == b[2])
+        report.dedupe_violations += not one_memory
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
+    """Phase 2: outcomes through killed, paused and restarted suppression workers."""
+    started = time.monotonic()
+    report = PhaseReport("outcomes")
+    settings = run.settings("outcomes", plan)
+    rng = random.Random(plan.seed + 7)
+    tenants = [f"tenant-{chr(97 + i)}{plan.seed}" for i in range(plan.tenants)]
+    seed_entries(run, settings, tenants, per_tenant=12)
+    with psycopg.connect(settings.database_url) as conn:
+        ids: dict[str, list[int]] = {}
+        for tenant, entry_id in conn.execute("SELECT tenant_id, entry_id FROM entries ORDER BY entry_id"):
+            ids.setdefault(tenant, []).append(int(entry_id))
+    outcomes: list[Outcome] = []
+    for n in range(plan.outcomes):
+        tenant = tenants[n % len(tenants)]
+        members = rng.sample(ids[tenant], rng.randint(1, min(8, len(ids[tenant]))))
+        finals = list(range(1, len(members) + 1))
+        rng.shuffle(finals)
+        pool = tuple(PoolRow(e, i + 1, f, rng.uniform(-3, 3)) for i, (e, f) in enumerate(zip(members, finals,
+                                                                                              strict=True)))
+        vector = [rng.gauss(0, 1) for _ in range(settings.fake_encoder_dim)]
+        norm = math.sqrt(sum(x * x for x in vector))
+        outcomes.append(Outcome(f"{tenant}-o{n:06d}", tenant, rng.randrange(settings.clusters_k), len(pool), pool,
+                                tuple(x / norm for x in vector)))
+    connection = run.client(settings).connection
+    batches: list[Callable[[], Any]] = []
+    for start in range(0, len(outcomes), 8):
+        chunk = outcomes[start:start + 8]
+        if start % 32 == 0:
+            chunk = [*chunk, chunk[0]]  # the same outcome twice on the stream
+            report.resent += 1
+
+        def send(chunk: list[Outcome] = chunk) -> None:
+            pipe = connection.pipeline(transaction=False)
+            for outcome in chunk:
+                pipe.xadd(settings.outcomes_stream, outcome.to_stream_fields())  # type: ignore[arg-type]
+            pipe.execute()
+
+        batches.append(send)
+    report.published = report.accepted = len(outcomes)
+
+    workers = run.workers("suppression", settings, plan.workers)
+    for worker in workers:
+        worker.start()
+    stop = threading.Event()
+    publisher = publish_paced(batches, plan.publish_seconds, report, stop)
+    accepted = {(o.tenant_id, o.outcome_id) for o in outcomes}
+    try:
+        run.chaos(plan, workers, report, publisher)
+        publisher.join(plan.settle_timeout_s)
+
+        def done() -> bool:
+            with psycopg.connect(settings.database_url, connect_timeout=2) as conn:
+                ledger = set(conn.execute("SELECT tenant_id, outcome_id FROM applied_outcomes").fetchall())
+            return accepted <= ledger and run.drained(settings, settings.outcomes_stream, "suppression")
+
+        report.settled = run.settle(done, plan.settle_timeout_s)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.terminate()
+    expected: dict[tuple[str, int, int], float] = {}
+    for outcome in outcomes:
+        for (entry, cluster), delta in outcome_deltas(core_outcome(outcome), UpdateRule.RANK_GAP,
+                                                      settings.eta).items():
+            key = (outcome.tenant_id, entry, cluster)
+            expected[key] = expected.get(key, 0.0) + delta
+    with psycopg.connect(settings.database_url) as conn:
+        ledger = conn.execute("SELECT tenant_id, outcome_id, deltas FROM applied_outcomes ORDER BY applied_at").fetchall()
+        actual = {(t, int(e), int(c)): float(s) for t, e, c, s in conn.execute(
+            "SELECT tenant_id, entry_id, cluster, score FROM suppression")}
+        buffers = conn.execute("SELECT tenant_id, count(*), count(DISTINCT outcome_id) FROM query_buffer"
+                               " GROUP BY tenant_id").fetchall()
+        frozen = {r[0] for r in conn.execute("SELECT tenant_id FROM centroids")}
+    from_ledger: dict[tuple[str, int, int], float] = {}
+    for tenant, _oid, deltas in ledger:
+        for entry, cluster, delta in deltas:
+            key = (tenant, int(entry), int(cluster))
+            from_ledger[key] = from_ledger.get(key, 0.0) + float(delta)
+    ledger_keys = Counter((t, o) for t, o, _ in ledger)
+    report.lost = len(accepted - set(ledger_keys))
+    report.duplicated = sum(n - 1 for n in ledger_keys.values()) + len(set(ledger_keys) - accepted)
+    report.score_mismatches = count_scores(actual, expected)
+    report.ledger_mismatches = count_scores(actual, from_ledger)
+    size = settings.clusters_k * settings.bootstrap_factor
+    report.buffer_violations = sum(n != size or distinct != n for _, n, distinct in buffers) + len(
+        set(tenants) - frozen)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def seed_entries(run: FaultRun, settings: Settings, tenants: Sequence[str], per_tenant: int) -> None:
+    """Entries for the outcome phase: one ingest worker, no faults, until all are stored."""
+    rng = random.Random(3)
+    turns = [{"tenant_id": t, "session_id": "s", "turn_id": f"{t}-seed-{i}", "role": "user", "text": words(rng, 6),
+              "occurred_at": (BASE_TIME + timedelta(minutes=i)).isoformat()} for t in tenants for i in range(per_tenant)]
+    run.client(settings).publish_turns(turns)
+    worker = run.workers("ingest", settings, 1)[0]
+    worker.start()
+    try:
+        def stored() -> bool:
+            with psycopg.connect(settings.database_url, connect_timeout=2) as conn:
+                return conn.execute("SELECT count(*) FROM entries").fetchone()[0] == len(turns)
+
+        if not run.settle(stored, 60.0):
+            raise RuntimeError(f"seeding the outcome phase failed:\n{worker.tail()}")
+    finally:
+        worker.terminate()
+
+
+def run_queries(run: FaultRun, plan: FaultPlan, slack_s: float = 2.0) -> PhaseReport:
+    """Phase 3 (promise 5): retrievals while query workers are killed and paused and the servers restart.
+
+    Every request must end within its timeout (+ ``slack_s``) with a result or a typed
+    :class:`api.errors.MnemosClientError`; every hit must be the asking tenant's; once the faults
+    are over, a retry per tenant must succeed.
+    """
+    from api.errors import MnemosClientError
+
+    started = time.monotonic()
+    report = PhaseReport("queries")
+    settings = run.settings("queries", plan).replace(retrieve_timeout_s=plan.query_timeout_s, job_timeout_s=30)
+    rng = random.Random(plan.seed + 11)
+    tenants = [f"tenant-{chr(97 + i)}{plan.seed}" for i in range(plan.tenants)]
+    seed_entries(run, settings, tenants, per_tenant=12)
+    requests = [(tenants[n % len(tenants)], words(rng, 3)) for n in range(plan.queries)]
+    report.accepted = report.published = len(requests)
+    lock = threading.Lock()
+
+    def ask(share: Sequence[tuple[str, str]]) -> None:
+        client = run.client(settings)
+        pace = plan.publish_seconds / max(1, len(share))
+        for tenant, query in share:
+            began = time.monotonic()
+            try:
+                result = client.retrieve(tenant, query, k=5, timeout_s=plan.query_timeout_s)
+                outcome = "answered"
+                foreign = sum(not h.turn_id.startswith(f"{tenant}-") for h in result.hits)
+            except MnemosClientError as exc:
+                outcome, foreign = type(exc).__name__, 0
+            except Exception as exc:  # anything else breaks promise 5
+                outcome, foreign = f"untyped {type(exc).__name__}: {exc}", 0
+            waited = time.monotonic() - began
+            with lock:
+                report.max_wait_s = max(report.max_wait_s, waited)
+                report.overtime += waited > plan.query_timeout_s + slack_s
+                report.isolation_violations += foreign
+                if outcome == "answered":
+                    report.answered += 1
+                elif outcome.startswith("untyped"):
+                    report.untyped_failures.append(outcome)
+                else:
+                    report.typed_failures[outcome] = report.typed_failures.get(outcome, 0) + 1
+            time.sleep(max(0.0, pace - waited))
+
+    workers = run.workers("query", settings, max(2, plan.workers - 1))
+    for worker in workers:
+        worker.start()
+    askers = [threading.Thread(target=ask, args=(requests[i::2],), daemon=True) for i in range(2)]
+    for asker in askers:
+        asker.start()
+    supervisor = threading.Thread(target=lambda: [a.join() for a in askers], daemon=True)
+    supervisor.start()
+    try:
+        run.chaos(plan, workers, report, supervisor)
+        client = run.client(settings)
+        try:
+            for tenant in tenants:  # after the faults: the same question again must be answered
+                result = client.retrieve(tenant, "w1x1 w2x2", k=3, timeout_s=30.0)
+                report.retry_ok &= bool(result.hits) and all(h.turn_id.startswith(f"{tenant}-") for h in result.hits)
+        except MnemosClientError as exc:
+            log.error("retry after the faults failed: %s", exc)
+            report.retry_ok = False
+        report.settled = True
+    finally:
+        for worker in workers:
+            worker.terminate()
+    report.seconds = time.monotonic() - started
+    return report
