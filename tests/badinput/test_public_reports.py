@@ -179,8 +179,10 @@ def test_index_refresh_during_ingest_commits_sees_whole_versions_only(settings, 
     def ingest() -> None:
         try:
             for c in range(1, commits + 1):
+                texts = [" ".join(rng.sample(words, 6)) for _ in range(per_commit - 1)]
+                texts.append(texts[0] + "." if c % 3 else " ".join(rng.sample(words, 6)))  # some aliases
                 publish(settings, redis_client, [
-                    turn("live", f"c{c:03d}-{j}", " ".join(rng.sample(words, 6)), minutes=c) for j in range(per_commit)])
+                    turn("live", f"c{c:03d}-{j}", text, minutes=c) for j, text in enumerate(texts)])
                 batch = consumer.read()
                 assert len(batch) == per_commit  # one batch, one tenant transaction, one version
                 consumer.ack(writer.handle(batch))
@@ -199,15 +201,23 @@ def test_index_refresh_during_ingest_commits_sees_whole_versions_only(settings, 
         if result.memory_version == 0:
             continue
         observed.append(result.memory_version)
-        # the index holds exactly the entries of versions 1..v, never a part of a commit
-        assert len(state.index) == per_commit * result.memory_version
+        # the index holds exactly the turns of versions 1..v (entries + aliases), never a part of a commit
+        assert sum(len(e.turn_ids) for e in state.index.entries()) == per_commit * result.memory_version
         assert state.index.version == result.memory_version
         assert all(int(h.turn_id[1:4]) <= result.memory_version for h in result.hits)
     thread.join(30)
     assert not failures, failures
     final = service.answer(RetrievalRequest("live", "w1 w2", k=5))
-    assert final.memory_version == commits and len(service.cache.get("live").index) == per_commit * commits
+    cached = service.cache.get("live").index
+    assert final.memory_version == commits and sum(len(e.turn_ids) for e in cached.entries()) == per_commit * commits
     assert len(set(observed)) > 1  # refreshes really interleaved with commits
+    # the incrementally refreshed index answers exactly as one rebuilt from Postgres in one go
+    rebuilt = query_service(settings, redis_client, store)
+    for query in [" ".join(rng.sample(words, 3)) for _ in range(15)]:
+        got, ref = (s.answer(RetrievalRequest("live", query, k=10)) for s in (service, rebuilt))
+        assert [(h.entry_id, h.aliases, h.score) for h in got.hits] == [(h.entry_id, h.aliases, h.score)
+                                                                        for h in ref.hits]
+    assert sum(len(e.aliases) for e in cached.entries()) > 0
 
 
 # 5 -----------------------------------------------------------------------------------------------

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
 import pytest
+import redis
 
+from api.client import MnemosClient
+from api.errors import MnemosClientError
 from bench.fault_phases import run_queries, seed_entries
 from bench.fault_run import FaultRun
 from tests.faults.conftest import CI_PLAN
@@ -49,3 +54,40 @@ def test_a_query_worker_survives_a_redis_restart_during_a_job(fault_run: FaultRu
     finally:
         worker.terminate()
     assert worker.exited() == 0  # SIGTERM still ends it cleanly
+
+
+def test_a_retrieval_ends_in_time_when_redis_hangs(fault_run: FaultRun) -> None:
+    """A stopped (not dead) Redis accepts the connection and never answers: the client's own
+    timeout must still end the request with a typed error, whatever connection it was given."""
+    settings = fault_run.settings("hang", CI_PLAN)
+    seed_entries(fault_run, settings, ["solo"], per_tenant=3)
+    worker = fault_run.workers("query", settings, 1)[0]
+    worker.start()
+    plain = redis.Redis.from_url(settings.redis_url)  # no socket timeout, as a caller may well build it
+    client = MnemosClient(plain, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name)
+    ended: dict[str, object] = {}
+    try:
+        assert client.retrieve("solo", "w1x1", k=3, timeout_s=30.0).hits  # warm: connected, worker up
+
+        def ask() -> None:
+            began = time.monotonic()
+            try:
+                client.retrieve("solo", "w2x2", k=3, timeout_s=2.0)
+                ended["how"] = "answered"
+            except MnemosClientError as exc:
+                ended["how"] = type(exc).__name__
+            except Exception as exc:
+                ended["how"] = f"untyped {exc!r}"
+            ended["seconds"] = time.monotonic() - began
+
+        fault_run.redis.process.send_signal(signal.SIGSTOP)
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        asker.join(20.0)
+        fault_run.redis.process.send_signal(signal.SIGCONT)
+        assert not asker.is_alive(), "the request never ended while Redis hung"
+        assert ended["how"] in ("RetrievalTimeout", "ServiceUnavailable"), ended
+        assert float(ended["seconds"]) < 2.0 + 6.0
+    finally:
+        fault_run.redis.process.send_signal(signal.SIGCONT)
+        worker.terminate()
