@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import shutil
 import sys
@@ -56,7 +57,14 @@ def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redi
                     f"{r.postgres_restarts} | {len(r.worker_exits)} | {r.lost} | {r.duplicated} | {checks} | "
                     f"{r.seconds:.1f} |")
     server = f" Redis {redis_version}." if redis_version else ""
-    return "\n".join([f"Command: `{command}`", "", f"Plan: `{asdict(plan)}`.{server}", "", *rows, ""])
+    intro = ("Real `mnemos worker <kind>` processes against a private Redis (append-only file, fsync always) "
+             "and a private Postgres cluster, fake models. Per phase the faults fire while publishing: workers "
+             "SIGKILLed and restarted, SIGSTOPped past the claim idle time then SIGCONTed, Redis SIGKILLed and "
+             "restarted, Postgres crashed (`pg_ctl stop -m immediate`) and restarted. Lost / duplicated are "
+             "counted from the turn and outcome ids; scores are compared with a recomputation from the "
+             "published outcomes and from the ledger. `worker exits` counts workers that died on their own.")
+    return "\n".join(["# Fault injection", "", intro, "", f"Command: `{command}` ({os.cpu_count()} cores)", "",
+                      f"Plan: `{asdict(plan)}`.{server}", "", *rows, ""])
 
 
 def main(argv: list[str] | None = None) -> int:
