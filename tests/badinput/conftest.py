@@ -1,82 +1,26 @@
 """Fixtures of the bad-input catalogue: the machine's Redis and Postgres on loopback, isolated per test.
 
-Each test that needs servers gets its own database ``mnemos_bad_<random>`` (migrated, dropped
-afterwards) and a unique stream prefix / rq queue (keys deleted afterwards). Models are the fakes
-(HashingEncoder, FakeReranker) chosen through settings. Tests that only exercise client-side
-validation need no server at all.
+The shared fixtures of tests/support.py: each test that needs servers gets its own database
+``mnemos_bad_<random>`` (migrated, dropped afterwards) and a unique stream prefix / rq queue (keys
+deleted afterwards). Models are the fakes (HashingEncoder, FakeReranker) chosen through settings.
+Tests that only exercise client-side validation need no server at all.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
+from typing import Any
 
-import psycopg
 import pytest
-import redis
-from psycopg import sql
 
-from workers.migrate import ensure_database, run_migrations
-from workers.settings import FAKE_MODEL, Settings
-from workers.store import Store
-
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _unreachable() -> str | None:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
-    except redis.RedisError as exc:
-        return f"Redis not reachable: {exc}"
-    try:
-        psycopg.connect(PG_ADMIN_URL, connect_timeout=2).close()
-    except psycopg.Error as exc:
-        return f"Postgres not reachable: {exc}"
-    return None
-
-
-@pytest.fixture(scope="session")
-def services() -> None:
-    reason = _unreachable()
-    if reason:
-        pytest.skip(reason)
+from tests.support import database_url, redis_client, services, settings, store  # noqa: F401
 
 
 @pytest.fixture
-def database_url(services: None) -> Iterator[str]:
-    name = f"mnemos_bad_{uuid.uuid4().hex[:12]}"
-    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    ensure_database(url)
-    run_migrations(url)
-    yield url
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+def name_prefix() -> str:
+    return "mnemos_bad"
 
 
 @pytest.fixture
-def redis_client(services: None) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def settings(database_url: str, redis_client: redis.Redis) -> Iterator[Settings]:
-    prefix = f"mnemos_bad_{uuid.uuid4().hex[:10]}"
-    value = Settings(
-        redis_url=REDIS_URL, database_url=database_url, stream_prefix=prefix, queue_name=f"{prefix}_retrievals",
-        bi_encoder=FAKE_MODEL, cross_encoder=FAKE_MODEL, fake_encoder_dim=64, metrics_enabled=False,
-        block_ms=50, claim_idle_ms=60_000, clusters_k=2, bootstrap_factor=2, retrieve_timeout_s=10.0,
-        trim_interval_s=3600.0,
-    )
-    yield value
-    keys = list(redis_client.scan_iter(match=f"{prefix}*")) + list(redis_client.scan_iter(match=f"rq:*{prefix}*"))
-    if keys:
-        redis_client.delete(*keys)
-
-
-@pytest.fixture
-def store(settings: Settings) -> Iterator[Store]:
-    with Store(settings.database_url, settings.db_app_role) as value:
-        yield value
+def settings_overrides() -> dict[str, Any]:
+    # differs from the shared defaults: shorter blocking reads, no periodic stream trim during a test
+    return {"block_ms": 50, "trim_interval_s": 3600.0}

@@ -1,3 +1,11 @@
-"""End-to-end tests reuse the integration factories (own database, own stream prefix)."""
+"""End-to-end tests reuse the service-test fixtures (own database, own stream prefix)."""
 
-from tests.integration.conftest import database_url, redis_client, services, settings, store  # noqa: F401
+from tests.support import (  # noqa: F401
+    database_url,
+    name_prefix,
+    redis_client,
+    services,
+    settings,
+    settings_overrides,
+    store,
+)

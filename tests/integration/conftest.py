@@ -1,91 +1,16 @@
-"""Factories for service tests against the real Redis and Postgres on loopback.
+"""Factories for service tests against the real Redis and Postgres on loopback (see tests/support.py).
 
 Each test gets its own database ``mnemos_test_<random>`` (migrated, dropped afterwards) and a
 unique stream prefix and rq queue name (their keys deleted afterwards), so tests never see each
 other's data. Models are the fakes (HashingEncoder, FakeReranker) selected through settings.
 """
 
-from __future__ import annotations
-
-import uuid
-from collections.abc import Iterator
-
-import psycopg
-import pytest
-import redis
-from psycopg import sql
-
-from workers.migrate import ensure_database, run_migrations
-from workers.settings import FAKE_MODEL, Settings
-from workers.store import Store
-
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _services_up() -> str | None:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
-    except redis.RedisError as exc:
-        return f"Redis not reachable: {exc}"
-    try:
-        psycopg.connect(PG_ADMIN_URL, connect_timeout=2).close()
-    except psycopg.Error as exc:
-        return f"Postgres not reachable: {exc}"
-    return None
-
-
-@pytest.fixture(scope="session")
-def services() -> None:
-    reason = _services_up()
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def database_url(services: None) -> Iterator[str]:
-    name = f"mnemos_test_{uuid.uuid4().hex[:12]}"
-    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    ensure_database(url)
-    run_migrations(url)
-    yield url
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def redis_client(services: None) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def settings(database_url: str, redis_client: redis.Redis) -> Iterator[Settings]:
-    prefix = f"mnemos_test_{uuid.uuid4().hex[:10]}"
-    value = Settings(
-        redis_url=REDIS_URL,
-        database_url=database_url,
-        stream_prefix=prefix,
-        queue_name=f"{prefix}_retrievals",
-        bi_encoder=FAKE_MODEL,
-        cross_encoder=FAKE_MODEL,
-        fake_encoder_dim=64,
-        metrics_enabled=False,
-        block_ms=100,
-        claim_idle_ms=60_000,
-        clusters_k=2,
-        bootstrap_factor=2,
-        retrieve_timeout_s=10.0,
-    )
-    yield value
-    keys = list(redis_client.scan_iter(match=f"{prefix}*"))
-    keys += list(redis_client.scan_iter(match=f"rq:*{prefix}*"))
-    if keys:
-        redis_client.delete(*keys)
-
-
-@pytest.fixture
-def store(settings: Settings) -> Iterator[Store]:
-    with Store(settings.database_url, settings.db_app_role) as value:
-        yield value
+from tests.support import (  # noqa: F401
+    database_url,
+    name_prefix,
+    redis_client,
+    services,
+    settings,
+    settings_overrides,
+    store,
+)
