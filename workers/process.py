@@ -12,7 +12,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import Protocol
 
 import redis
 
@@ -50,43 +52,47 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+class _StreamWorker(Protocol):
+    def run(self, stop: threading.Event) -> None: ...
+
+
+def _run_stream_worker(settings: Settings, kind: str, port: int,
+                       build: Callable[[redis.Redis, Store, ServiceMetrics], _StreamWorker]) -> int:
+    """Open the store, serve metrics, and run the worker ``build`` makes until SIGTERM/SIGINT."""
+    try:
+        store = Store(settings.database_url, settings.db_app_role).open()
+    except StoreError as exc:
+        log.error("%s worker cannot start: %s", kind, exc)
+        return 2
+    connection = redis_client(settings)
+    metrics, sampler = _metrics(settings, port, kind, connection)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    try:
+        build(connection, store, metrics).run(stop)
+    finally:
+        sampler.stop()
+        store.close()
+    return 0
+
+
 def run_ingest(settings: Settings) -> int:
     try:
         encoder = load_encoder(settings)
         truncation = load_truncation_counter(settings)
-        store = Store(settings.database_url, settings.db_app_role).open()
-    except (ModelSetupError, StoreError) as exc:
+    except ModelSetupError as exc:
         log.error("ingest worker cannot start: %s", exc)
         return 2
-    connection = redis_client(settings)
-    metrics, sampler = _metrics(settings, settings.ingest_metrics_port, "ingest", connection)
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    worker = ingest.IngestWorker(settings, connection, store, encoder, truncation, metrics)
-    try:
-        worker.run(stop)
-    finally:
-        sampler.stop()
-        store.close()
-    return 0
+    return _run_stream_worker(
+        settings, "ingest", settings.ingest_metrics_port,
+        lambda connection, store, metrics: ingest.IngestWorker(settings, connection, store, encoder, truncation,
+                                                               metrics))
 
 
 def run_suppression(settings: Settings) -> int:
-    try:
-        store = Store(settings.database_url, settings.db_app_role).open()
-    except StoreError as exc:
-        log.error("suppression worker cannot start: %s", exc)
-        return 2
-    connection = redis_client(settings)
-    metrics, sampler = _metrics(settings, settings.suppression_metrics_port, "suppression", connection)
-    stop = threading.Event()
-    _stop_on_signals(stop)
-    try:
-        suppression.SuppressionWorker(settings, connection, store, metrics).run(stop)
-    finally:
-        sampler.stop()
-        store.close()
-    return 0
+    return _run_stream_worker(
+        settings, "suppression", settings.suppression_metrics_port,
+        lambda connection, store, metrics: suppression.SuppressionWorker(settings, connection, store, metrics))
 
 
 def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float = 5.0) -> int:
