@@ -85,10 +85,14 @@ def load_truncation_counter(settings: Settings) -> TruncationCounter:
 
 
 def load_reranker(settings: Settings) -> Reranker | None:
-    """The cross-encoder of ``settings.cross_encoder``; None (with a warning) when unset."""
+    """The cross-encoder of ``settings.cross_encoder``; None (with a warning) when unset.
+
+    The query worker, the health check with models and the service benchmarks load their reranker
+    here, so this is where a missing one is warned about (not when settings are read).
+    """
     name = settings.cross_encoder
     if name is None:
-        log.warning("no cross-encoder configured (MNEMOS_CROSS_ENCODER): results are the fused order")
+        log.warning("MNEMOS_CROSS_ENCODER is not set: retrieval runs without a reranker (results are the fused order)")
         return None
     if name == FAKE_MODEL:
         return FakeReranker()

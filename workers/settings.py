@@ -10,14 +10,11 @@ pool 30, deep pool 100).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from workers.errors import SettingsError
-
-log = logging.getLogger(__name__)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
@@ -37,7 +34,7 @@ class Settings:
     queue_name: str = "retrievals"  # rq queue name
     # models
     bi_encoder: str = BUNDLED_BI_ENCODER  # "bundled", "fake" or a local sentence-transformers dir
-    cross_encoder: str | None = None  # local dir / name, "fake", or None: no rerank (warned)
+    cross_encoder: str | None = None  # local dir / name, "fake", or None: no rerank (warned when loaded)
     encoder_batch_size: int = 64
     rerank_batch_size: int = 32
     rerank_max_length: int = 128
@@ -131,10 +128,7 @@ class Settings:
             if var not in env:
                 continue
             values[f.name] = _parse(f.name, str(f.type), env[var])
-        settings = cls(**values, from_environment=frozenset(values))
-        if settings.cross_encoder is None:
-            log.warning("MNEMOS_CROSS_ENCODER is not set: retrieval runs without a reranker")
-        return settings
+        return cls(**values, from_environment=frozenset(values))
 
 
 def to_environment(settings: Settings) -> dict[str, str]:

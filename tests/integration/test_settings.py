@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
 from workers.errors import SettingsError
+from workers.models import load_reranker
 from workers.settings import ENV_VARS, Settings, to_environment
 
 
@@ -33,3 +38,20 @@ def test_defaults_follow_the_design() -> None:
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.from_env(env)
+
+
+def test_a_missing_cross_encoder_is_warned_when_the_reranker_is_loaded_not_when_settings_are_read(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        settings = Settings.from_env({})
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="workers.models"):
+        assert load_reranker(settings) is None
+    assert [r.getMessage() for r in caplog.records if "MNEMOS_CROSS_ENCODER is not set" in r.getMessage()]
+
+
+def test_subcommand_help_does_not_warn_about_the_reranker() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MNEMOS_CROSS_ENCODER"}  # the group callback reads settings
+    out = subprocess.run([sys.executable, "-m", "workers", "worker", "--help"], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
+    assert "MNEMOS_CROSS_ENCODER" not in out.stderr + out.stdout
