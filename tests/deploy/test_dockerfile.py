@@ -227,10 +227,22 @@ def test_models_baked_at_build_time_and_offline_at_run_time():
     assert "--from=build /opt/venv /opt/venv" in RUNTIME.values("COPY")
 
 
-def test_migrations_reach_the_installed_package():
-    # workers.migrate reads MIGRATIONS_DIR next to the installed packages; the build puts them there
-    runs = " ".join(BUILD.values("RUN"))
-    assert "workers.migrate" in runs and "MIGRATIONS_DIR" in runs and "discover()" in runs
+def test_migrations_ship_as_package_data_and_the_build_checks_the_installed_migrator():
+    # the SQL files are package data of `migrations` (workers.migrate finds them with importlib.resources),
+    # so installing /src installs them: no step copies them by hand any more
+    assert "migrations*" in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert "*.sql" in PYPROJECT["tool"]["setuptools"]["package-data"]["*"]
+    assert (REPO / "migrations" / "__init__.py").is_file()
+    runs = BUILD.values("RUN")
+    assert not any("MIGRATIONS_DIR" in v or "cp -r /src/migrations" in v for v in runs)
+    # after the install, the installed migrator (python -P: not the copy in the working directory /src)
+    # must discover as many migrations as the repository has
+    project_at = _index(BUILD, lambda i, v: i == "RUN" and re.search(r"pip install .*/src\b", v) is not None)
+    check_at = _index(BUILD, lambda i, v: i == "RUN" and "discover()" in v)
+    assert check_at >= project_at
+    check = BUILD.instructions[check_at][1]
+    assert "python -P -c" in check and "from workers.migrate import discover" in check
+    assert "/src/migrations" in check and "found == expected > 0" in check
 
 
 def test_every_mnemos_variable_is_a_real_setting():
