@@ -1,4 +1,4 @@
-"""``mnemos reranker``: train the project's own cross-encoder (see ``mnemos.training``).
+"""``mnemos reranker``: train the project's own cross-encoder (``mnemos.training_pairs``, ``mnemos.training``).
 
 Exposes one click group, ``reranker``; the root CLI (``workers/cli.py``) registers it. Commands
 are thin: parse options, call a ``run_*`` function that returns an exit code.
@@ -57,7 +57,8 @@ def run_train(
     import torch
 
     from bench.datasets import DatasetError, load_locomo
-    from mnemos import training
+    from mnemos import training, training_pairs
+    from mnemos.errors import TrainingDataError
 
     if threads:
         torch.set_num_threads(threads)
@@ -65,7 +66,7 @@ def run_train(
     provenance: dict[str, object] = {"max_pairs": max_pairs, "dense_mining": dense}
     try:
         if pairs is not None:
-            positives = training.read_pairs_jsonl(pairs)
+            positives = training_pairs.read_pairs_jsonl(pairs)
             corpora = None
             provenance.update(pairs_file=str(pairs.resolve()))
         else:
@@ -73,12 +74,12 @@ def run_train(
             convs = load_locomo(data)
             all_ids = sorted(c.conversation_id for c in convs)
             if fold is not None:
-                chosen, held_out = training.fold_conversations(all_ids, *fold)
+                chosen, held_out = training_pairs.fold_conversations(all_ids, *fold)
                 provenance["fold"] = f"{fold[0]}/{fold[1]}"
             else:
                 chosen = conversations or []
                 held_out = [c for c in all_ids if c not in chosen]
-            positives = training.locomo_positives(convs, chosen)
+            positives = training_pairs.locomo_positives(convs, chosen)
             corpora = {c.conversation_id: [t.text for t in c.turns] for c in convs if c.conversation_id in chosen}
             provenance.update(
                 data_file=str(data.resolve()),
@@ -87,8 +88,8 @@ def run_train(
                 positive_sources="locomo observations + QA evidence (categories 1-4)",
             )
         encoder = _load_bi_encoder() if dense else None
-        mining = training.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
-        examples = training.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
+        mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
+        examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
         del encoder
         mined_at = time.perf_counter()
         provenance["mining"] = {
@@ -103,7 +104,7 @@ def run_train(
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
         config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps)
         report = training.train_cross_encoder(examples, out, config=config, provenance=provenance)
-    except (training.TrainingDataError, DatasetError) as exc:
+    except (TrainingDataError, DatasetError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
     click.echo(

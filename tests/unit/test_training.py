@@ -1,4 +1,4 @@
-"""mnemos.training and the ``reranker train`` command: data selection, mining, a tiny real run."""
+"""mnemos.training_pairs, mnemos.training and ``reranker train``: data selection, mining, a tiny real run."""
 
 from __future__ import annotations
 
@@ -12,20 +12,18 @@ from click.testing import CliRunner
 
 from bench.datasets import Conversation, Question, Turn
 from bench.reranker_cli import reranker
+from mnemos.errors import TrainingDataError
 from mnemos.tokenizer import tokenize
-from mnemos.training import (
-    PROVENANCE_FILE,
+from mnemos.training import PROVENANCE_FILE, TrainConfig, train_cross_encoder
+from mnemos.training_pairs import (
     LabelledPair,
     MiningConfig,
     PairSource,
     PositivePair,
-    TrainConfig,
-    TrainingDataError,
     fold_conversations,
     locomo_positives,
     mine_examples,
     read_pairs_jsonl,
-    train_cross_encoder,
 )
 
 T0 = datetime(2023, 5, 8, tzinfo=UTC)

@@ -1,0 +1,334 @@
+"""Training pairs for the project's cross-encoder: selecting data and mining negatives.
+
+The first two steps of the recipe in :mod:`mnemos.training` (which fine-tunes on their output):
+
+1. ``locomo_positives`` / ``read_pairs_jsonl``: positives (and given negatives) as records,
+   from the conversations ``fold_conversations`` selects;
+2. ``mine_examples``: labelled pairs with hard negatives (BM25 and bi-encoder results of the same
+   conversation) and random ones, seeded.
+
+The caller loads the bi-encoder; nothing here reads the environment or keeps a model between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from mnemos.errors import TrainingDataError
+from mnemos.tokenizer import tokenize
+
+__all__ = [
+    "Conversation",
+    "LabelledPair",
+    "MiningConfig",
+    "PairSource",
+    "PositivePair",
+    "TextEncoder",
+    "fold_conversations",
+    "locomo_positives",
+    "mine_examples",
+    "read_pairs_jsonl",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class PairSource(StrEnum):
+    """Where a positive pair came from."""
+
+    OBSERVATION = "observation"  # LoCoMo generated fact -> the turn it cites
+    QA = "qa"  # LoCoMo question -> one of its (repaired) evidence turns
+    JSONL = "jsonl"  # a user-supplied pairs file
+
+
+@dataclass(frozen=True)
+class PositivePair:
+    """A query and one passage that answers it.
+
+    ``group`` scopes negative mining: passages of the same group (a LoCoMo conversation, or the
+    whole file for JSONL input) are the candidate negatives. ``negatives`` are given ones (JSONL).
+    """
+
+    query: str
+    passage: str
+    group: str
+    source: PairSource
+    turn_id: str | None = None
+    negatives: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LabelledPair:
+    """One training example: label 1.0 = relevant, 0.0 = not."""
+
+    query: str
+    passage: str
+    label: float
+
+
+@dataclass(frozen=True)
+class MiningConfig:
+    """Negatives per positive and how deep to look for hard ones.
+
+    Hard negatives alternate between the BM25 and the dense ranking of the query over its group
+    (top ``depth`` of each), skipping every passage that is a positive of that query; positive
+    j of a query takes the j-th slice of that list, so sibling positives get different negatives.
+    ``max_pairs`` caps the output by sampling whole positive groups (a positive with its
+    negatives), so the positive/negative ratio survives the cap.
+    """
+
+    hard_negatives: int = 3
+    random_negatives: int = 1
+    depth: int = 30
+    use_bm25: bool = True
+    use_dense: bool = True
+    max_pairs: int | None = None
+    seed: int = 0
+
+
+class TextEncoder(Protocol):
+    """Anything that embeds texts as (n, dim) float32 L2-normalised rows (e.g. the bi-encoder)."""
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class _TurnLike(Protocol):
+    turn_id: str
+    text: str
+
+
+class _QuestionLike(Protocol):
+    text: str
+    relevant_turn_ids: frozenset[str]
+    category: int | None
+
+
+class Conversation(Protocol):
+    """The shape of ``bench.datasets.Conversation`` this module reads (the core never imports bench)."""
+
+    conversation_id: str
+    turns: Sequence[_TurnLike]
+    questions: Sequence[_QuestionLike]
+    observations: Sequence[tuple[str, str]]
+
+
+# --------------------------------------------------------------------------------------------
+# selecting data
+
+
+def fold_conversations(conversation_ids: Iterable[str], fold: int, n_folds: int) -> tuple[list[str], list[str]]:
+    """Split conversations into ``(train, held_out)`` for fold ``fold`` of ``n_folds`` (1-based).
+
+    Ids are sorted and cut into ``n_folds`` contiguous chunks (the first chunks one larger when
+    the count does not divide); chunk ``fold`` is held out, the rest is training data. With the
+    ten LoCoMo conversations, ``2/2`` trains on conv-26..conv-43 and holds out conv-44..conv-50.
+
+    Raises:
+        TrainingDataError: unless ``1 <= fold <= n_folds <= number of conversations``.
+    """
+    ids = sorted(set(conversation_ids))
+    if not 1 <= fold <= n_folds or n_folds > len(ids):
+        raise TrainingDataError("fold", f"fold {fold}/{n_folds} impossible with {len(ids)} conversations")
+    bounds = np.array_split(np.arange(len(ids)), n_folds)[fold - 1]
+    held_out = [ids[i] for i in bounds]
+    return [c for c in ids if c not in held_out], held_out
+
+
+def locomo_positives(
+    conversations: Sequence[Conversation],
+    conversation_ids: Iterable[str] | None = None,
+    *,
+    use_observations: bool = True,
+    use_qa: bool = True,
+    qa_categories: frozenset[int] | None = frozenset({1, 2, 3, 4}),
+) -> list[PositivePair]:
+    """Positive pairs from LoCoMo conversations (only those named in ``conversation_ids``).
+
+    Observation facts pair with each turn they cite; questions pair with each evidence turn
+    (ids already repaired by ``bench.datasets.load_locomo``). By default category-5 questions are
+    left out: the data README notes their evidence turns do not answer the question as asked.
+
+    Raises:
+        TrainingDataError: if a named conversation is not in ``conversations``.
+    """
+    by_id = {c.conversation_id: c for c in conversations}
+    wanted = list(by_id) if conversation_ids is None else list(conversation_ids)
+    missing = [c for c in wanted if c not in by_id]
+    if missing:
+        raise TrainingDataError("conversations", f"unknown conversation ids {missing}; have {sorted(by_id)}")
+    pairs: list[PositivePair] = []
+    for conv_id in wanted:
+        conv = by_id[conv_id]
+        text_of = {t.turn_id: t.text for t in conv.turns}
+        if use_observations:
+            for fact, turn_id in conv.observations:
+                if turn_id in text_of:
+                    pairs.append(PositivePair(fact, text_of[turn_id], conv_id, PairSource.OBSERVATION, turn_id))
+        if use_qa:
+            for q in conv.questions:
+                if qa_categories is not None and q.category not in qa_categories:
+                    continue
+                for turn_id in sorted(q.relevant_turn_ids):
+                    if turn_id in text_of:
+                        pairs.append(PositivePair(q.text, text_of[turn_id], conv_id, PairSource.QA, turn_id))
+    return pairs
+
+
+def read_pairs_jsonl(path: str | Path) -> list[PositivePair]:
+    """Read ``{"query": str, "positive": str, "negatives"?: [str]}`` lines (blank lines skipped).
+
+    All rows form one mining group: the other rows' positives are the candidate negatives.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        TrainingDataError: on a line that is not a JSON object with non-empty string ``query``
+            and ``positive`` and, if present, a list of strings ``negatives``; or an empty file.
+    """
+    path = Path(path)
+    pairs: list[PositivePair] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TrainingDataError(where, f"invalid JSON: {exc.msg}") from exc
+            if not isinstance(row, dict):
+                raise TrainingDataError(where, "expected a JSON object")
+            query, positive = row.get("query"), row.get("positive")
+            if not (isinstance(query, str) and query.strip() and isinstance(positive, str) and positive.strip()):
+                raise TrainingDataError(where, "'query' and 'positive' must be non-empty strings")
+            negatives = row.get("negatives", [])
+            if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
+                raise TrainingDataError(where, "'negatives' must be a list of strings")
+            pairs.append(PositivePair(query, positive, str(path), PairSource.JSONL, None, tuple(negatives)))
+    if not pairs:
+        raise TrainingDataError(str(path), "no pairs")
+    return pairs
+
+
+# --------------------------------------------------------------------------------------------
+# mining negatives
+
+
+class _GroupIndex:
+    """BM25 (bm25s over ``mnemos.tokenizer``) and dense rankings over one group's passages."""
+
+    def __init__(self, passages: list[str], encoder: TextEncoder | None, use_bm25: bool) -> None:
+        self.passages = passages
+        self._bm25 = None
+        if use_bm25:
+            import bm25s
+
+            tokens = [tokenize(p) or ["\u2205"] for p in passages]  # bm25s rejects empty documents
+            self._bm25 = bm25s.BM25()
+            self._bm25.index(tokens, show_progress=False)
+        self._vectors = None if encoder is None else np.asarray(encoder.encode(passages), dtype=np.float32)
+        self._encoder = encoder
+
+    def bm25(self, queries: list[str], depth: int) -> list[list[int]]:
+        if self._bm25 is None:
+            return [[] for _ in queries]
+        k = min(depth, len(self.passages))
+        out = []
+        for q in queries:
+            tokens = tokenize(q)
+            if not tokens:
+                out.append([])
+                continue
+            ids, scores = self._bm25.retrieve([tokens], k=k, show_progress=False)
+            out.append([int(i) for i, s in zip(ids[0], scores[0], strict=True) if s > 0])
+        return out
+
+    def dense(self, queries: list[str], depth: int) -> list[list[int]]:
+        if self._encoder is None or self._vectors is None:
+            return [[] for _ in queries]
+        q = np.asarray(self._encoder.encode(queries), dtype=np.float32)
+        sims = q @ self._vectors.T  # (n_queries, n_passages)
+        k = min(depth, len(self.passages))
+        top = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+        return [[int(i) for i in row] for row in top]
+
+
+def _interleave(*rankings: list[int]) -> list[int]:
+    out: list[int] = []
+    for i in range(max((len(r) for r in rankings), default=0)):
+        for r in rankings:
+            if i < len(r) and r[i] not in out:
+                out.append(r[i])
+    return out
+
+
+def mine_examples(
+    positives: Sequence[PositivePair],
+    *,
+    config: MiningConfig = MiningConfig(),
+    encoder: TextEncoder | None = None,
+    corpora: Mapping[str, Sequence[str]] | None = None,
+) -> list[LabelledPair]:
+    """Turn positives into labelled pairs: each positive, its hard negatives, its random ones.
+
+    ``corpora`` maps a group to its candidate passages (LoCoMo: every turn text of the
+    conversation); groups without an entry use their positives' passages. Dense mining runs only
+    when ``encoder`` is given and ``config.use_dense``. Given negatives (JSONL) are kept and
+    count toward ``hard_negatives``. A passage that is a positive of the same query (same text)
+    is never a negative. Deterministic for a given ``config.seed``.
+
+    Raises:
+        TrainingDataError: if ``positives`` is empty.
+    """
+    if not positives:
+        raise TrainingDataError("positives", "no positive pairs to mine from")
+    rng = random.Random(config.seed)
+    by_group: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(positives):
+        by_group[p.group].append(i)
+
+    blocks: list[list[LabelledPair]] = []
+    for group, members in by_group.items():
+        passages = list(dict.fromkeys(corpora[group] if corpora and group in corpora else
+                                      [positives[i].passage for i in members]))
+        index = _GroupIndex(passages, encoder if config.use_dense else None, config.use_bm25 and config.hard_negatives > 0)
+        queries = list(dict.fromkeys(positives[i].query for i in members))
+        bm25 = index.bm25(queries, config.depth) if config.hard_negatives else [[] for _ in queries]
+        dense = index.dense(queries, config.depth) if config.hard_negatives else [[] for _ in queries]
+        gold: dict[str, set[str]] = defaultdict(set)
+        for i in members:
+            gold[positives[i].query].add(positives[i].passage)
+        slot: dict[str, int] = defaultdict(int)
+        for q, b, d in zip(queries, bm25, dense, strict=True):
+            hard = [passages[j] for j in _interleave(b, d) if passages[j] not in gold[q]]
+            for i in (m for m in members if positives[m].query == q):
+                p = positives[i]
+                chosen = [n for n in p.negatives if n not in gold[q]][: max(config.hard_negatives, len(p.negatives))]
+                start = slot[q] * config.hard_negatives
+                pool = hard[start:] + hard[:start]
+                chosen += [n for n in pool if n not in chosen][: max(0, config.hard_negatives - len(chosen))]
+                slot[q] += 1
+                others = [x for x in passages if x not in gold[q] and x not in chosen]
+                chosen += rng.sample(others, min(config.random_negatives, len(others)))
+                blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
+        logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
+
+    if config.max_pairs is not None and sum(map(len, blocks)) > config.max_pairs:
+        rng.shuffle(blocks)
+        kept, total = [], 0
+        for block in blocks:
+            if total + len(block) > config.max_pairs:
+                continue
+            kept.append(block)
+            total += len(block)
+        blocks = kept
+    return [pair for block in blocks for pair in block]
