@@ -13,12 +13,13 @@ Example (LoCoMo fold "a": train on the first five conversations by sample_id)::
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
 import click
+
+from workers.settings import prepare_offline_models
 
 __all__ = ["reranker", "run_check", "run_train"]
 
@@ -51,9 +52,7 @@ def run_train(
 
     Returns 0 on success, 2 on unusable input (the message goes to stderr).
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    prepare_offline_models()
     import torch
 
     from bench.datasets import DatasetError, load_locomo
@@ -132,9 +131,7 @@ def run_check(
     import json
     import random
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    prepare_offline_models()
     import bm25s
     import numpy as np
     import torch
