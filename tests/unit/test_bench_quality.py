@@ -154,3 +154,16 @@ def test_parse_fold_spec() -> None:
     assert parse_fold_spec("/m/a") == (parse_fold_spec("/m/a")[0], None)
     path, convs = parse_fold_spec("/m/a=conv-1, conv-2")
     assert str(path) == "/m/a" and convs == ["conv-1", "conv-2"]
+
+
+def test_prewarm_scores_every_unsuppressed_pool_once() -> None:
+    engine = _engine()
+    baseline = arm_by_name("hybrid_rerank")
+    requested = engine.prewarm([baseline.config, arm_by_name("dense_rerank").config])
+    counters = list(engine.rerankers.rerankers.values())
+    scored = sum(r.pairs_scored for r in counters)
+    assert requested >= scored > 0  # repeated question texts share pairs
+    for mode in engine.modes:
+        engine.run_plain(mode, baseline)
+        engine.run_plain(mode, arm_by_name("dense_rerank"))
+    assert sum(r.pairs_scored for r in counters) == scored  # every later pool read the cache
