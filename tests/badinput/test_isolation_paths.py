@@ -34,6 +34,7 @@ from tests.badinput.harness import (
     turn,
     turn_ids,
 )
+from tests.support import JOB_TTLS
 from workers.query import QueryService, build_worker
 from workers.settings import Settings, to_environment
 from workers.store import Store
@@ -164,7 +165,7 @@ def test_rq_jobs_of_two_tenants_share_one_worker_without_mixing(settings, redis_
             for q in QUERIES[:5]:
                 request = RetrievalRequest(tenant, q, k=10, request_id=f"{tenant}-{round_}-{len(jobs)}")
                 jobs.append((tenant, queue.enqueue("workers.query.retrieval_job", request.to_payload(),
-                                                   job_id=request.request_id)))
+                                                   job_id=request.request_id, **JOB_TTLS)))
     service = query_service(settings, redis_client, store, FakeReranker())
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-iso").work(burst=True)
     for tenant, job in jobs:

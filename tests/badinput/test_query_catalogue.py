@@ -25,6 +25,7 @@ from tests.badinput.harness import (
     turn,
     turn_ids,
 )
+from tests.support import JOB_TTLS
 from workers.models import TruncationCounter, bi_encoder_dir
 from workers.query import build_worker
 from workers.settings import Settings
@@ -50,7 +51,7 @@ def outcomes_published(settings: Settings, connection: redis.Redis) -> int:
 
 def run_raw_job(settings: Settings, connection: redis.Redis, store: Store, payload: Any):
     queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
-    job = queue.enqueue("workers.query.retrieval_job", payload)
+    job = queue.enqueue("workers.query.retrieval_job", payload, **JOB_TTLS)
     service = query_service(settings, connection, store)
     build_worker(settings, connection, service, name=f"{settings.stream_prefix}-{job.id[:8]}").work(burst=True)
     return job, service

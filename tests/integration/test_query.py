@@ -19,6 +19,7 @@ from tests.integration.factories import (
     query_service,
     turn,
 )
+from tests.support import JOB_TTLS
 from workers.errors import OutsideQueryWorkerError
 from workers.query import build_worker, retrieval_job
 from workers.settings import Settings
@@ -84,8 +85,8 @@ def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_cl
     service = query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     request = RetrievalRequest("alice", "cello teacher Ines", k=3)
-    job = queue.enqueue("workers.query.retrieval_job", request.to_payload(), job_id=request.request_id)
-    bad = queue.enqueue("workers.query.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "  "})
+    job = queue.enqueue("workers.query.retrieval_job", request.to_payload(), job_id=request.request_id, **JOB_TTLS)
+    bad = queue.enqueue("workers.query.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "  "}, **JOB_TTLS)
     worker = build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w")
     worker.work(burst=True)
     result = job.latest_result()
@@ -113,7 +114,7 @@ def test_client_times_out_with_a_typed_error_when_no_worker_runs(settings: Setti
 def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
     service = query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
-    job = queue.enqueue("workers.query.retrieval_job", {"v": 99, "tenant_id": "a", "query": "q"})
+    job = queue.enqueue("workers.query.retrieval_job", {"v": 99, "tenant_id": "a", "query": "q"}, **JOB_TTLS)
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w2").work(burst=True)
     client = client_for(settings, redis_client)
     with pytest.raises(RetrievalFailed, match="unsupported_version"):
