@@ -36,8 +36,8 @@ class CrossEncoderReranker:
     """A ``sentence_transformers.CrossEncoder`` with one output logit.
 
     Args:
-        model_name_or_path: a local directory (or a name the operator baked into the image; this
-            machine has no model hub, see shared/MODELS.md).
+        model_name_or_path: a local directory, e.g. one written by ``mnemos reranker train`` or
+            baked into the image (the service runs offline: nothing is fetched from a model hub).
         max_length: tokens per (query, text) pair; longer pairs are truncated.
         batch_size: pairs per forward pass.
         device: torch device string.

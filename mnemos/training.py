@@ -1,12 +1,11 @@
 """Fine-tune a cross-encoder reranker from the bundled MiniLM weights.
 
-No trained cross-encoder can be downloaded on this machine, so the project trains its own
-(``/work/shared/MODELS.md``, "Cross-encoder: none can be downloaded here", item 2): a 1-logit head
-on the bundled all-MiniLM-L6-v2 encoder, trained with sentence-transformers'
-``CrossEncoderTrainer`` and ``BinaryCrossEntropyLoss`` (batch 32, lr 5e-5, max_length 128, one
-epoch) on (query, turn) pairs: LoCoMo observation facts and QA evidence as positives, hard
-negatives mined from BM25 and bi-encoder results of the same conversation, and a random turn.
-Splits are by conversation; the saved model records which conversations it saw
+The service runs offline, with no pretrained cross-encoder to fetch, so the project trains its
+own reranker: a 1-logit head on the bundled all-MiniLM-L6-v2 encoder, trained with
+sentence-transformers' ``CrossEncoderTrainer`` and ``BinaryCrossEntropyLoss`` (batch 32, lr 5e-5,
+max_length 128, one epoch) on (query, turn) pairs: LoCoMo observation facts and QA evidence as
+positives, hard negatives mined from BM25 and bi-encoder results of the same conversation, and
+a random turn. Splits are by conversation; the saved model records which conversations it saw
 (``mnemos_provenance.json``), so no number is ever reported on them.
 
 Three steps, each usable alone:
@@ -51,7 +50,7 @@ _BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (bundled by gt-all-mi
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Fine-tuning hyper-parameters (defaults = the MODELS.md recipe; warmup is our choice)."""
+    """Fine-tuning hyper-parameters (defaults: batch 32, lr 5e-5, max_length 128, one epoch; warmup is our choice)."""
 
     epochs: float = 1.0
     batch_size: int = 32
@@ -99,7 +98,7 @@ def train_cross_encoder(
 ) -> TrainingReport:
     """Fine-tune a 1-logit cross-encoder on ``examples`` and save it to ``out_dir``.
 
-    The MODELS.md recipe: ``CrossEncoder(base, num_labels=1, max_length=128)`` from the bundled
+    ``CrossEncoder(base, num_labels=1, max_length=128)`` from the bundled
     MiniLM weights (``base_model_path`` overrides), ``BinaryCrossEntropyLoss`` on raw logits,
     ``CrossEncoderTrainer`` with batch 32, lr 5e-5 and one epoch, seeded, no checkpoints. The
     directory then loads with ``CrossEncoder(out_dir)`` and holds ``mnemos_provenance.json``:
@@ -197,7 +196,7 @@ def train_cross_encoder(
         "seed": report.seed,
         "created_at": report.created_at,
         "train_config": asdict(config),
-        "recipe": "MODELS.md: CrossEncoderTrainer + BinaryCrossEntropyLoss, 1-logit head on bundled MiniLM",
+        "recipe": "CrossEncoderTrainer + BinaryCrossEntropyLoss, 1-logit head on bundled MiniLM",
         **extra,
     }
     (out_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
