@@ -87,9 +87,18 @@ def run_demo(client: MnemosClient, store: Store, *, wait_s: float = 60.0, k: int
 
 
 def format_result(tenant: str, question: str, result: RetrievalResult) -> str:
-    lines = [f"\n[{tenant}] {question}  (pool {result.pool_size}, deep pass {result.deep_pass}, "
+    """The hits as text, one line each with its score to 4 decimals.
+
+    Scores are rerank logits when the pool was reranked, else fused RRF scores (about 1/60 and
+    close together, hence 4 decimals); ``pool_size`` 0 with hits means no reranker ran.
+    """
+    if result.pool_size:
+        how = f"pool {result.pool_size}, deep pass {result.deep_pass}"
+    else:
+        how = "no reranker: fused order" if result.hits else "no hits"
+    lines = [f"\n[{tenant}] {question}  ({how}, "
              f"{result.stage_seconds.get('total', 0.0) * 1000:.0f} ms in the worker)"]
     for hit in result.hits:
         alias = f"  (+ aliases {', '.join(hit.aliases)})" if hit.aliases else ""
-        lines.append(f"  {hit.rank}. {hit.score:+.2f}  {hit.occurred_at:%Y-%m-%d} {hit.role}: {hit.text}{alias}")
+        lines.append(f"  {hit.rank}. {hit.score:+.4f}  {hit.occurred_at:%Y-%m-%d} {hit.role}: {hit.text}{alias}")
     return "\n".join(lines)

@@ -131,8 +131,20 @@ class ServiceMetrics:
             self.stream_lag.labels(stream=stream, group=group).set(lag)
 
 
-def serve(metrics: ServiceMetrics, port: int, worker: str) -> None:
-    """Serve ``/metrics`` on ``port`` (all interfaces) and mark ``worker`` up."""
-    start_http_server(port, registry=metrics.registry)
+def serve(metrics: ServiceMetrics, port: int, worker: str) -> bool:
+    """Serve ``/metrics`` on ``port`` (all interfaces) and mark ``worker`` up; True when serving.
+
+    A port already in use (another worker of the same kind on this host, e.g. ``mnemos demo``
+    next to ``mnemos up``) is logged as a warning and the worker runs on without a metrics
+    endpoint: the metrics are for observing the work, not a reason to refuse it.
+    """
     metrics.worker_up.labels(worker=worker).set(1)
+    try:
+        start_http_server(port, registry=metrics.registry)
+    except OSError as exc:
+        log.warning("the %s worker serves no metrics: cannot listen on port %d (%s); set "
+                    "MNEMOS_%s_METRICS_PORT to a free port or MNEMOS_METRICS_ENABLED=false", worker, port,
+                    exc.strerror or exc, worker.upper())
+        return False
     log.info("metrics of the %s worker on :%d/metrics", worker, port)
+    return True
