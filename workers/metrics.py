@@ -20,13 +20,32 @@ _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _POOL_BUCKETS = (0, 5, 10, 20, 30, 50, 75, 100, 150, 200)
 
 
-class ServiceMetrics:
-    """The metrics of all three workers, registered in ``registry`` (a fresh one by default)."""
+WORKERS = ("ingest", "query", "suppression")
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+class ServiceMetrics:
+    """The metrics of the three workers, registered in ``registry`` (a fresh one by default).
+
+    With ``worker`` set (one of :data:`WORKERS`), only that worker's families plus the shared ones
+    (streams, queue, worker up, dead letters) are registered, so its ``/metrics`` lists no other
+    worker's families at zero; the others still exist as unregistered objects, so every observer
+    works in every process. Without it (tests, the deploy checks) all families are registered.
+
+    Raises:
+        ValueError: if ``worker`` is not None and not one of :data:`WORKERS`.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, worker: str | None = None) -> None:
+        if worker is not None and worker not in WORKERS:
+            raise ValueError(f"worker must be one of {WORKERS} or None, got {worker!r}")
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        shared = self.registry
+
+        def own(kind: str) -> CollectorRegistry | None:
+            return shared if worker in (None, kind) else None
+
         # ingest
+        r = own("ingest")
         self.ingest_turns_read = Counter("mnemos_ingest_turns_read_total", "Turns read from the stream", registry=r)
         self.ingest_turns_indexed = Counter(
             "mnemos_ingest_turns_indexed_total", "Turns written as canonical entries", registry=r)
@@ -47,6 +66,7 @@ class ServiceMetrics:
             "mnemos_ingest_encoder_truncated_total",
             "Turns longer than the bi-encoder window (full text kept in Postgres and BM25)", registry=r)
         # query
+        r = own("query")
         self.query_jobs = Counter("mnemos_query_jobs_total", "Retrieval jobs", ["status"], registry=r)
         self.query_stage_seconds = Histogram(
             "mnemos_query_stage_seconds", "Seconds per retrieval stage", ["stage"], buckets=_FAST_BUCKETS,
@@ -58,6 +78,7 @@ class ServiceMetrics:
         self.query_index_refreshes = Counter(
             "mnemos_query_index_refreshes_total", "Tenant index loads or incremental refreshes", registry=r)
         # suppression
+        r = own("suppression")
         self.suppression_applied = Counter(
             "mnemos_suppression_outcomes_applied_total", "Outcomes applied (ledger rows written)", registry=r)
         self.suppression_duplicates = Counter(
@@ -70,6 +91,7 @@ class ServiceMetrics:
             "mnemos_suppression_apply_seconds", "Seconds per outcome transaction", buckets=_FAST_BUCKETS,
             registry=r)
         # streams and queue
+        r = shared
         self.stream_length = Gauge("mnemos_stream_length", "XLEN of a stream", ["stream", "group"], registry=r)
         self.stream_pending = Gauge(
             "mnemos_stream_pending", "Entries delivered but not acknowledged", ["stream", "group"], registry=r)

@@ -35,7 +35,7 @@ def redis_client(settings: Settings) -> redis.Redis:
 
 def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis) -> tuple[ServiceMetrics,
                                                                                              StreamSampler]:
-    metrics = ServiceMetrics()
+    metrics = ServiceMetrics(worker=worker)
     if settings.metrics_enabled:
         serve(metrics, port, worker)
     streams = [(settings.turns_stream, ingest.GROUP), (settings.outcomes_stream, suppression.GROUP)]

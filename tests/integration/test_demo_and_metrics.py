@@ -1,4 +1,4 @@
-"""The demo's printout and a worker whose metrics port is taken (no servers needed)."""
+"""The demo's printout, a worker whose metrics port is taken, per-worker metric families (no servers needed)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from api.schemas import Hit, RetrievalResult
 from workers.demo import format_result
-from workers.metrics import ServiceMetrics, serve
+from workers.metrics import WORKERS, ServiceMetrics, serve
 
 WHEN = datetime(2024, 4, 2, 18, 0, tzinfo=UTC)
 
@@ -42,3 +42,24 @@ def test_a_taken_metrics_port_is_a_warning_and_the_worker_goes_on(caplog: pytest
             assert serve(metrics, port, "suppression") is False
     assert f"port {port}" in caplog.text and "MNEMOS_SUPPRESSION_METRICS_PORT" in caplog.text
     assert metrics.worker_up.labels(worker="suppression")._value.get() == 1
+
+
+def _families(metrics: ServiceMetrics) -> set[str]:
+    return {family.name for family in metrics.registry.collect()}
+
+
+def test_each_worker_registers_its_own_families_and_the_shared_ones() -> None:
+    everything = _families(ServiceMetrics())
+    per_worker = {kind: _families(ServiceMetrics(worker=kind)) for kind in WORKERS}
+    shared = {"mnemos_stream_length", "mnemos_stream_pending", "mnemos_stream_lag", "mnemos_queue_length",
+              "mnemos_worker_up", "mnemos_dead_letters"}
+    for kind, names in per_worker.items():
+        others = {n for n in names if n.startswith("mnemos_") and not n.startswith(f"mnemos_{kind}_")}
+        assert others == shared, kind
+    assert set().union(*per_worker.values()) == everything
+    query = ServiceMetrics(worker="query")  # observers of other workers' families still work, unexposed
+    query.ingest_batch(read=1, claimed=0, embed_s=0.1, commit_s=0.1, indexed=1, duplicates=0, truncated=0)
+    query.rejected("bad_json")
+    assert query.ingest_turns_read._value.get() == 1
+    with pytest.raises(ValueError, match="worker must be one of"):
+        ServiceMetrics(worker="reranker")
