@@ -4,8 +4,9 @@
 (``mnemos_full``), :mod:`bench.report` (CIs, p-values, tables) and returns the JSON document
 and the Markdown report. The order of work keeps the expensive part, cross-encoder scoring,
 to one pass over each (query, text) pair: stateless fused arms first, then one rerank call
-per question over the union of every unsuppressed pool of both corpus modes, then the arms
-that read those scores from the cache (suppression only shifts a few entries into the pools).
+per question over every fused candidate of both corpus modes (each retriever's top 30: any
+pool, suppressed or not, is cut from them), then the arms, which read those scores from the
+cache. Only deep-pass pools reshuffled by suppression still score a few pairs lazily.
 See :mod:`bench.engine` for the protocols and the choice of K.
 """
 
@@ -33,7 +34,7 @@ from bench.engine import (
 )
 from bench.report import render_markdown, run_row
 from bench.selection import Selection, overall_question, select_full
-from bench.stats import DEFAULT_RESAMPLES, compare_paired
+from bench.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired
 from mnemos.encoder import Encoder
 
 __all__ = ["QualityOptions", "QualityReport", "run_quality"]
@@ -114,6 +115,51 @@ def _cost(rerankers: FoldRerankers | None, engine: Engine, seconds: float) -> di
     }
 
 
+def _without_suppression(
+    engine: Engine,
+    options: QualityOptions,
+    selection: Selection,
+    baseline: Mapping[CorpusMode, Mapping[str, PoolResult]],
+    base_metrics: Mapping[CorpusMode, Mapping[str, QuestionMetrics]],
+    metrics: Mapping[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]],
+    by_key: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """Ablation: ``mnemos_full``'s post-rerank features on ``hybrid_rerank`` (no suppression state).
+
+    Not an arm of the issue; reported because it separates the features' effect from the
+    suppression's. Compared with ``hybrid_rerank`` and with held-out ``mnemos_full`` on the same
+    questions (all categories 1-4, and the test split alone).
+    """
+    if not selection.settings or FULL_ARM not in options.arms:
+        return []
+    out = []
+    for mode, results in baseline.items():
+        ablated = engine.evaluate(mode, results, reranked=True, settings=selection.settings,
+                                  abstain_threshold=options.abstain_threshold)
+        keys = [k for k in ablated if overall_question(by_key[k].category)]
+        test = [k for k in keys if not by_key[k].dev]
+        values = np.asarray([ablated[k].ndcg10 for k in keys])
+        recall = np.asarray([ablated[k].recall10 for k in keys])
+        entry: dict[str, Any] = {
+            "corpus": mode.value, "features": [s.label() for s in selection.settings], "n": len(keys),
+            "ndcg@10": float(values.mean()), "ndcg@10_ci95": list(bootstrap_ci(values, n_resamples=options.n_resamples,
+                                                                                seed=options.seed)),
+            "recall@10": float(recall.mean()), "recall@10_ci95": list(bootstrap_ci(recall, n_resamples=options.n_resamples,
+                                                                                   seed=options.seed)),
+        }
+        others = {BASELINE_ARM: base_metrics[mode]}
+        if (mode, Protocol.HELDOUT, FULL_ARM) in metrics:
+            others[f"{FULL_ARM} (heldout)"] = metrics[(mode, Protocol.HELDOUT, FULL_ARM)]
+        for name, other in others.items():
+            for split, subset in (("all", keys), ("test_split", test)):
+                cmp = compare_paired([ablated[k].ndcg10 for k in subset], [other[k].ndcg10 for k in subset],
+                                     n_resamples=options.n_resamples, seed=options.seed)
+                entry[f"vs {name} ({split})"] = {"n": cmp.n, "delta_ndcg@10": cmp.delta,
+                                                 "ci95": list(cmp.delta_ci95), "p": cmp.p_value}
+        out.append(entry)
+    return out
+
+
 def _header(document: Mapping[str, Any]) -> list[str]:
     d, cost = document["dataset"], document["cost"]
     lines = [f"# Retrieval quality on {d['name']}", ""]
@@ -150,6 +196,14 @@ def _header(document: Mapping[str, Any]) -> list[str]:
             for step in full["steps"]:
                 cells = " | ".join(f"{v['delta']:+.4f} ({v['p']:.3f})" for v in step["dev"].values())
                 lines.append(f"| {step['candidate']} | {'yes' if step['kept'] else 'no'} | {cells} |")
+        for item in full.get("without_suppression", []):
+            lines.append(
+                f"\nAblation ({item['corpus']}): the same features on `{BASELINE_ARM}` without suppression: NDCG@10 "
+                f"{item['ndcg@10']:.3f} [{item['ndcg@10_ci95'][0]:.3f}, {item['ndcg@10_ci95'][1]:.3f}], Recall@10 "
+                f"{item['recall@10']:.3f} [{item['recall@10_ci95'][0]:.3f}, {item['recall@10_ci95'][1]:.3f}]; "
+                + "; ".join(f"{k}: {v['delta_ndcg@10']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] p={v['p']:.3f}"
+                            for k, v in item.items() if k.startswith("vs "))
+            )
         for item in full.get("test_split", []):
             lines.append(
                 f"\nTest split ({item['corpus']}, {item['protocol']}, n={item['n']}): {FULL_ARM} − {GAP_ARM} "
@@ -193,7 +247,7 @@ def run_quality(
     by_key = {q.key: q for q in questions}
     results: dict[tuple[CorpusMode, Protocol, str], Mapping[str, PoolResult]] = {}
 
-    # 1. stateless fused arms; 2. one rerank pass over the union of unsuppressed pools
+    # 1. stateless fused arms; 2. one rerank pass over every fused candidate
     for mode in options.modes:
         for arm in arms:
             if not arm.reranks:
@@ -280,6 +334,8 @@ def run_quality(
                         "burn_in_steps": sum(s.steps for s in states),
                         "all_bootstrapped": all(s.bootstrapped for s in states),
                         "suppressed_scores_mean": float(np.mean([s.suppressed for s in states])) if states else 0.0,
+                        "entries_touched_fraction": float(np.mean([s.entries_touched / max(1, s.tenant_entries)
+                                                                   for s in states])) if states else 0.0,
                     }
                 runs.append(row)
     test_split = []
@@ -294,6 +350,7 @@ def run_quality(
                                      n_resamples=options.n_resamples, seed=options.seed)
                 test_split.append({"corpus": mode.value, "protocol": protocol.value, "n": cmp.n, "delta": cmp.delta,
                                    "ci95": list(cmp.delta_ci95), "p": cmp.p_value})
+    ablation = _without_suppression(engine, options, selection, baseline, base_metrics, metrics, by_key)
     engine.seconds["statistics"] = time.perf_counter() - t0
 
     labelled = [q for q in questions if q.labelled]
@@ -325,7 +382,8 @@ def run_quality(
             "heldout_split": "per conversation, seeded shuffle into halves A/B; burn-in on A evaluates B and vice versa",
             "dev_split": "per conversation, an independent seeded half; used only to select mnemos_full",
         },
-        "mnemos_full": {**_selection_json(selection), "test_split": test_split} if FULL_ARM in options.arms else None,
+        "mnemos_full": {**_selection_json(selection), "test_split": test_split, "without_suppression": ablation}
+        if FULL_ARM in options.arms else None,
         "cost": _cost(rerankers, engine, time.perf_counter() - started),
         "runs": runs,
     }

@@ -121,6 +121,8 @@ def select_full(
     if deep is not None:
         new = {m: _ndcg(engine, m, deep[m], keys, settings) for m in modes}
         kept, per_mode = _decide(new, base, alpha, n_resamples, seed)
+        for m in modes:
+            per_mode[m.value]["deep_pass_rate"] = float(np.mean([deep[m][k].deep_pass for k in keys])) if keys else 0.0
         steps.append(CandidateOutcome("deep_pass(pool=30->100,threshold=0)", kept, per_mode))
         if kept:
             deep_on, current, base = True, dict(deep), new

@@ -72,6 +72,7 @@ def test_heldout_never_evaluates_a_question_with_state_it_touched(mode: CorpusMo
     for record in records:
         assert record.burn_keys and not (record.burn_keys & record.evaluated)
         assert record.bootstrapped and record.suppressed > 0
+        assert 0 < record.entries_touched <= record.tenant_entries
     transductive = engine.run_suppressed(mode, Protocol.TRANSDUCTIVE, arm)
     assert set(transductive) == set(evaluated)
     for record in engine.states[RunKey(mode, Protocol.TRANSDUCTIVE, arm.name)]:
@@ -102,6 +103,11 @@ def test_json_has_the_schema_and_every_run(report) -> None:
             assert key in run, key
         assert set(run["categories"]) == {"1", "2", "3", "4", "5"}
     assert doc["cost"]["reranker_pairs"] > 0
+    full = doc["mnemos_full"]
+    assert {"features", "steps", "test_split", "without_suppression", "dev_questions"} <= set(full)
+    assert len(full["without_suppression"]) == (2 if full["features"] else 0)
+    for item in full["without_suppression"]:
+        assert 0.0 <= item["ndcg@10"] <= 1.0 and "vs hybrid_rerank (test_split)" in item
 
 
 def test_numbers_are_sane(report) -> None:
