@@ -33,7 +33,7 @@ from bench.engine import (
     prepare_questions,
 )
 from bench.report import render_markdown, run_row
-from bench.selection import Selection, overall_question, select_full
+from bench.selection import SUPPRESSION_OFF, Selection, overall_question, select_full
 from bench.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired
 from mnemos.encoder import Encoder
 
@@ -89,6 +89,7 @@ def _selection_json(selection: Selection) -> dict[str, Any]:
     return {
         "features": list(selection.labels),
         "deep_pass": selection.deep_pass,
+        "suppression": selection.suppression,
         "rule": selection.rule,
         "dev_questions": selection.dev_questions,
         "steps": [
@@ -130,8 +131,8 @@ def _without_suppression(
     suppression's. Compared with ``hybrid_rerank`` and with held-out ``mnemos_full`` on the same
     questions (all categories 1-4, and the test split alone).
     """
-    if not selection.settings or FULL_ARM not in options.arms:
-        return []
+    if not selection.settings or FULL_ARM not in options.arms or not selection.suppression:
+        return []  # without suppression, mnemos_full is this ablation already
     out = []
     for mode, results in baseline.items():
         ablated = engine.evaluate(mode, results, reranked=True, settings=selection.settings,
@@ -188,7 +189,10 @@ def _header(document: Mapping[str, Any]) -> list[str]:
     ]
     full = document.get("mnemos_full")
     if full:
-        lines += ["", f"`mnemos_full` = `{GAP_ARM}` + {', '.join(full['features']) or 'nothing'} "
+        start = f"`{GAP_ARM}`" if full.get("suppression", True) else \
+            f"`{BASELINE_ARM}` (the selection dropped suppression)"
+        features = [f for f in full["features"] if f != SUPPRESSION_OFF]
+        lines += ["", f"`mnemos_full` = {start} + {', '.join(features) or 'nothing'} "
                       f"({full['rule']}; {full['dev_questions']} dev questions).", ""]
         if full["steps"]:
             lines += ["| candidate | kept | " + " | ".join(f"Δ NDCG@10 {m} (p)" for m in full["steps"][0]["dev"]) + " |",
@@ -289,7 +293,7 @@ def run_quality(
             shallow_runs = {m: engine.run_suppressed(m, Protocol.HELDOUT, gap) for m in options.modes}
             deep_runs = {m: engine.run_suppressed(m, Protocol.HELDOUT, deep, _DEEP_VARIANT) for m in options.modes}
             t0 = time.perf_counter()
-            selection = select_full(engine, shallow_runs, deep_runs, alpha=options.alpha,
+            selection = select_full(engine, shallow_runs, deep_runs, baseline or None, alpha=options.alpha,
                                     n_resamples=options.n_resamples, seed=options.seed)
             engine.seconds["selection"] = time.perf_counter() - t0
         elif options.full_features == "auto":
@@ -298,7 +302,9 @@ def run_quality(
         variant = _DEEP_VARIANT if selection.deep_pass else GAP_ARM
         for protocol in protocols:
             for mode in options.modes:
-                results[(mode, protocol, FULL_ARM)] = engine.run_suppressed(mode, protocol, base_arm, variant)
+                results[(mode, protocol, FULL_ARM)] = (
+                    engine.run_suppressed(mode, protocol, base_arm, variant) if selection.suppression
+                    else baseline[mode])
 
     # 4. metrics, statistics, rows
     metrics: dict[tuple[CorpusMode, Protocol, str], dict[str, QuestionMetrics]] = {}
@@ -326,7 +332,7 @@ def run_quality(
                         abstain_threshold=options.abstain_threshold, n_resamples=options.n_resamples, seed=options.seed,
                     )
                 row = dict(memo[memo_key], protocol=protocol.value)
-                if arm.suppression is not None:
+                if arm.suppression is not None and (name != FULL_ARM or selection.suppression):
                     variant = (_DEEP_VARIANT if selection.deep_pass else GAP_ARM) if name == FULL_ARM else name
                     states = engine.states.get(RunKey(mode, protocol, variant), [])
                     row["suppression_state"] = {

@@ -6,7 +6,10 @@ order: the adaptive deep pass (seed 004), then the post-rerank features of :mod:
 grid setting is picked by mean NDCG@10 gain over corpus modes on the development questions
 (categories 1-4); a candidate is kept only if its NDCG@10 gain is positive in every corpus mode
 and significant (two-sided paired permutation p < ``alpha``) in at least one. Kept candidates
-accumulate. The rest of the questions (the test split) never influence the choice, so
+accumulate. Last, the starting point itself is put to the same test: the kept features on the
+``hybrid_rerank`` pools (suppression off) against the current configuration; suppression is
+dropped from ``mnemos_full`` only when that wins by the same rule (it is only tried when the
+deep pass was not kept, because the deep pass is measured on suppressed pools). The rest of the questions (the test split) never influence the choice, so
 ``bench.quality`` can report ``mnemos_full`` against ``+clustered_rif_gap`` on them alone.
 """
 
@@ -22,7 +25,7 @@ from bench.corpora import CorpusMode
 from bench.engine import Engine, PoolResult
 from bench.stats import DEFAULT_RESAMPLES, compare_paired
 
-__all__ = ["DEFAULT_GRID", "CandidateOutcome", "Selection", "overall_question", "select_full"]
+__all__ = ["DEFAULT_GRID", "SUPPRESSION_OFF", "CandidateOutcome", "Selection", "overall_question", "select_full"]
 
 DEFAULT_GRID: dict[Feature, tuple[dict[str, float], ...]] = {
     Feature.SESSION: tuple({"top": t, "weight": w} for t in (1, 3) for w in (0.5, 1.0, 2.0)),
@@ -30,6 +33,9 @@ DEFAULT_GRID: dict[Feature, tuple[dict[str, float], ...]] = {
     Feature.IMPORTANCE: tuple({"weight": w} for w in (0.25, 0.5, 1.0)),
 }
 """Settings tried per feature; weights are in rerank-logit units."""
+
+SUPPRESSION_OFF = "suppression_off(hybrid_rerank pools)"
+"""The last candidate: the kept features without clustered RIF suppression."""
 
 SELECTION_RULE = (
     "forward selection on the dev split (held-out protocol, categories 1-4): keep a candidate when its "
@@ -59,7 +65,7 @@ class CandidateOutcome:
 
 @dataclass(frozen=True)
 class Selection:
-    """The outcome: whether the deep pass is on, the post-rerank settings, and every step."""
+    """The outcome: whether the deep pass and suppression are on, the post-rerank settings, every step."""
 
     deep_pass: bool
     settings: tuple[FeatureSetting, ...]
@@ -67,6 +73,7 @@ class Selection:
     dev_questions: int
     rule: str
     labels: tuple[str, ...] = field(default=())
+    suppression: bool = True
 
 
 def _ndcg(engine: Engine, mode: CorpusMode, results: Mapping[str, PoolResult], keys: Sequence[str],
@@ -98,6 +105,7 @@ def select_full(
     engine: Engine,
     shallow: Mapping[CorpusMode, Mapping[str, PoolResult]],
     deep: Mapping[CorpusMode, Mapping[str, PoolResult]] | None,
+    plain: Mapping[CorpusMode, Mapping[str, PoolResult]] | None = None,
     *,
     grid: Mapping[Feature, Sequence[Mapping[str, float]]] = DEFAULT_GRID,
     alpha: float = 0.05,
@@ -110,6 +118,8 @@ def select_full(
         engine: the engine that produced the results (questions, tenants, vectors).
         shallow: held-out ``+clustered_rif_gap`` results per corpus mode.
         deep: held-out results of the same arm with the deep pass, or None to skip that candidate.
+        plain: ``hybrid_rerank`` results per corpus mode (no suppression), or None to keep
+            suppression without testing it.
     """
     keys = [q.key for q in engine.questions if q.dev and q.labelled and overall_question(q.category)]
     modes = list(shallow)
@@ -143,8 +153,15 @@ def select_full(
         if kept:
             settings.append(best[1])
             base = best[2]
-    labels = (("deep_pass",) if deep_on else ()) + tuple(s.label() for s in settings)
+    suppression_on = True
+    if plain is not None and not deep_on:
+        new = {m: _ndcg(engine, m, plain[m], keys, settings) for m in modes}
+        kept, per_mode = _decide(new, base, alpha, n_resamples, seed)
+        steps.append(CandidateOutcome(SUPPRESSION_OFF, kept, per_mode))
+        suppression_on = not kept
+    labels = (("deep_pass",) if deep_on else ()) + (() if suppression_on else (SUPPRESSION_OFF,)) \
+        + tuple(s.label() for s in settings)
     return Selection(
         deep_pass=deep_on, settings=tuple(settings), steps=tuple(steps), dev_questions=len(keys),
-        rule=SELECTION_RULE.format(alpha=alpha), labels=labels,
+        rule=SELECTION_RULE.format(alpha=alpha), labels=labels, suppression=suppression_on,
     )

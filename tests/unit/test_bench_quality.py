@@ -14,6 +14,7 @@ from bench.corpora import CorpusMode
 from bench.engine import Engine, FoldRerankers, Protocol, RerankerFold, RunKey, prepare_questions
 from bench.plot import plot_ndcg
 from bench.quality import QualityOptions, run_quality
+from bench.selection import SUPPRESSION_OFF, select_full
 from mnemos.encoder import HashingEncoder
 from mnemos.rerank import CachedReranker, FakeReranker
 from tests.unit.test_bench_synthetic import synthetic_conversations
@@ -105,7 +106,8 @@ def test_json_has_the_schema_and_every_run(report) -> None:
     assert doc["cost"]["reranker_pairs"] > 0
     full = doc["mnemos_full"]
     assert {"features", "steps", "test_split", "without_suppression", "dev_questions"} <= set(full)
-    assert len(full["without_suppression"]) == (2 if full["features"] else 0)
+    post_rerank = [f for f in full["features"] if f not in ("deep_pass", SUPPRESSION_OFF)]
+    assert len(full["without_suppression"]) == (2 if post_rerank and full["suppression"] else 0)
     for item in full["without_suppression"]:
         assert 0.0 <= item["ndcg@10"] <= 1.0 and "vs hybrid_rerank (test_split)" in item
 
@@ -173,3 +175,34 @@ def test_prewarm_scores_every_unsuppressed_pool_once() -> None:
         engine.run_plain(mode, baseline)
         engine.run_plain(mode, arm_by_name("dense_rerank"))
     assert sum(r.pairs_scored for r in counters) == scored  # every later pool read the cache
+
+
+class _ScoredEngine:
+    """Stands in for Engine in select_full: a 'result' is {key: NDCG@10} already."""
+
+    def __init__(self, n: int) -> None:
+        from types import SimpleNamespace
+
+        self.questions = [SimpleNamespace(key=f"q{i}", dev=True, labelled=True, category=1) for i in range(n)]
+
+    def evaluate(self, mode, results, *, reranked, settings, keys):
+        from types import SimpleNamespace
+
+        return {k: SimpleNamespace(ndcg10=results[k]) for k in keys}
+
+
+@pytest.mark.parametrize(("plain_gain", "dropped"), [(0.2, True), (-0.2, False), (0.0, False)])
+def test_selection_drops_suppression_only_when_the_dev_split_says_so(plain_gain: float, dropped: bool) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    engine = _ScoredEngine(60)
+    modes = (CorpusMode.PER_TENANT, CorpusMode.POOLED)
+    gap = {m: {q.key: float(v) for q, v in zip(engine.questions, rng.uniform(0.2, 0.6, 60), strict=True)}
+           for m in modes}
+    plain = {m: {k: v + plain_gain for k, v in gap[m].items()} for m in modes}
+    selection = select_full(engine, gap, None, plain, grid={}, n_resamples=200)
+    assert selection.suppression is (not dropped)
+    assert [s.candidate for s in selection.steps] == [SUPPRESSION_OFF]
+    assert (SUPPRESSION_OFF in selection.labels) is dropped
+    assert selection.steps[0].per_mode["pooled"]["delta"] == pytest.approx(plain_gain)
