@@ -32,6 +32,7 @@ import shlex
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from mnemos.evaluation import ndcg_at_k, recall_at_k
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.ingest import limits_of
 from workers.migrate import ensure_database, run_migrations
+from workers.queue_cleanup import delete_queue
 from workers.settings import FAKE_MODEL, Settings
 from workers.store import Store
 from workers.supervisor import WORKER_KINDS, spawn_workers, stop_workers
@@ -98,6 +100,11 @@ def bench_settings(base: Settings, *, reranker: str | None, stamp: str) -> Setti
         claim_idle_ms=max(base.claim_idle_ms, 120_000))
 
 
+def run_stamp() -> str:
+    """A run's name part: the time to the second plus a random token (two runs never share a database)."""
+    return f"{time.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
+
+
 def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> float:
     started = time.monotonic()
     while not predicate():
@@ -134,6 +141,8 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
         if keys and not keep:
             connection.delete(*keys)
         if not keep:
+            delete_queue(connection, settings.queue_name)
+        if not keep:
             _drop_database(settings.database_url)
 
 
@@ -142,6 +151,17 @@ def _has_consumer(connection: redis.Redis, stream: str, group: str) -> bool:
         return bool(connection.xinfo_consumers(stream, group))
     except redis.ResponseError:
         return False
+
+
+def _group_caught_up(connection: redis.Redis, stream: str, group: str) -> bool:
+    """True when ``group`` has been delivered the stream's last entry and acknowledged everything."""
+    try:
+        last = connection.xinfo_stream(stream)["last-generated-id"]
+        groups = {g["name"]: g for g in connection.xinfo_groups(stream)}
+    except redis.ResponseError:
+        return False
+    info = groups.get(group.encode()) or groups.get(group)
+    return info is not None and info["pending"] == 0 and info["last-delivered-id"] == last
 
 
 def _drop_database(url: str) -> None:
@@ -161,8 +181,13 @@ def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation]
     for turn in turns:  # turn by turn, as an agent would
         run.client.publish_turn(turn)
     published = time.monotonic()
-    done = _wait(lambda: all(run.stored(t) >= n for t, n in expected.items()), timeout_s, "ingestion", 0.1)
+    # every turn is acknowledged only after its commit: one cheap Redis call per poll, not a count per tenant
+    done = _wait(lambda: _group_caught_up(run.connection, run.settings.turns_stream, INGEST_GROUP), timeout_s,
+                 "ingestion", 0.05)
     seconds = done - started
+    short = {t: (run.stored(t), n) for t, n in expected.items() if run.stored(t) < n}
+    if short:
+        raise click.ClickException(f"ingestion acknowledged every turn but stored fewer: {short} (see dead letters)")
     return {"turns": len(turns), "publish_seconds": published - started, "ingest_seconds": seconds,
             "ingest_turns_per_s": len(turns) / seconds if seconds > 0 else float("nan")}
 
@@ -325,7 +350,7 @@ def run_service_bench(settings: Settings, *, data: Path, rerankers: Sequence[str
                       limit_conversations: int | None, all_conversations: bool, json_path: Path | None,
                       keep: bool) -> int:
     """One service run per reranker (each on the conversations it was not trained on), pooled."""
-    stamp = time.strftime("%Y%m%d%H%M%S")
+    stamp = run_stamp()
     folds = [run_fold(settings, data=data, reranker=r, limit=limit, limit_conversations=limit_conversations,
                       all_conversations=all_conversations, keep=keep, stamp=f"{stamp}_{i}")
              for i, r in enumerate(rerankers)]

@@ -1,11 +1,15 @@
 """``mnemos bench speed``: service overhead against the models' own time, in the same run.
 
-* Ingest: the bi-encoder's own throughput on the turns (in this process, batches of the
-  configured size) first, then end-to-end turns per second through the stream (first XADD to
+* Ingest: the bi-encoder's own throughput on the turns (in this process, in consecutive chunks of
+  ``ingest_batch_size`` in stream order, the batches a backlogged worker reads; the one-call,
+  corpus-sorted rate is reported beside it) first, then end-to-end turns per second through the stream (first XADD to
   last commit) with one ingest worker process; target: at least 90% of the encoder's rate.
 * Query: p50 / p95 client wall time of questions through rq (query worker process), against
   the cross-encoder's own time scoring the same pools in this process (the pool is the top
   ``pool_size`` of the fused list, as in the worker with suppression off); target overhead <= 20%.
+  The worker's own per-stage seconds come back in every result, so the overhead is also given
+  against the rerank time the worker measured on the very same request, and as absolute seconds
+  outside reranking (client latency minus the worker's rerank).
 * Freshness: seconds from XADD of a new turn to its commit in Postgres, from which the next
   request sees it (every request reads the tenant's memory version first); each probe is then
   confirmed retrievable through the queue (not timed).
@@ -24,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import click
+from tqdm import tqdm
 
 from bench.service import (
     bench_settings,
@@ -31,6 +36,7 @@ from bench.service import (
     machine,
     percentile,
     publish_conversations,
+    run_stamp,
     running_service,
     write_json,
 )
@@ -39,11 +45,18 @@ from workers.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def encoder_rate(encoder, texts: list[str]) -> float:
-    """Turns per second of ``encoder.encode`` over ``texts`` (one warm-up call first)."""
+def encoder_rate(encoder, texts: list[str], batch: int | None = None) -> float:
+    """Turns per second of ``encoder.encode`` over ``texts`` (one warm-up call first).
+
+    ``batch`` None encodes everything in one call (the encoder sorts the whole corpus by length,
+    so padding is minimal); an int encodes consecutive chunks of that many turns, in stream order,
+    which is what an ingest worker reading full batches hands the encoder.
+    """
     encoder.encode(texts[:8])
+    size = batch or len(texts)
     started = time.perf_counter()
-    encoder.encode(texts)
+    for start in range(0, len(texts), size):
+        encoder.encode(texts[start:start + size])
     return len(texts) / (time.perf_counter() - started)
 
 
@@ -98,40 +111,55 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
     from bench.engine import prepare_questions
     from workers.models import load_encoder, load_reranker
 
-    stamp = time.strftime("%Y%m%d%H%M%S")
+    stamp = run_stamp()
     run_settings = bench_settings(settings, reranker=reranker, stamp=stamp)
     conversations, _trained = evaluated_conversations(data, reranker, limit_conversations, True)
     questions = prepare_questions(conversations, limit=limit)
     texts = [t.text for c in conversations for t in c.turns]
     encoder = load_encoder(run_settings)
-    encoder_tps = encoder_rate(encoder, texts)
-    click.echo(f"bi-encoder alone: {encoder_tps:.1f} turns/s on {len(texts)} turns")
+    encoder_tps = encoder_rate(encoder, texts, run_settings.ingest_batch_size)
+    sorted_tps = encoder_rate(encoder, texts)
+    click.echo(f"bi-encoder alone: {encoder_tps:.1f} turns/s in batches of {run_settings.ingest_batch_size} "
+               f"({sorted_tps:.1f} turns/s in one length-sorted call) on {len(texts)} turns")
     with running_service(run_settings, ("ingest", "query")) as run:
         ingest = publish_conversations(run, conversations)
         click.echo(f"through the stream: {ingest['ingest_turns_per_s']:.1f} turns/s")
-        latencies = []
-        for question in questions:
+        latencies, worker = [], []
+        for question in tqdm(questions, desc="queries through rq", unit="q", disable=None):
             started = time.perf_counter()
-            run.client.retrieve(question.conversation_id, question.text, k=10)
+            result = run.client.retrieve(question.conversation_id, question.text, k=10)
             latencies.append(time.perf_counter() - started)
+            worker.append(result.stage_seconds)
         fresh = freshness(run, conversations[0].conversation_id, probes)
     cross = load_reranker(run_settings)
     rerank = rerank_times(conversations, questions, encoder, cross, run_settings.pool_size) if cross else []
+    worker_rerank = [w.get("rerank", 0.0) for w in worker]
+    outside = [lat - w.get("rerank", 0.0) for lat, w in zip(latencies, worker, strict=True)]
     payload = {
         "command": " ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]),
         "machine": machine(), "data": str(data), "reranker": reranker,
         "n_turns": len(texts), "n_queries": len(questions), "n_freshness_probes": probes,
-        "encoder_turns_per_s": encoder_tps, "ingest_turns_per_s": ingest["ingest_turns_per_s"],
+        "encoder_turns_per_s": encoder_tps, "encoder_batch": run_settings.ingest_batch_size,
+        "encoder_sorted_turns_per_s": sorted_tps, "ingest_turns_per_s": ingest["ingest_turns_per_s"],
         "ingest_share_of_encoder": ingest["ingest_turns_per_s"] / encoder_tps,
+        "ingest_share_of_sorted_encoder": ingest["ingest_turns_per_s"] / sorted_tps,
         "query_p50_s": percentile(latencies, 50), "query_p95_s": percentile(latencies, 95),
-        "rerank_p50_s": percentile(rerank, 50), "rerank_p95_s": percentile(rerank, 95),
+        "rerank_p50_s": percentile(rerank, 50) if rerank else None,
+        "rerank_p95_s": percentile(rerank, 95) if rerank else None,
         "query_overhead_p50": percentile(latencies, 50) / percentile(rerank, 50) - 1 if rerank else None,
+        "worker_rerank_p50_s": percentile(worker_rerank, 50),
+        "query_overhead_vs_worker_rerank_p50": (percentile(latencies, 50) / percentile(worker_rerank, 50) - 1
+                                                if cross and percentile(worker_rerank, 50) > 0 else None),
+        "outside_rerank_p50_s": percentile(outside, 50), "outside_rerank_p95_s": percentile(outside, 95),
+        "worker_stage_p50_s": {key: percentile([w.get(key, 0.0) for w in worker], 50)
+                               for key in sorted({k for w in worker for k in w})},
         "freshness_p50_s": percentile(fresh, 50), "freshness_p95_s": percentile(fresh, 95),
         "settings": {"pool_size": run_settings.pool_size, "encoder_batch_size": run_settings.encoder_batch_size,
                      "ingest_batch_size": run_settings.ingest_batch_size, "bi_encoder": run_settings.bi_encoder},
     }
-    for key in ("encoder_turns_per_s", "ingest_turns_per_s", "ingest_share_of_encoder", "query_p50_s",
-                "query_p95_s", "rerank_p50_s", "query_overhead_p50", "freshness_p50_s", "freshness_p95_s"):
+    for key in ("encoder_turns_per_s", "encoder_sorted_turns_per_s", "ingest_turns_per_s", "ingest_share_of_encoder",
+                "query_p50_s", "query_p95_s", "rerank_p50_s", "worker_rerank_p50_s", "query_overhead_p50",
+                "query_overhead_vs_worker_rerank_p50", "outside_rerank_p50_s", "freshness_p50_s", "freshness_p95_s"):
         click.echo(f"{key}: {payload[key]}")
     if json_path is not None:
         write_json(json_path, payload)

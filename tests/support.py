@@ -20,11 +20,9 @@ import psycopg
 import pytest
 import redis
 from psycopg import sql
-from rq import Queue
-from rq.job import Job
-from rq.results import Result
 
 from workers.migrate import ensure_database, run_migrations
+from workers.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
 from workers.settings import FAKE_MODEL, Settings
 from workers.store import Store
 
@@ -113,40 +111,6 @@ def delete_test_keys(client: redis.Redis, settings: Settings) -> None:
     keys += list(client.scan_iter(match=f"rq:*{settings.stream_prefix}*"))
     if keys:
         client.delete(*keys)
-
-
-def queue_job_ids(client: redis.Redis, queue_name: str) -> set[str]:
-    """Ids of every rq job of ``queue_name``: queued, in any of its registries, or with it as ``origin``.
-
-    rq keys jobs and results by job id alone (``rq:job:<id>``, ``rq:results:<id>``), so deleting the
-    keys that contain the queue name misses them; the origin scan also finds jobs whose registry
-    entry already expired.
-    """
-    queue = Queue(queue_name, connection=client)
-    ids = set(queue.get_job_ids())
-    for registry in (queue.started_job_registry, queue.finished_job_registry, queue.failed_job_registry,
-                     queue.deferred_job_registry, queue.scheduled_job_registry, queue.canceled_job_registry):
-        ids.update(registry.get_job_ids(cleanup=False))
-    prefix = Job.redis_job_namespace_prefix.encode()
-    keys = [k for k in client.scan_iter(match=prefix + b"*", count=1000) if b":" not in k[len(prefix):]]
-    if keys:
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hget(key, "origin")
-        for key, origin in zip(keys, pipe.execute(raise_on_error=False), strict=True):
-            if origin == queue_name.encode():
-                ids.add(key[len(prefix):].decode())
-    return ids
-
-
-def delete_queue_jobs(client: redis.Redis, queue_name: str) -> int:
-    """Delete every job of ``queue_name`` (see :func:`queue_job_ids`) with its result stream; returns their number."""
-    ids = queue_job_ids(client, queue_name)
-    keys = [key for job_id in ids
-            for key in (Job.key_for(job_id), Job.dependents_key_for(job_id), Result.get_key(job_id))]
-    if keys:
-        client.delete(*keys)
-    return len(ids)
 
 
 @pytest.fixture
