@@ -10,20 +10,28 @@ importance, §3.2.3) and seed 004 (adaptive deep pass, k_shallow 30 / k_deep 100
 Every candidate except the deep pass re-scores the reranked pool after the cross-encoder:
 ``final = rerank_logit + sum(feature adjustments)``, then a stable re-sort. They never change
 what the cross-encoder saw, so the suppression outcome (and thus the suppression state) of
-``mnemos_full`` stays that of its retrieval configuration.
+``mnemos_full`` stays that of its retrieval configuration. The features live in the core
+(:mod:`mnemos.features`, which the service's pipeline runs too); this module re-exports them.
 """
 
 from __future__ import annotations
 
-import calendar
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
-from enum import StrEnum
+from dataclasses import dataclass
 
-import numpy as np
-
+from mnemos.features import (
+    FEATURE_FUNCTIONS,
+    DateSpan,
+    Feature,
+    FeatureSetting,
+    PoolView,
+    QueryContext,
+    apply_features,
+    importance_adjustment,
+    parse_time_expressions,
+    session_adjustment,
+    session_matches,
+    temporal_adjustment,
+)
 from mnemos.pipeline import RetrievalConfig
 from mnemos.suppression import UpdateRule
 
@@ -128,256 +136,3 @@ def arm_by_name(name: str, *, deep_pass: bool = False) -> Arm:
                 return Arm(name, DEEP_CONFIG, arm.suppression)
             return arm
     raise KeyError(f"unknown arm {name!r}; known: {', '.join(ARM_NAMES)}")
-
-
-# --------------------------------------------------------------------------------------------
-# pools and post-rerank features
-
-
-@dataclass(frozen=True)
-class PoolView:
-    """A reranked pool as the features see it; row ``i`` is the ``i``-th hit (rank ``i + 1``).
-
-    Attributes:
-        scores: ``(p,)`` float rerank logits.
-        sessions: session id of each hit.
-        session_dates: session start of each hit (tz-aware UTC).
-        embeddings: ``(p, dim)`` float32 unit bi-encoder vectors of the hits.
-    """
-
-    scores: np.ndarray
-    sessions: tuple[str, ...]
-    session_dates: tuple[datetime, ...]
-    embeddings: np.ndarray
-
-
-@dataclass(frozen=True)
-class QueryContext:
-    """What the features know about the query.
-
-    ``session_ranking`` is the tenant's sessions ordered best first by a session-level retriever
-    (``bench.quality`` fuses BM25 over session transcripts with the cosine to session centroids);
-    ``time_spans`` are the date spans the question names (:func:`parse_time_expressions`).
-    """
-
-    session_ranking: tuple[str, ...] = ()
-    time_spans: tuple[DateSpan, ...] = ()
-
-
-class Feature(StrEnum):
-    """Candidate post-rerank features of ``mnemos_full``."""
-
-    SESSION = "session"
-    """Session-then-turn (seed 003 §4 baselines, "session-utterance"): boost turns of top sessions."""
-    TEMPORAL = "temporal"
-    """Explicit temporal match (seed 003 §3.2.3): boost turns whose session date fits the question."""
-    IMPORTANCE = "importance"
-    """Personalized PageRank importance over the pool's similarity graph (seed 003 §3.2.3)."""
-
-
-@dataclass(frozen=True)
-class FeatureSetting:
-    """One feature with its parameters, e.g. ``FeatureSetting(Feature.SESSION, {"top": 3, "weight": 1.0})``."""
-
-    feature: Feature
-    params: Mapping[str, float] = field(default_factory=dict)
-
-    def label(self) -> str:
-        """Short text such as ``session(top=3,weight=1.0)``."""
-        inner = ",".join(f"{k}={v:g}" for k, v in sorted(self.params.items()))
-        return f"{self.feature.value}({inner})"
-
-
-def session_adjustment(pool: PoolView, context: QueryContext, *, top: float, weight: float) -> np.ndarray:
-    """``weight`` logits for every pool turn whose session is among the ``top`` best sessions.
-
-    Returns a ``(p,)`` float64 array (zeros when no session ranking is known).
-    """
-    chosen = set(context.session_ranking[: int(top)])
-    return np.asarray([weight if s in chosen else 0.0 for s in pool.sessions], dtype=np.float64)
-
-
-# ---- time expressions --------------------------------------------------------------------
-
-_MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
-_MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
-_MONTHS["sept"] = 9
-_MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
-_YEAR = r"(?P<year>(?:19|20)\d\d)"
-_DAY = r"(?P<day>[0-3]?\d)(?:st|nd|rd|th)?"
-_BEFORE = r"(?P<before>\b(?:the\s+)?(?:week|weekend|day|days|month)\s+before\s+|\bbefore\s+)?"
-_PATTERNS = (
-    re.compile(_BEFORE + r"\b" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r",?\s+" + _YEAR + r"\b", re.I),
-    re.compile(_BEFORE + r"\b" + _MONTH + r"\s+" + _DAY + r",?\s+" + _YEAR + r"\b", re.I),
-    re.compile(_BEFORE + r"\b" + _MONTH + r",?\s+(?:of\s+)?" + _YEAR + r"\b", re.I),
-    re.compile(r"\b(?:in|during|of|since)\s+" + _MONTH + r"(?!\s*\d)\b", re.I),
-    re.compile(r"\b" + _YEAR + r"\b", re.I),
-)
-_RELATIVE = re.compile(
-    r"\b(?P<what>yesterday|last\s+(?:week|weekend|month|year)|(?P<n>\d+|a|one|two|three|four|five)\s+"
-    r"(?P<unit>day|week|month|year)s?\s+ago)\b",
-    re.I,
-)
-_NUMBER_WORDS = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
-
-
-@dataclass(frozen=True)
-class DateSpan:
-    """Inclusive span of calendar days a question refers to; ``month`` alone = that month, any year."""
-
-    start: date | None
-    end: date | None
-    month: int | None = None
-
-
-def _span(year: int | None, month: int | None, day: int | None, before: bool) -> DateSpan | None:
-    try:
-        if year is not None and month is not None and day is not None:
-            start = end = date(year, month, day)
-        elif year is not None and month is not None:
-            start = date(year, month, 1)
-            end = date(year, month, calendar.monthrange(year, month)[1])
-        elif year is not None:
-            start, end = date(year, 1, 1), date(year, 12, 31)
-        else:
-            return DateSpan(None, None, month)
-    except ValueError:  # "31 February" and the like
-        return None
-    if before:
-        start = start - timedelta(days=14)
-    return DateSpan(start, end)
-
-
-def parse_time_expressions(text: str, reference: datetime | None = None) -> tuple[DateSpan, ...]:
-    """Date spans named in ``text``: ``"on 7 May, 2023"``, ``"in July 2023"``, ``"in 2022"``, ``"in June"``.
-
-    Absolute forms only, unless ``reference`` (the question's own date, as LongMemEval gives)
-    anchors relative ones (``"yesterday"``, ``"last week"``, ``"3 months ago"``). ``"the week
-    before <date>"`` widens the span 14 days back. Each character is used by at most one
-    expression, longest forms first. Returns ``()`` when nothing matches.
-    """
-    spans: list[DateSpan] = []
-    taken = [False] * len(text)
-    for pattern in _PATTERNS:
-        for m in pattern.finditer(text):
-            if any(taken[m.start() : m.end()]):
-                continue
-            groups = m.groupdict()
-            month = _MONTHS.get(groups["month"].lower()) if groups.get("month") else None
-            year = int(groups["year"]) if groups.get("year") else None
-            day = int(groups["day"]) if groups.get("day") else None
-            span = _span(year, month, day, bool(groups.get("before")))
-            if span is not None:
-                spans.append(span)
-                taken[m.start() : m.end()] = [True] * (m.end() - m.start())
-    if reference is not None:
-        today = reference.date()
-        for m in _RELATIVE.finditer(text):
-            what = m.group("what").lower()
-            if what == "yesterday":
-                spans.append(DateSpan(today - timedelta(days=1), today - timedelta(days=1)))
-                continue
-            if what.startswith("last"):
-                n, unit = 1, what.split()[-1]
-            else:
-                raw = m.group("n").lower()
-                n = int(raw) if raw.isdigit() else _NUMBER_WORDS[raw]
-                unit = m.group("unit").lower()
-            days = {"week": 7, "weekend": 7, "month": 30, "year": 365, "day": 1}[unit] * n
-            centre = today - timedelta(days=days)
-            half = max(1, days // 4) if unit != "day" else 1
-            spans.append(DateSpan(centre - timedelta(days=half), centre + timedelta(days=half)))
-    return tuple(spans)
-
-
-def session_matches(session_date: datetime, spans: Sequence[DateSpan], slack_days: float) -> bool:
-    """True when ``session_date`` falls in a span or up to ``slack_days`` after it.
-
-    Conversations talk about events after they happen, so the window extends forward only. A
-    month-only span matches the month of the session date or of ``slack_days`` earlier.
-    """
-    day = session_date.date()
-    for span in spans:
-        if span.start is not None and span.end is not None:
-            if span.start <= day <= span.end + timedelta(days=slack_days):
-                return True
-        elif span.month is not None and span.month in (day.month, (day - timedelta(days=slack_days)).month):
-            return True
-    return False
-
-
-def temporal_adjustment(pool: PoolView, context: QueryContext, *, slack_days: float, weight: float) -> np.ndarray:
-    """``weight`` logits for pool turns whose session date matches the question's time spans.
-
-    Zeros when the question names no time, or when every pool turn matches (no information).
-    """
-    if not context.time_spans:
-        return np.zeros(len(pool.sessions), dtype=np.float64)
-    hits = np.asarray([session_matches(d, context.time_spans, slack_days) for d in pool.session_dates])
-    if hits.all():
-        return np.zeros(len(pool.sessions), dtype=np.float64)
-    return np.where(hits, weight, 0.0).astype(np.float64)
-
-
-def importance_adjustment(
-    pool: PoolView,
-    context: QueryContext,
-    *,
-    weight: float,
-    neighbours: float = 5,
-    damping: float = 0.85,
-    iterations: int = 30,
-) -> np.ndarray:
-    """``weight`` times the z-scored Personalized PageRank of each pool turn.
-
-    Graph: each turn links to its ``neighbours`` most similar pool turns (cosine > 0, weights
-    the cosines, rows normalised). Teleport: ``softmax(rerank logits)``, so importance is
-    relevance-conditioned as seed 003 §3.2.3 requires (PPR, not global PageRank). Power
-    iteration ``r <- (1 - d) t + d P^T r`` for ``iterations`` steps; dangling mass returns to t.
-    Returns zeros for pools of fewer than 3 turns or a constant PageRank.
-    """
-    p = len(pool.sessions)
-    if p < 3:
-        return np.zeros(p, dtype=np.float64)
-    emb = np.asarray(pool.embeddings, dtype=np.float64)
-    sims = emb @ emb.T
-    np.fill_diagonal(sims, -np.inf)
-    keep = min(int(neighbours), p - 1)
-    transition = np.zeros((p, p), dtype=np.float64)
-    nearest = np.argsort(-sims, axis=1)[:, :keep]
-    rows = np.repeat(np.arange(p), keep)
-    cols = nearest.reshape(-1)
-    transition[rows, cols] = np.clip(sims[rows, cols], 0.0, None)
-    out_weight = transition.sum(axis=1, keepdims=True)
-    dangling = out_weight[:, 0] == 0
-    transition = np.divide(transition, out_weight, out=np.zeros_like(transition), where=out_weight > 0)
-    logits = np.asarray(pool.scores, dtype=np.float64)
-    teleport = np.exp(logits - logits.max())
-    teleport /= teleport.sum()
-    rank = teleport.copy()
-    for _ in range(iterations):
-        rank = (1 - damping) * teleport + damping * (transition.T @ rank + rank[dangling].sum() * teleport)
-    spread = rank.std()
-    if spread == 0:
-        return np.zeros(p, dtype=np.float64)
-    return weight * (rank - rank.mean()) / spread
-
-
-FEATURE_FUNCTIONS = {
-    Feature.SESSION: session_adjustment,
-    Feature.TEMPORAL: temporal_adjustment,
-    Feature.IMPORTANCE: importance_adjustment,
-}
-"""The adjustment function of each :class:`Feature`; each returns ``(p,)`` logits to add."""
-
-
-def apply_features(pool: PoolView, context: QueryContext, settings: Sequence[FeatureSetting]) -> np.ndarray:
-    """New order of the pool rows after adding every feature's adjustment to the rerank logits.
-
-    Returns row indices, best first; ties keep the cross-encoder's order (stable sort). With no
-    settings this is ``arange(p)`` when the pool is in rerank order.
-    """
-    total = np.asarray(pool.scores, dtype=np.float64).copy()
-    for setting in settings:
-        total += FEATURE_FUNCTIONS[setting.feature](pool, context, **dict(setting.params))
-    return np.argsort(-total, kind="stable")

@@ -19,13 +19,12 @@ from enum import StrEnum
 import numpy as np
 
 from bench.datasets import Conversation, Turn
-from mnemos.bm25_index import BM25Index
 from mnemos.dedupe import DEFAULT_THRESHOLD, dedupe_batch
-from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.records import Entry
+from mnemos.sessions import SessionIndex
 from mnemos.tenant_index import TenantIndex
 
-__all__ = ["CorpusMode", "SessionRanker", "Tenant", "build_tenants", "global_id"]
+__all__ = ["CorpusMode", "SessionIndex", "Tenant", "build_tenants", "global_id"]
 
 
 class CorpusMode(StrEnum):
@@ -42,35 +41,14 @@ def global_id(conversation_id: str, local_id: str) -> str:
     return f"{conversation_id}/{local_id}"
 
 
-class SessionRanker:
-    """Ranks a tenant's sessions for a query: RRF of BM25 over session transcripts and the cosine
-    to each session's centroid (normalised mean of its turn vectors).
-
-    The session-level retriever of seed 003's "session-utterance" baseline, built from the same
-    tokenizer and bi-encoder as the turn-level pipeline.
-    """
-
-    def __init__(self, session_ids: Sequence[str], texts: Sequence[str], centroids: np.ndarray) -> None:
-        self.session_ids = tuple(session_ids)
-        self._bm25 = BM25Index()
-        self._bm25.add(list(range(len(texts))), list(texts))
-        self._centroids = np.asarray(centroids, dtype=np.float32)
-
-    def rank(self, query: str, query_embedding: np.ndarray) -> tuple[str, ...]:
-        """Every session id, best first."""
-        n = len(self.session_ids)
-        lexical = [i for i, _ in self._bm25.search(query, n)]
-        dense = list(np.argsort(-(self._centroids @ np.asarray(query_embedding, dtype=np.float32)), kind="stable"))
-        fused = reciprocal_rank_fusion([lexical, [int(i) for i in dense]])
-        return tuple(self.session_ids[i] for i, _ in fused)
-
-
 @dataclass
 class Tenant:
     """One tenant of a corpus mode: its index plus the maps the metrics need.
 
     ``canonical`` maps every global turn id of the tenant to its canonical entry id;
-    ``entry_session`` / ``entry_date`` give an entry's session and session start.
+    ``entry_session`` / ``entry_date`` give an entry's session and its turn's time (in the bench's
+    datasets every turn carries its session's start). ``sessions`` is the session-level retriever
+    over every turn of the tenant, dedupe aliases included, in dataset order.
     """
 
     tenant_id: str
@@ -78,7 +56,7 @@ class Tenant:
     canonical: dict[str, int]
     entry_session: dict[int, str]
     entry_date: dict[int, datetime]
-    sessions: SessionRanker
+    sessions: SessionIndex
     conversations: tuple[str, ...]
     n_aliases: int = 0
     question_keys: list[str] = field(default_factory=list)
@@ -129,25 +107,16 @@ def _build_tenant(
         entry_date[number] = turn.occurred_at
     index.add(entries, vectors[keep] if keep else np.zeros((0, dim), np.float32))
 
-    texts: dict[str, list[str]] = defaultdict(list)
-    members: dict[str, list[int]] = defaultdict(list)
-    for i, (_, conv, turn) in enumerate(rows):
-        session = global_id(conv, turn.session_id)
-        texts[session].append(turn.text)
-        members[session].append(i)
-    session_ids = list(texts)
-    centroids = np.zeros((len(session_ids), dim), dtype=np.float32)
-    for j, session in enumerate(session_ids):
-        mean = vectors[members[session]].mean(axis=0)
-        norm = float(np.linalg.norm(mean))
-        centroids[j] = mean / norm if norm > 0 else mean
+    sessions = SessionIndex(dim)
+    sessions.add([global_id(conv, turn.session_id) for _, conv, turn in rows], [turn.text for _, _, turn in rows],
+                 vectors, [turn.occurred_at for _, _, turn in rows])
     return Tenant(
         tenant_id=tenant_id,
         index=index,
         canonical=canonical,
         entry_session=entry_session,
         entry_date=entry_date,
-        sessions=SessionRanker(session_ids, [" ".join(texts[s]) for s in session_ids], centroids),
+        sessions=sessions,
         conversations=tuple(dict.fromkeys(conv for _, conv, _ in rows)),
         n_aliases=sum(1 for d in decisions if d is not None),
     )

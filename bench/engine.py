@@ -39,11 +39,19 @@ from enum import StrEnum
 
 import numpy as np
 
-from bench.arms import Arm, FeatureSetting, PoolView, QueryContext, apply_features, parse_time_expressions
+from bench.arms import Arm
 from bench.corpora import CorpusMode, Tenant, build_tenants, global_id
 from bench.datasets import Conversation
 from mnemos.encoder import Encoder
 from mnemos.evaluation import ndcg_at_k, recall_at_k, top1_behaviour
+from mnemos.features import (
+    Feature,
+    FeatureSetting,
+    PoolView,
+    QueryContext,
+    apply_features,
+    parse_time_expressions,
+)
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import Reranker
 from mnemos.suppression import QueryClusters, SuppressionTable, outcome_deltas
@@ -488,17 +496,22 @@ class Engine:
 
     def reorder(self, mode: CorpusMode, question: BenchQuestion, pool: PoolResult,
                 settings: Sequence[FeatureSetting]) -> tuple[int, ...]:
-        """``pool``'s entry ids after the post-rerank features (unchanged with no settings)."""
+        """``pool``'s entry ids after the post-rerank features (unchanged with no settings).
+
+        Session dates are the session's start (:meth:`mnemos.sessions.SessionIndex.date`), as
+        in the service's pipeline.
+        """
         if not settings or not pool.entry_ids:
             return pool.entry_ids
         tenant = self.tenant_of(mode, question)
+        sessions = tuple(tenant.entry_session[e] for e in pool.entry_ids)
         view = PoolView(
             scores=np.asarray(pool.scores, dtype=np.float64),
-            sessions=tuple(tenant.entry_session[e] for e in pool.entry_ids),
-            session_dates=tuple(tenant.entry_date[e] for e in pool.entry_ids),
+            sessions=sessions,
+            session_dates=tuple(tenant.sessions.date(s) for s in sessions),
             embeddings=self.turn_vectors[list(pool.entry_ids)],
         )
-        needs_sessions = any(s.feature.value == "session" for s in settings)
+        needs_sessions = any(s.feature is Feature.SESSION for s in settings)
         order = apply_features(view, self.context(mode, question, sessions=needs_sessions), settings)
         return tuple(pool.entry_ids[i] for i in order)
 

@@ -49,6 +49,7 @@ class BM25Index:
         self._tokenize = tokenizer
         self._ids: list[int] = []
         self._id_set: set[int] = set()
+        self._positions: dict[int, int] = {}
         self._docs: list[list[str]] = []
         self._retriever: bm25s.BM25 | None = None
         self._dirty = False
@@ -76,10 +77,27 @@ class BM25Index:
             raise DuplicateEntryError(sorted(clash))
         if not ids:
             return
+        self._positions.update((entry_id, len(self._ids) + offset) for offset, entry_id in enumerate(ids))
         self._ids.extend(ids)
         self._id_set.update(ids)
         self._docs.extend(self._tokenize(text) for text in texts)
         self._dirty = True
+
+    def extend(self, entry_id: int, text: str) -> None:
+        """Append ``text`` to the indexed document ``entry_id`` (a growing transcript).
+
+        The document then ranks as if it had been added as ``old text + " " + text``: the
+        tokenizer splits on whitespace and works character by character, so tokens never span
+        the join. The bm25s index is rebuilt once, on the next :meth:`search`.
+
+        Raises:
+            KeyError: if ``entry_id`` is not indexed.
+        """
+        position = self._positions[int(entry_id)]
+        tokens = self._tokenize(text)
+        if tokens:
+            self._docs[position].extend(tokens)
+            self._dirty = True
 
     def _ensure_index(self) -> bm25s.BM25 | None:
         """Rebuild the bm25s index if documents were added; None when no document has a token."""

@@ -1,28 +1,13 @@
-"""bench.arms: arm definitions and the candidate features of mnemos_full (pure functions)."""
+"""bench.arms: arm definitions; the candidate features are re-exported from mnemos.features
+(their tests live in tests/unit/test_features.py)."""
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
-
-import numpy as np
 import pytest
 
-from bench.arms import (
-    ARM_NAMES,
-    BASELINE_ARM,
-    DateSpan,
-    Feature,
-    FeatureSetting,
-    PoolView,
-    QueryContext,
-    apply_features,
-    arm_by_name,
-    importance_adjustment,
-    parse_time_expressions,
-    session_adjustment,
-    session_matches,
-    temporal_adjustment,
-)
+import bench.arms
+import mnemos.features
+from bench.arms import ARM_NAMES, BASELINE_ARM, arm_by_name
 from mnemos.suppression import UpdateRule
 
 
@@ -48,76 +33,8 @@ def test_arm_configs_match_their_names() -> None:
         arm_by_name("nope")
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("What did Maria do on 7 May, 2023?", DateSpan(date(2023, 5, 7), date(2023, 5, 7))),
-        ("What did Gina find on May 23, 2023?", DateSpan(date(2023, 5, 23), date(2023, 5, 23))),
-        ("What happened in July 2023?", DateSpan(date(2023, 7, 1), date(2023, 7, 31))),
-        ("How often in 2022?", DateSpan(date(2022, 1, 1), date(2022, 12, 31))),
-        ("When did she go camping in June?", DateSpan(None, None, 6)),
-        ("What did he do the week before August 3, 2023?", DateSpan(date(2023, 7, 20), date(2023, 8, 3))),
-    ],
-)
-def test_parse_time_expressions(text: str, expected: DateSpan) -> None:
-    assert parse_time_expressions(text) == (expected,)
-
-
-def test_relative_expressions_need_a_reference_date() -> None:
-    assert parse_time_expressions("What did I buy yesterday?") == ()
-    ref = datetime(2023, 5, 10, tzinfo=UTC)
-    assert parse_time_expressions("What did I buy yesterday?", ref) == (DateSpan(date(2023, 5, 9), date(2023, 5, 9)),)
-    assert parse_time_expressions("Where is the camping gear?") == ()
-
-
-def _pool(scores, sessions, dates=None, emb=None) -> PoolView:
-    n = len(scores)
-    dates = dates or [datetime(2023, 1, 1, tzinfo=UTC)] * n
-    emb = emb if emb is not None else np.eye(n, 4, dtype=np.float32)
-    return PoolView(np.asarray(scores, float), tuple(sessions), tuple(dates), emb)
-
-
-def test_session_matches_extends_forward_only() -> None:
-    span = (DateSpan(date(2023, 5, 1), date(2023, 5, 31)),)
-    assert session_matches(datetime(2023, 6, 5, tzinfo=UTC), span, slack_days=7)
-    assert not session_matches(datetime(2023, 6, 15, tzinfo=UTC), span, slack_days=7)
-    assert not session_matches(datetime(2023, 4, 28, tzinfo=UTC), span, slack_days=7)
-    assert session_matches(datetime(2024, 6, 3, tzinfo=UTC), (DateSpan(None, None, 5),), slack_days=7)
-
-
-def test_temporal_adjustment_boosts_matching_sessions_only_when_informative() -> None:
-    may, june = datetime(2023, 5, 8, tzinfo=UTC), datetime(2023, 6, 20, tzinfo=UTC)
-    pool = _pool([1.0, 0.5], ["s1", "s2"], [june, may])
-    context = QueryContext(time_spans=parse_time_expressions("What happened on 8 May, 2023?"))
-    assert temporal_adjustment(pool, context, slack_days=7, weight=2.0).tolist() == [0.0, 2.0]
-    assert temporal_adjustment(pool, QueryContext(), slack_days=7, weight=2.0).tolist() == [0.0, 0.0]
-    both = _pool([1.0, 0.5], ["s1", "s2"], [may, may])
-    assert temporal_adjustment(both, context, slack_days=7, weight=2.0).tolist() == [0.0, 0.0]
-
-
-def test_session_adjustment_and_apply_features_reorder() -> None:
-    pool = _pool([3.0, 2.0, 1.0], ["a", "b", "c"])
-    context = QueryContext(session_ranking=("c", "a", "b"))
-    assert session_adjustment(pool, context, top=1, weight=5.0).tolist() == [0.0, 0.0, 5.0]
-    assert apply_features(pool, context, []).tolist() == [0, 1, 2]
-    setting = FeatureSetting(Feature.SESSION, {"top": 1, "weight": 5.0})
-    assert apply_features(pool, context, [setting]).tolist() == [2, 0, 1]
-    assert setting.label() == "session(top=1,weight=5)"
-
-
-def test_apply_features_keeps_rerank_order_on_ties() -> None:
-    pool = _pool([1.0, 1.0, 1.0], ["a", "a", "a"])
-    assert apply_features(pool, QueryContext(), [FeatureSetting(Feature.TEMPORAL, {"slack_days": 7, "weight": 1})]
-                          ).tolist() == [0, 1, 2]
-
-
-def test_importance_is_zero_mean_and_favours_the_hub() -> None:
-    # rows 0..3 are near each other (row 0 is their centre); row 4 is far away
-    emb = np.array([[1, 0, 0], [0.9, 0.43, 0], [0.9, -0.43, 0], [0.9, 0, 0.43], [0, 0, 1]], dtype=np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    pool = _pool([1.0, 1.0, 1.0, 1.0, 1.0], list("abcde"), emb=emb)
-    adj = importance_adjustment(pool, QueryContext(), weight=1.0, neighbours=2)
-    assert np.isfinite(adj).all()
-    assert adj.mean() == pytest.approx(0.0, abs=1e-9)
-    assert int(np.argmax(adj)) == 0 and int(np.argmin(adj)) == 4
-    assert importance_adjustment(_pool([1.0, 0.0], "ab"), QueryContext(), weight=1.0).tolist() == [0.0, 0.0]
+def test_feature_names_are_the_core_ones() -> None:
+    for name in ("DateSpan", "Feature", "FeatureSetting", "PoolView", "QueryContext", "apply_features",
+                 "importance_adjustment", "parse_time_expressions", "session_adjustment", "session_matches",
+                 "temporal_adjustment", "FEATURE_FUNCTIONS"):
+        assert getattr(bench.arms, name) is getattr(mnemos.features, name), name

@@ -127,3 +127,16 @@ def test_duplicate_ids_are_refused_and_length_mismatch_raises():
     with pytest.raises(ValueError):
         index.add([3], ["a", "b"])
     assert len(index) == 1
+
+
+def test_extend_grows_a_document_like_adding_the_joined_text():
+    grown, joined = BM25Index(), BM25Index()
+    grown.add([1, 2], ["quick brown", "lazy dog"])
+    grown.search("dog", 5)
+    grown.extend(1, "jumps over the café!")
+    grown.extend(2, "")
+    joined.add([1, 2], ["quick brown jumps over the café!", "lazy dog"])
+    for query in ("dog", "café jumps", "quick", "brown lazy"):
+        assert grown.search(query, 5) == joined.search(query, 5)
+    with pytest.raises(KeyError):
+        grown.extend(3, "x")
