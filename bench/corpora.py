@@ -110,6 +110,7 @@ def _build_tenant(
     sessions = SessionIndex(dim)
     sessions.add([global_id(conv, turn.session_id) for _, conv, turn in rows], [turn.text for _, _, turn in rows],
                  vectors, [turn.occurred_at for _, _, turn in rows])
+    index.sessions = sessions  # every turn in dataset order, aliases included: what the pipeline's features read too
     return Tenant(
         tenant_id=tenant_id,
         index=index,

@@ -30,10 +30,12 @@ from mnemos.evaluation import (
     remap_relevant,
     top1_behaviour,
 )
+from mnemos.features import Feature, FeatureSetting
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Entry, Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
 from mnemos.rerank import CachedReranker, CrossEncoderReranker, FakeReranker, Reranker
+from mnemos.sessions import SessionIndex
 from mnemos.suppression import (
     UPDATE_RULES,
     QueryClusters,
@@ -64,6 +66,7 @@ __all__ = [
     "BM25Index",
     "DenseIndex",
     "TenantIndex",
+    "SessionIndex",
     # dedupe
     "DEDUPE_THRESHOLD",
     "DedupeDecision",
@@ -85,6 +88,8 @@ __all__ = [
     # pipeline
     "RetrievalConfig",
     "retrieve",
+    "Feature",
+    "FeatureSetting",
     # evaluation
     "ndcg_at_k",
     "recall_at_k",

@@ -5,7 +5,9 @@ query's cluster is subtracted from every fused score and the list re-sorted (tie
 the top ``pool_size`` entries are reranked by the cross-encoder. When the best rerank logit is
 below ``deep_threshold`` the pool widens to ``deep_pool_size`` (seed 004, adaptive deep pass,
 k_shallow 30 / k_deep 100): the retrievers' lists are read deeper, the first pool's scores are
-reused and only the new entries are scored. The result carries the hits, the
+reused and only the new entries are scored. Optionally, post-rerank features
+(:mod:`mnemos.features`: session-then-turn and temporal match, seed 003 §4 / §3.2.3) then add
+logit adjustments to the reranked pool and re-sort it. The result carries the hits, the
 :class:`~mnemos.records.Outcome` (the suppression update as data), per-stage seconds from the
 injected clock and diagnostics.
 
@@ -18,10 +20,19 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 
 from mnemos.errors import DimensionMismatchError, EmptyQueryError, InvalidParameterError
+from mnemos.features import (
+    Feature,
+    FeatureSetting,
+    PoolView,
+    QueryContext,
+    feature_scores,
+    parse_time_expressions,
+)
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
 from mnemos.rerank import Reranker
@@ -45,6 +56,9 @@ class RetrievalConfig:
         alpha: suppression strength (0.3). eta: suppression learning rate (0.1), used by the
             consumer of the outcome. update_rule: Eq. 1 or Eq. 2 (rank-gap, the default).
         suppression: subtract the suppression penalty before the pool cut.
+        features: post-rerank feature settings (:class:`~mnemos.features.FeatureSetting`),
+            applied in order to the reranked pool; empty (the default) leaves the rerank order.
+            Weights are logits of the configured cross-encoder. Ignored without reranking.
     """
 
     n_candidates: int = 30
@@ -59,6 +73,7 @@ class RetrievalConfig:
     eta: float = 0.1
     update_rule: UpdateRule = UpdateRule.RANK_GAP
     suppression: bool = True
+    features: tuple[FeatureSetting, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("n_candidates", "pool_size", "deep_pool_size"):
@@ -71,6 +86,10 @@ class RetrievalConfig:
         if self.alpha < 0 or self.eta < 0:
             raise InvalidParameterError(f"alpha and eta must be >= 0, got {self.alpha}, {self.eta}")
         object.__setattr__(self, "update_rule", UpdateRule(self.update_rule))
+        features = tuple(self.features)
+        if not all(isinstance(f, FeatureSetting) for f in features):
+            raise InvalidParameterError(f"features must be FeatureSetting values, got {features!r}")
+        object.__setattr__(self, "features", features)
 
     @property
     def deep_enabled(self) -> bool:
@@ -150,6 +169,7 @@ def retrieve(
     cluster: int | None = None,
     outcome_id: str | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    reference_time: datetime | None = None,
 ) -> RetrievalResult:
     """Retrieve the top ``k`` memories of ``index``'s tenant for ``query``.
 
@@ -167,10 +187,23 @@ def retrieve(
         cluster: the query's cluster c(q) (None before bootstrap).
         outcome_id: id of the outcome (the service passes the request id); a random one if None.
         clock: monotonic seconds, used for :class:`~mnemos.records.StageTimings`.
+        reference_time: tz-aware "now" of the question (e.g. a request's knowledge time) that
+            anchors relative time expressions ("last week") for the temporal feature; None
+            keeps absolute dates only. Never read from a clock here.
+
+    Post-rerank features (``config.features``) run after the rerank and the deep pass, on the
+    whole reranked pool: ``rerank logit + adjustments``, stable re-sort (ties keep the
+    cross-encoder's order), then the cut to ``k``. The session feature ranks the tenant's
+    sessions (``index.sessions``) for the query; the temporal feature compares the time spans
+    the query names with each hit's session start (the earliest ``occurred_at`` of its session).
+    The outcome is NOT affected: its ``initial_rank`` / ``final_rank`` are the fused and the
+    cross-encoder's ranks, because seed 000's rank-gap rule learns from the reranker's
+    promotion and demotion of fused candidates, not from the features' re-sort. Hit ranks and
+    scores do follow the features.
 
     Returns:
-        A :class:`~mnemos.records.RetrievalResult`. Hit scores are rerank logits when the pool
-        was reranked, else suppression-adjusted RRF scores. ``deep_pass`` is True when the top
+        A :class:`~mnemos.records.RetrievalResult`. Hit scores are rerank logits (plus feature
+        adjustments) when the pool was reranked, else suppression-adjusted RRF scores. ``deep_pass`` is True when the top
         logit of the shallow pool fell below the threshold (the pool may not grow if the
         tenant has no further candidates). ``pool_size`` is the number of reranked entries
         (0 when nothing was reranked).
@@ -221,6 +254,7 @@ def retrieve(
             fusion=seconds.get("fusion", 0.0),
             suppression=seconds.get("suppression", 0.0),
             rerank=seconds.get("rerank", 0.0),
+            features=seconds.get("features", 0.0),
             total=clock() - started,
         )
         return RetrievalResult(
@@ -269,8 +303,40 @@ def retrieve(
         pool=rows,
         query_embedding=tuple(float(x) for x in q_vec) if q_vec is not None else None,
     )
-    hits = [_hit(index, eid, scores[eid], final[eid]) for eid in final_order[:k]]
+    if config.features:
+        watch.start("features")
+        ranked = _apply_features(index, query, q_vec, final_order, scores, config.features, reference_time)
+        watch.stop()
+    else:
+        ranked = [(eid, scores[eid]) for eid in final_order]
+    hits = [_hit(index, eid, score, rank) for rank, (eid, score) in enumerate(ranked[:k], start=1)]
     return finish(hits, outcome, len(pool), deep, top)
+
+
+def _apply_features(
+    index: TenantIndex,
+    query: str,
+    q_vec: np.ndarray | None,
+    order: Sequence[int],
+    scores: dict[int, float],
+    settings: Sequence[FeatureSetting],
+    reference_time: datetime | None,
+) -> list[tuple[int, float]]:
+    """``(entry_id, adjusted score)`` of the reranked pool ``order`` after ``settings``, best first."""
+    wanted = {s.feature for s in settings}
+    sessions = tuple(index.entry(eid).session_id for eid in order)
+    context = QueryContext(
+        session_ranking=index.sessions.rank(query, q_vec) if Feature.SESSION in wanted else (),
+        time_spans=parse_time_expressions(query, reference_time) if Feature.TEMPORAL in wanted else (),
+    )
+    view = PoolView(
+        scores=np.asarray([scores[eid] for eid in order], dtype=np.float64),
+        sessions=sessions,
+        session_dates=tuple(index.sessions.date(s) for s in sessions),
+        embeddings=index.embeddings_of(order) if Feature.IMPORTANCE in wanted else np.zeros((len(order), 0)),
+    )
+    total = feature_scores(view, context, settings)
+    return [(order[i], float(total[i])) for i in np.argsort(-total, kind="stable")]
 
 
 def _score_new(

@@ -38,8 +38,9 @@ class Entry:
 class Hit:
     """One retrieved memory, as returned to the agent.
 
-    ``rank`` is 1-based. ``score`` is the cross-encoder logit when the pool was reranked,
-    otherwise the fused (RRF, suppression-adjusted) score.
+    ``rank`` is 1-based. ``score`` is the cross-encoder logit when the pool was reranked (plus
+    the post-rerank feature adjustments, in the same logit units, when features are on),
+    otherwise the fused (RRF, suppression-adjusted) score. Scores fall with rank.
     """
 
     entry_id: int
@@ -94,7 +95,8 @@ class Outcome:
 class StageTimings:
     """Seconds spent per retrieval stage, measured with the clock handed to the pipeline.
 
-    ``refresh`` is filled by the service (index refresh happens outside the pure core).
+    ``refresh`` is filled by the service (index refresh happens outside the pure core);
+    ``features`` is the post-rerank feature step (session ranking, time expressions, re-sort).
     """
 
     refresh: float = 0.0
@@ -103,6 +105,7 @@ class StageTimings:
     fusion: float = 0.0
     suppression: float = 0.0
     rerank: float = 0.0
+    features: float = 0.0
     total: float = 0.0
 
 

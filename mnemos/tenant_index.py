@@ -1,4 +1,9 @@
-"""All canonical entries of one tenant: a BM25 index, a dense index and the entry map.
+"""All canonical entries of one tenant: a BM25 index, a dense index, the entry map and sessions.
+
+The session-level retriever (:class:`~mnemos.sessions.SessionIndex`, used by the session
+feature of :mod:`mnemos.features`) grows with every added entry; turns that are not entries
+(dedupe aliases) join their session through :meth:`TenantIndex.add_session_turns`, so session
+transcripts, centroids and start dates cover everything said, as in the benchmark.
 
 A tenant index holds exactly one tenant's entries; :meth:`TenantIndex.add` refuses an entry of
 another tenant (DESIGN.md: tenant isolation is a hard gate). Indexes are derived state: the
@@ -11,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 
 import numpy as np
 
@@ -18,6 +24,7 @@ from mnemos.bm25_index import BM25Index
 from mnemos.dense_index import DenseIndex, as_matrix
 from mnemos.errors import DimensionMismatchError, DuplicateEntryError, TenantMismatchError, UnknownEntryError
 from mnemos.records import Entry
+from mnemos.sessions import SessionIndex
 
 
 class TenantIndex:
@@ -35,6 +42,7 @@ class TenantIndex:
         self.version = version
         self.bm25 = BM25Index()
         self.dense = DenseIndex(dim)
+        self.sessions = SessionIndex(dim)
         self._entries: dict[int, Entry] = {}
         self._rows: dict[int, int] = {}
         self._vectors = np.zeros((0, dim), dtype=np.float32)
@@ -50,7 +58,8 @@ class TenantIndex:
         """Add canonical entries with their ``(len(entries), dim)`` float32 unit embeddings.
 
         All checks run before anything is changed, so a refused call leaves the index as it was.
-        ``version``, when given, becomes :attr:`version`.
+        ``version``, when given, becomes :attr:`version`. The entries also join their sessions
+        in :attr:`sessions`, in the given order.
 
         Raises:
             TenantMismatchError: if an entry belongs to another tenant.
@@ -74,6 +83,8 @@ class TenantIndex:
 
         self.bm25.add(ids, [e.text for e in entries])
         self.dense.add(ids, matrix)
+        self.sessions.add([e.session_id for e in entries], [e.text for e in entries], matrix,
+                          [e.occurred_at for e in entries])
         self._append_vectors(ids, matrix)
         for entry in entries:
             self._entries[entry.entry_id] = entry
@@ -124,6 +135,20 @@ class TenantIndex:
         """Every entry id (insertion order) and its ``(n, dim)`` embedding, e.g. for dedupe."""
         ids = list(self._entries)
         return ids, self._vectors[: self._n_rows].copy()
+
+    def add_session_turns(
+        self, session_ids: Sequence[str], texts: Sequence[str], embeddings: np.ndarray, occurred_at: Sequence[datetime]
+    ) -> None:
+        """Add turns that are not entries (dedupe aliases) to :attr:`sessions` only, in order.
+
+        ``embeddings`` is ``(n, dim)`` float32; ``occurred_at`` tz-aware. Turn-level retrieval
+        never sees them (their canonical entry stands for them).
+
+        Raises:
+            InvalidParameterError: if the sequences differ in length.
+            DimensionMismatchError: if ``embeddings`` is not ``(n, dim)``.
+        """
+        self.sessions.add(session_ids, texts, embeddings, occurred_at)
 
     def add_aliases(self, entry_id: int, turn_ids: Sequence[str]) -> Entry:
         """Fold ``turn_ids`` into ``entry_id``'s aliases (dedupe); returns the updated entry.

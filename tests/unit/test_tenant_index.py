@@ -81,3 +81,18 @@ def test_empty_tenant_retrieval_has_no_hits_and_no_rerank_call(encoder):
     result = retrieve(index, "anything", encoder.encode(["anything"])[0], config=RetrievalConfig(),
                       reranker=reranker, outcome_id="o")
     assert result.hits == () and result.outcome is None and reranker.calls == []
+
+
+def test_sessions_grow_with_entries_and_alias_turns(encoder):
+    texts = TEXTS + ["my dog Rex is a beagle", "Lisbon in May was warm"]
+    index = TenantIndex("t1", encoder.dim)
+    entries = make_entries(texts, session_of=lambda i: ("S1", "S2", "S1", "S3", "S2")[i])
+    index.add(entries[:2], encoder.encode(texts[:2]))
+    index.add(entries[2:], encoder.encode(texts[2:]))
+    assert index.sessions.session_ids == ("S1", "S2", "S3") and index.sessions.n_turns == 5
+    assert index.sessions.date("S2") == entries[1].occurred_at
+    earlier = entries[0].occurred_at.replace(year=2020)
+    index.add_session_turns(["S2"], ["my dog Rex is called Rex"], encoder.encode(["my dog Rex is called Rex"]), [earlier])
+    assert index.sessions.date("S2") == earlier and index.sessions.n_turns == 6 and len(index) == 5
+    q = encoder.encode(["dog Rex"])[0]
+    assert set(index.sessions.rank("dog Rex", q)) == {"S1", "S2", "S3"}
