@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 log = logging.getLogger(__name__)
 
-STAGES = ("refresh", "bm25", "dense", "fusion", "suppression", "rerank", "total")
+STAGES = ("refresh", "bm25", "dense", "fusion", "suppression", "rerank", "features", "total")
 _FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _POOL_BUCKETS = (0, 5, 10, 20, 30, 50, 75, 100, 150, 200)

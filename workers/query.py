@@ -8,7 +8,7 @@ variable that :class:`QueryWorker` sets around each job, so it fails loudly anyw
 
 Per request: embed the query; in one snapshot read the tenant's memory version, extend its index
 if the version moved, load its clusters and its suppression scores for the query's cluster; run
-:func:`mnemos.pipeline.retrieve`; XADD the outcome to ``<prefix>:outcomes``; return the result.
+:func:`mnemos.pipeline.retrieve` (with the post-rerank features the settings switch on); XADD the outcome to ``<prefix>:outcomes``; return the result.
 An unknown tenant gets an empty result (and no outcome), not an error.
 """
 
@@ -30,6 +30,7 @@ from rq.worker import SimpleWorker
 from api import schemas
 from api.errors import InvalidInputError, Reason
 from mnemos.encoder import Encoder
+from mnemos.features import Feature, FeatureSetting
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Outcome
 from mnemos.rerank import Reranker
@@ -47,11 +48,24 @@ _SERVICE: contextvars.ContextVar[QueryService | None] = contextvars.ContextVar("
                                                                                 default=None)
 
 
+def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
+    """The post-rerank features switched on in ``settings`` (a weight of 0 leaves a feature out)."""
+    features = []
+    if settings.session_weight != 0:
+        features.append(FeatureSetting(Feature.SESSION, {"top": settings.session_top,
+                                                         "weight": settings.session_weight}))
+    if settings.temporal_weight != 0:
+        features.append(FeatureSetting(Feature.TEMPORAL, {"slack_days": settings.temporal_slack_days,
+                                                          "weight": settings.temporal_weight}))
+    return tuple(features)
+
+
 def retrieval_config(settings: Settings, *, rerank: bool) -> RetrievalConfig:
     return RetrievalConfig(
         n_candidates=settings.n_candidates, pool_size=settings.pool_size, deep_pool_size=settings.deep_pool_size,
         deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, rerank=rerank, alpha=settings.alpha,
-        eta=settings.eta, update_rule=UpdateRule(settings.update_rule), suppression=settings.suppression)
+        eta=settings.eta, update_rule=UpdateRule(settings.update_rule), suppression=settings.suppression,
+        features=feature_settings(settings))
 
 
 def outcome_message(outcome: Outcome, *, with_embedding: bool) -> schemas.Outcome:
@@ -114,16 +128,18 @@ class QueryService:
                                     (tenant_id, cluster)).fetchall()
                 table = SuppressionTable({(int(e), cluster): float(s) for e, s in rows})
         refresh_s = self.clock() - refresh_started
+        # requests carry no knowledge time (as_of) yet, so relative time expressions stay unresolved
         core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config,
                         reranker=self.reranker, suppression=table, cluster=cluster,
-                        outcome_id=request.request_id, clock=self.clock)
+                        outcome_id=request.request_id, clock=self.clock, reference_time=None)
         if core.outcome is not None:
             message = outcome_message(core.outcome, with_embedding=clusters is None)
             self.connection.xadd(self.settings.outcomes_stream, message.to_stream_fields())  # type: ignore[arg-type]
         t = core.timings
         # the metric's "dense" stage includes embedding the query; the payload also reports it apart
         stages = {"refresh": refresh_s, "bm25": t.bm25, "dense": t.dense + encode_s, "fusion": t.fusion,
-                  "suppression": t.suppression, "rerank": t.rerank, "total": self.clock() - started,
+                  "suppression": t.suppression, "rerank": t.rerank, "features": t.features,
+                  "total": self.clock() - started,
                   "encode": encode_s}
         self.metrics.query_job("ok", stages, pool_size=core.pool_size, deep_pass=core.deep_pass, refreshed=refreshed)
         hits = tuple(schemas.Hit(h.entry_id, h.turn_id, h.session_id, h.role, h.text, h.occurred_at, float(h.score),

@@ -10,6 +10,7 @@ pool 30, deep pool 100).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -51,6 +52,13 @@ class Settings:
     suppression: bool = True
     clusters_k: int = 30
     bootstrap_factor: int = 10  # k-means after bootstrap_factor * clusters_k queries
+    # post-rerank features (seed 003 §4 / §3.2.3; mnemos.features); weights in logit units of the
+    # configured cross-encoder, 0 = off. The LoCoMo bench selected session(top=3, weight=2) and
+    # temporal(slack_days=7, weight=2) for its LoCoMo-trained reranker: opt-in, not defaults.
+    session_top: int = 3  # turns of the best session_top sessions get session_weight
+    session_weight: float = 0.0
+    temporal_slack_days: float = 7.0  # a session may start up to this many days after the named time
+    temporal_weight: float = 0.0
     dedupe_threshold: float = 0.95
     default_k: int = 10
     max_k: int = 100
@@ -91,6 +99,12 @@ class Settings:
                      "ingest_batch_size", "outcome_batch_size", "max_k", "default_k", "max_text_bytes"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.session_top < 1 or self.temporal_slack_days < 0:
+            raise SettingsError(f"session_top must be >= 1 and temporal_slack_days >= 0, got {self.session_top}, "
+                                f"{self.temporal_slack_days}")
+        if not (math.isfinite(self.session_weight) and math.isfinite(self.temporal_weight)
+                and math.isfinite(self.temporal_slack_days)):
+            raise SettingsError("session_weight, temporal_weight and temporal_slack_days must be finite")
         if not 1 <= self.default_k <= self.max_k:
             raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
         if not self.stream_prefix or any(c.isspace() for c in self.stream_prefix):

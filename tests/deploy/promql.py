@@ -48,7 +48,7 @@ CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 # Label values the code uses (SPEC.md, DESIGN.md); a matcher on another value selects nothing.
 LABEL_VALUES: dict[str, frozenset[str]] = {
     "status": frozenset({"ok", "error"}),
-    "stage": frozenset({"refresh", "bm25", "dense", "fusion", "suppression", "rerank", "total"}),
+    "stage": frozenset({"refresh", "bm25", "dense", "fusion", "suppression", "rerank", "features", "total"}),
     "worker": frozenset({"ingest", "query", "suppression"}),
     "group": frozenset({"ingest", "suppression"}),
 }

@@ -119,3 +119,33 @@ def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Red
     client = client_for(settings, redis_client)
     with pytest.raises(RetrievalFailed, match="unsupported_version"):
         client._wait(job, RetrievalRequest("a", "q", request_id=job.id), 2.0)
+
+
+def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings, redis_client: redis.Redis,
+                                                              store: Store) -> None:
+    cat_talk = ["the cat sleeps all day on the sofa", "the cat eats tuna every evening",
+                "Pixel is a happy cat who purrs", "we took the cat to the vet in March"]
+    other = ["a cat", "we talked about taxes for an hour", "the dentist appointment was moved to Friday",
+             "the bakery on the corner closed"]
+    turns = [turn("carol", f"c{i}", text, session="s1", minutes=i) for i, text in enumerate(cat_talk)]
+    turns += [turn("carol", f"o{i}", text, session="s2", minutes=10 + i) for i, text in enumerate(other)]
+    _ingest(settings, redis_client, store, turns)
+    plain_service = query_service(settings, redis_client, store)
+    plain = plain_service.answer(RetrievalRequest("carol", "cat", k=5))
+    state = plain_service.cache.get("carol")
+    assert state is not None and state.index.sessions.session_ids == ("s1", "s2")
+    assert state.index.sessions.rank("cat", plain_service.encoder.encode(["cat"])[0])[0] == "s1"
+    assert plain.hits[0].turn_id == "o0" and "features" in plain.stage_seconds  # "a cat": shortest, fused first
+
+    boosted_service = query_service(settings.replace(session_top=1, session_weight=2.0), redis_client, store)
+    boosted = boosted_service.answer(RetrievalRequest("carol", "cat", k=5))
+    assert [h.session_id for h in boosted.hits[:4]] == ["s1"] * 4 and boosted.hits[4].turn_id == "o0"
+    assert boosted.hits[0].score == pytest.approx(plain.hits[0].score + 2.0)  # every cat turn: 0.5 logit + 2
+    plain_outcome, boosted_outcome = (Outcome.from_stream_fields(f) for _, f in
+                                      redis_client.xrange(settings.outcomes_stream))
+    assert boosted_outcome.pool == plain_outcome.pool  # the rank gap still reads the cross-encoder's ranks
+    # a deduplicated turn is no entry, but still a turn of its own session
+    _ingest(settings, redis_client, store, [turn("carol", "dup", "the cat eats tuna every evening", session="s3",
+                                                 minutes=30)])
+    plain_service.answer(RetrievalRequest("carol", "tuna", k=3))
+    assert len(state.index) == 8 and state.index.sessions.n_turns == 9 and "s3" in state.index.sessions

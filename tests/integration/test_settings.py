@@ -34,7 +34,8 @@ def test_defaults_follow_the_design() -> None:
 
 
 @pytest.mark.parametrize("env", [{"MNEMOS_POOL_SIZE": "thirty"}, {"MNEMOS_SUPPRESSION": "maybe"},
-                                 {"MNEMOS_UPDATE_RULE": "linear"}, {"MNEMOS_POOL_SIZE": "0"}])
+                                 {"MNEMOS_UPDATE_RULE": "linear"}, {"MNEMOS_POOL_SIZE": "0"},
+                                 {"MNEMOS_SESSION_TOP": "0"}, {"MNEMOS_TEMPORAL_WEIGHT": "nan"}])
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.from_env(env)
