@@ -31,9 +31,10 @@ from mnemos.evaluation import (
     top1_behaviour,
 )
 from mnemos.features import Feature, FeatureSetting
+from mnemos.filters import EntryFilter
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.pipeline import RetrievalConfig, retrieve
-from mnemos.records import Entry, Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
+from mnemos.records import Entry, Hit, Outcome, PoolEntry, RetrievalResult, StageTimings, TurnFacts
 from mnemos.rerank import CachedReranker, CrossEncoderReranker, FakeReranker, Reranker
 from mnemos.sessions import SessionIndex
 from mnemos.suppression import (
@@ -56,6 +57,7 @@ __all__ = [
     "PoolEntry",
     "RetrievalResult",
     "StageTimings",
+    "TurnFacts",
     # text and vectors
     "tokenize",
     "Encoder",
@@ -90,6 +92,7 @@ __all__ = [
     "retrieve",
     "Feature",
     "FeatureSetting",
+    "EntryFilter",
     # evaluation
     "ndcg_at_k",
     "recall_at_k",

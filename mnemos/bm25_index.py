@@ -114,11 +114,14 @@ class BM25Index:
                 self._retriever = None
         return self._retriever
 
-    def scores(self, query: str) -> np.ndarray:
+    def scores(self, query: str, allowed: np.ndarray | None = None) -> np.ndarray:
         """BM25 score of every indexed document for ``query``, in insertion order.
 
         Returns a ``(len(self),)`` float32 array; all zeros when the query has no token in the
-        vocabulary or no document has a token.
+        vocabulary or no document has a token. ``allowed`` (entry ids, any order) zeroes every
+        other document through bm25s's ``weight_mask``; the allowed documents keep exactly their
+        unrestricted scores, because IDF and average length stay those of the whole index (like a
+        filter clause in Lucene: a restriction chooses documents, it does not reweigh terms).
         """
         retriever = self._ensure_index()
         tokens = self._tokenize(query)
@@ -127,17 +130,20 @@ class BM25Index:
         token_ids = retriever.get_tokens_ids(tokens)
         if not token_ids:  # bm25s.get_scores indexes tokens[0]; guard the out-of-vocabulary case
             return np.zeros(len(self._ids), dtype=np.float32)
-        return np.asarray(retriever.get_scores_from_ids(token_ids), dtype=np.float32)
+        mask = None if allowed is None else np.isin(self._id_array, allowed).astype(np.float32)
+        return np.asarray(retriever.get_scores_from_ids(token_ids, weight_mask=mask), dtype=np.float32)
 
-    def search(self, query: str, n: int) -> list[tuple[int, float]]:
+    def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
         """The best ``n`` documents for ``query`` as ``(entry_id, score)``, best first.
 
         Only scores > 0 are returned; ties break by ascending entry id. ``[]`` when the query has
-        no tokens (empty, punctuation only), the index is empty, or ``n <= 0``.
+        no tokens (empty, punctuation only), the index is empty, or ``n <= 0``. With ``allowed``
+        (``(m,)`` int64 entry ids) only those documents are scored (see :meth:`scores`): the result
+        is the unrestricted ranking with every other document removed, however few are allowed.
         """
-        if n <= 0 or not self._ids:
+        if n <= 0 or not self._ids or (allowed is not None and len(allowed) == 0):
             return []
-        scores = self.scores(query)
+        scores = self.scores(query, allowed)
         positive = np.flatnonzero(scores > 0)
         if positive.size == 0:
             return []

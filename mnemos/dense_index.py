@@ -76,7 +76,9 @@ class DenseIndex:
             raise KeyError(entry_id)
         return self._index.reconstruct(int(entry_id))
 
-    def search(self, query_vectors: np.ndarray, n: int) -> list[list[tuple[int, float]]]:
+    def search(
+        self, query_vectors: np.ndarray, n: int, allowed: np.ndarray | None = None
+    ) -> list[list[tuple[int, float]]]:
         """Top ``n`` ``(entry_id, inner_product)`` per query row, best first, ties by entry id.
 
         Ties are resolved by entry id even across the n-th place, so the list for ``n`` is
@@ -84,21 +86,32 @@ class DenseIndex:
 
         ``query_vectors`` is ``(m, dim)`` (or one ``(dim,)`` row). Returns ``m`` lists; each is
         empty when the index is empty or ``n <= 0``, and never holds the padding id -1.
+        ``allowed`` (``(a,)`` int64 entry ids; ids not indexed are ignored) restricts the search
+        to those entries inside faiss (``SearchParameters(sel=IDSelectorBatch)``, exact on a
+        flat index): the result equals a fresh index holding only the allowed vectors.
 
         Raises:
             DimensionMismatchError: if a query row does not have ``dim`` columns.
         """
         queries = as_matrix(query_vectors, self.dim, "query vectors")
         m = queries.shape[0]
-        if n <= 0 or self._index.ntotal == 0 or m == 0:
-            return [[] for _ in range(m)]
+        params = None
         total = int(self._index.ntotal)
+        if allowed is not None:
+            wanted = np.unique(np.asarray(allowed, dtype=np.int64))
+            wanted = wanted[[int(i) in self._ids for i in wanted.tolist()]] if wanted.size else wanted
+            total = int(wanted.size)
+            if total:
+                selector = faiss.IDSelectorBatch(wanted)  # bound to a name: faiss keeps a raw pointer
+                params = faiss.SearchParameters(sel=selector)
+        if n <= 0 or total == 0 or m == 0:
+            return [[] for _ in range(m)]
         k = min(n, total)
         # faiss breaks ties at the k-th place arbitrarily; read on until the tie run at the
         # boundary ends, so ties always resolve to the lowest entry ids (same list for any n).
         fetch = min(total, k + _TIE_MARGIN)
         while True:
-            scores, ids = self._index.search(queries, fetch)
+            scores, ids = self._index.search(queries, fetch, params=params)
             if fetch == total or not np.any(scores[:, k - 1] == scores[:, fetch - 1]):
                 break
             fetch = min(total, 2 * fetch)

@@ -11,6 +11,11 @@ logit adjustments to the reranked pool and re-sort it. The result carries the hi
 :class:`~mnemos.records.Outcome` (the suppression update as data), per-stage seconds from the
 injected clock and diagnostics.
 
+An optional :class:`~mnemos.filters.EntryFilter` (``allowed``: knowledge time ``as_of``,
+sessions, roles, ``occurred_after``) restricts the candidates inside both retrievers, so every
+later stage (fusion, suppression, pool, deep pass, rerank, features, outcome) only ever sees
+allowed entries, and a selective filter still yields the best allowed ones.
+
 Nothing here reads the environment, a clock it was not handed, or another tenant's data.
 """
 
@@ -33,6 +38,7 @@ from mnemos.features import (
     feature_scores,
     parse_time_expressions,
 )
+from mnemos.filters import EntryFilter
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
 from mnemos.rerank import Reranker
@@ -170,6 +176,7 @@ def retrieve(
     outcome_id: str | None = None,
     clock: Callable[[], float] = time.perf_counter,
     reference_time: datetime | None = None,
+    allowed: EntryFilter | None = None,
 ) -> RetrievalResult:
     """Retrieve the top ``k`` memories of ``index``'s tenant for ``query``.
 
@@ -189,7 +196,16 @@ def retrieve(
         clock: monotonic seconds, used for :class:`~mnemos.records.StageTimings`.
         reference_time: tz-aware "now" of the question (e.g. a request's knowledge time) that
             anchors relative time expressions ("last week") for the temporal feature; None
-            keeps absolute dates only. Never read from a clock here.
+            keeps absolute dates only. Never read from a clock here. The service passes the
+            request's ``as_of``; it does not imply ``allowed``.
+        allowed: which entries may be candidates (:meth:`TenantIndex.allowed_entries`): an entry
+            passes when any of its turns, canonical or alias, is admitted. BM25 scores only the
+            allowed documents (with the whole index's IDF and length statistics) and dense search
+            runs under a faiss ID selector, so the restriction is exact, not a post-filter of a
+            top-n. None, or a filter that restricts nothing, takes the unfiltered path unchanged.
+            When no entry is allowed the result is empty (no reranker call, no outcome). The
+            outcome of a filtered request covers the entries it pooled, so a filtered request
+            still teaches suppression about them (in the query's cluster, as any request).
 
     Post-rerank features (``config.features``) run after the rerank and the deep pass, on the
     whole reranked pool: ``rerank logit + adjustments``, stable re-sort (ties keep the
@@ -232,13 +248,17 @@ def retrieve(
     if will_rerank and config.deep_enabled:
         depth = max(depth, config.deep_pool_size)
 
+    allowed_ids = None if allowed is None or allowed.is_open else index.allowed_entries(allowed)
+    if allowed_ids is not None and allowed_ids.size == 0:
+        return _empty_result(cluster, clock() - started)
+
     lists: list[list[int]] = []
     watch.start("bm25")
     if config.use_bm25:
-        lists.append([eid for eid, _ in index.bm25.search(query, depth)])
+        lists.append([eid for eid, _ in index.bm25.search(query, depth, allowed_ids)])
     watch.start("dense")
     if config.use_dense and q_vec is not None:
-        lists.append([eid for eid, _ in index.dense.search(q_vec, depth)[0]])
+        lists.append([eid for eid, _ in index.dense.search(q_vec, depth, allowed_ids)[0]])
     watch.start("fusion")
     fused = reciprocal_rank_fusion([ids[: config.n_candidates] for ids in lists], k=config.rrf_k)
     watch.start("suppression")
@@ -311,6 +331,12 @@ def retrieve(
         ranked = [(eid, scores[eid]) for eid in final_order]
     hits = [_hit(index, eid, score, rank) for rank, (eid, score) in enumerate(ranked[:k], start=1)]
     return finish(hits, outcome, len(pool), deep, top)
+
+
+def _empty_result(cluster: int | None, total_seconds: float) -> RetrievalResult:
+    """The result of a request whose filter allows no entry: no hits, nothing reranked, no outcome."""
+    return RetrievalResult(hits=(), outcome=None, timings=StageTimings(total=total_seconds), pool_size=0,
+                           deep_pass=False, cluster=cluster, top_rerank_score=None)
 
 
 def _apply_features(

@@ -33,6 +33,25 @@ class Entry:
         """The canonical turn id followed by every alias."""
         return (self.turn_id, *self.aliases)
 
+    @property
+    def facts(self) -> TurnFacts:
+        """The canonical turn's session, role and time."""
+        return TurnFacts(self.session_id, self.role, self.occurred_at)
+
+
+@dataclass(frozen=True)
+class TurnFacts:
+    """The filterable fields of one turn, canonical or alias (:mod:`mnemos.filters` reads them).
+
+    An alias keeps its own facts: dedupe folds its text into a canonical entry, but its session,
+    speaker and time stay its own, so a filter can still find what it said.
+    ``occurred_at`` is tz-aware.
+    """
+
+    session_id: str
+    role: str
+    occurred_at: datetime
+
 
 @dataclass(frozen=True)
 class Hit:

@@ -5,6 +5,11 @@ feature of :mod:`mnemos.features`) grows with every added entry; turns that are 
 (dedupe aliases) join their session through :meth:`TenantIndex.add_session_turns`, so session
 transcripts, centroids and start dates cover everything said, as in the benchmark.
 
+Every turn, canonical or alias, also keeps its own session, role and time in :attr:`TenantIndex.turns`
+(a :class:`~mnemos.filters.TurnTable`), from which :meth:`TenantIndex.allowed_entries` turns an
+:class:`~mnemos.filters.EntryFilter` (``as_of``, sessions, roles, ``occurred_after``) into the
+entries a retrieval may consider.
+
 A tenant index holds exactly one tenant's entries; :meth:`TenantIndex.add` refuses an entry of
 another tenant (DESIGN.md: tenant isolation is a hard gate). Indexes are derived state: the
 service rebuilds or extends them from Postgres and records the tenant's memory ``version``
@@ -22,8 +27,15 @@ import numpy as np
 
 from mnemos.bm25_index import BM25Index
 from mnemos.dense_index import DenseIndex, as_matrix
-from mnemos.errors import DimensionMismatchError, DuplicateEntryError, TenantMismatchError, UnknownEntryError
-from mnemos.records import Entry
+from mnemos.errors import (
+    DimensionMismatchError,
+    DuplicateEntryError,
+    InvalidParameterError,
+    TenantMismatchError,
+    UnknownEntryError,
+)
+from mnemos.filters import EntryFilter, TurnTable
+from mnemos.records import Entry, TurnFacts
 from mnemos.sessions import SessionIndex
 
 
@@ -43,6 +55,7 @@ class TenantIndex:
         self.bm25 = BM25Index()
         self.dense = DenseIndex(dim)
         self.sessions = SessionIndex(dim)
+        self.turns = TurnTable()
         self._entries: dict[int, Entry] = {}
         self._rows: dict[int, int] = {}
         self._vectors = np.zeros((0, dim), dtype=np.float32)
@@ -81,6 +94,7 @@ class TenantIndex:
         if clash:
             raise DuplicateEntryError(sorted(clash))
 
+        self.turns.add(ids, [e.facts for e in entries])  # first: it refuses a naive time before anything changes
         self.bm25.add(ids, [e.text for e in entries])
         self.dense.add(ids, matrix)
         self.sessions.add([e.session_id for e in entries], [e.text for e in entries], matrix,
@@ -150,25 +164,46 @@ class TenantIndex:
         """
         self.sessions.add(session_ids, texts, embeddings, occurred_at)
 
-    def add_aliases(self, entry_id: int, turn_ids: Sequence[str]) -> Entry:
+    def add_aliases(
+        self, entry_id: int, turn_ids: Sequence[str], facts: Sequence[TurnFacts] | None = None
+    ) -> Entry:
         """Fold ``turn_ids`` into ``entry_id``'s aliases (dedupe); returns the updated entry.
 
         Alias turn ids already present (or equal to the canonical turn id) are skipped.
+        ``facts[i]``, when given, is the session, role and time of ``turn_ids[i]``: the alias keeps
+        them in :attr:`turns`, so the entry passes a filter that admits the alias. Without facts
+        an alias is filtered by its canonical turn's fields only.
 
         Raises:
             UnknownEntryError: if the tenant has no such entry.
+            InvalidParameterError: if ``facts`` and ``turn_ids`` differ in length.
         """
         entry = self.entry(entry_id)
+        if facts is not None and len(facts) != len(turn_ids):
+            raise InvalidParameterError(f"{len(turn_ids)} alias turn ids but {len(facts)} turn facts")
         known = set(entry.turn_ids)
         extra = []
-        for turn_id in turn_ids:
+        extra_facts = []
+        for position, turn_id in enumerate(turn_ids):
             if turn_id not in known:
                 known.add(turn_id)
                 extra.append(turn_id)
+                if facts is not None:
+                    extra_facts.append(facts[position])
+        if extra_facts:
+            self.turns.add([entry_id] * len(extra_facts), extra_facts)
         if extra:
             entry = dataclasses.replace(entry, aliases=(*entry.aliases, *extra))
             self._entries[entry_id] = entry
         return entry
+
+    def allowed_entries(self, entry_filter: EntryFilter) -> np.ndarray:
+        """Sorted ``(n_allowed,)`` int64 ids of the entries with a turn (canonical or alias) the filter admits.
+
+        Only this tenant's turns are consulted, so a filter naming another tenant's session
+        admits nothing.
+        """
+        return self.turns.allowed(entry_filter)
 
     def alias_map(self) -> dict[str, str]:
         """``{turn_id: canonical turn_id}`` for every turn of the tenant (canonical maps to itself)."""

@@ -3,14 +3,14 @@
 import mnemos
 
 EXPECTED = {
-    "Entry", "Hit", "Outcome", "PoolEntry", "RetrievalResult", "StageTimings",
+    "Entry", "Hit", "Outcome", "PoolEntry", "RetrievalResult", "StageTimings", "TurnFacts",
     "tokenize", "Encoder", "HashingEncoder", "SentenceTransformerEncoder", "bundled_bi_encoder_path",
     "BM25Index", "DenseIndex", "TenantIndex", "SessionIndex",
     "DEDUPE_THRESHOLD", "DedupeDecision", "dedupe_batch", "find_duplicates",
     "reciprocal_rank_fusion", "UpdateRule", "UPDATE_RULES", "uniform_delta", "rank_gap_delta",
     "outcome_deltas", "SuppressionTable", "QueryClusters",
     "Reranker", "CrossEncoderReranker", "CachedReranker", "FakeReranker",
-    "RetrievalConfig", "retrieve", "Feature", "FeatureSetting",
+    "RetrievalConfig", "retrieve", "Feature", "FeatureSetting", "EntryFilter",
     "ndcg_at_k", "recall_at_k", "remap_relevant", "Top1Behaviour", "top1_behaviour", "abstains",
     "BehaviourRates", "behaviour_rates",
     "MnemosError", "EmptyQueryError", "DimensionMismatchError", "DuplicateEntryError",
