@@ -9,7 +9,7 @@ from api.errors import (
     RetrievalTimeout,
     ServiceUnavailable,
 )
-from api.schemas import Hit, Outcome, PoolRow, RetrievalRequest, RetrievalResult, Turn
+from api.schemas import Hit, Outcome, PoolRow, RetrievalFilters, RetrievalRequest, RetrievalResult, Turn
 from api.validation import SCHEMA_VERSION, Limits
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "PoolRow",
     "Reason",
     "RetrievalFailed",
+    "RetrievalFilters",
     "RetrievalRequest",
     "RetrievalResult",
     "RetrievalTimeout",

@@ -96,17 +96,28 @@ class MnemosClient:
 
     # retrieval ------------------------------------------------------------------------------
 
-    def retrieve(self, tenant_id: str, query: str, k: int = 10, *, request_id: str | None = None,
+    def retrieve(self, tenant_id: str, query: str, k: int = 10, *, as_of: datetime | str | None = None,
+                 filters: Mapping[str, Any] | None = None, request_id: str | None = None,
                  timeout_s: float | None = None) -> RetrievalResult:
         """Ask the query workers; returns the typed result.
 
-        Raises InvalidInputError before anything is sent; RetrievalFailed when the job failed;
-        RetrievalTimeout when no result arrived within ``timeout_s`` (default ``retrieve_timeout_s``);
-        ServiceUnavailable when Redis fails.
+        ``as_of`` (a zone-aware datetime or ISO 8601 string) is the knowledge time: only turns that
+        occurred at or before it can come back, and relative times in the query ("last week") are
+        read from it. ``filters`` may hold ``session_ids`` and ``roles`` (non-empty lists of
+        strings) and ``occurred_after`` (zone-aware, inclusive, not after ``as_of``); see
+        :class:`~api.schemas.RetrievalRequest` for the exact semantics.
+
+        Raises InvalidInputError before anything is sent (``bad_filter`` for a bad ``filters``
+        object); RetrievalFailed when the job failed; RetrievalTimeout when no result arrived
+        within ``timeout_s`` (default ``retrieve_timeout_s``); ServiceUnavailable when Redis fails.
         """
         payload: dict[str, Any] = {"v": 1, "tenant_id": tenant_id, "query": query, "k": k}
         if request_id is not None:
             payload["request_id"] = request_id
+        if as_of is not None:
+            payload["as_of"] = as_of
+        if filters is not None:
+            payload["filters"] = dict(filters) if isinstance(filters, Mapping) else filters
         request = RetrievalRequest.parse(payload, self.limits)
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
         job_id = job_id_for(request.tenant_id, request.request_id)

@@ -1,7 +1,8 @@
 """Wire schemas of the service (DESIGN.md "Contracts"), version ``v`` = 1.
 
 * :class:`Turn`: one message of stream ``<prefix>:turns`` (flat string fields).
-* :class:`RetrievalRequest`: the JSON argument of an rq job on queue ``retrievals``.
+* :class:`RetrievalRequest` with :class:`RetrievalFilters`: the JSON argument of an rq job on
+  queue ``retrievals``.
 * :class:`RetrievalResult` with :class:`Hit`: the JSON return value of that job.
 * :class:`Outcome` with :class:`PoolRow`: one message of stream ``<prefix>:outcomes``.
 
@@ -23,12 +24,14 @@ from api.errors import InvalidInputError, Reason
 from api.validation import (
     SCHEMA_VERSION,
     Limits,
+    check_filters,
     check_id,
     check_k,
     check_metadata,
     check_text,
     check_timestamp,
     check_version,
+    check_zoned_time,
 )
 
 DEFAULT_LIMITS = Limits()
@@ -105,33 +108,105 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class RetrievalFilters:
+    """Optional restrictions of a retrieval request (its ``filters`` JSON object); None: no restriction.
+
+    Attributes:
+        session_ids: only turns of these sessions of the requesting tenant (another tenant's
+            session ids never match anything).
+        roles: only turns of these speakers.
+        occurred_after: inclusive lower bound on ``occurred_at`` (UTC; not later than ``as_of``).
+
+    The conditions hold on one turn together (and with ``as_of``). A deduplicated memory passes
+    when its canonical turn or any of its aliases does: dedupe loses nothing, and the hit still
+    shows the canonical turn's fields with the alias in ``aliases``.
+    """
+
+    session_ids: tuple[str, ...] | None = None
+    roles: tuple[str, ...] | None = None
+    occurred_after: datetime | None = None
+
+    @classmethod
+    def parse(cls, value: Any, limits: Limits = DEFAULT_LIMITS, as_of: datetime | None = None
+              ) -> RetrievalFilters | None:
+        """Validate a ``filters`` object (see :func:`api.validation.check_filters`); ``{}`` is None.
+
+        Raises InvalidInputError (``bad_filter``, or the id / timestamp reasons of a bad value).
+        """
+        checked = check_filters(value, limits, as_of)
+        return cls(**checked) if checked else None
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JSON object, with only the keys that restrict something."""
+        out: dict[str, Any] = {}
+        if self.session_ids is not None:
+            out["session_ids"] = list(self.session_ids)
+        if self.roles is not None:
+            out["roles"] = list(self.roles)
+        if self.occurred_after is not None:
+            out["occurred_after"] = self.occurred_after.isoformat()
+        return out
+
+
+@dataclass(frozen=True)
 class RetrievalRequest:
-    """One question of a tenant; ``request_id`` becomes the rq job id and the outcome id."""
+    """One question of a tenant; ``request_id`` becomes the rq job id and the outcome id.
+
+    ``as_of`` (optional, zone-aware, UTC in memory) is the knowledge time: only turns with
+    ``occurred_at <= as_of`` can be returned, scored, pooled or suppressed (the memory as it
+    stood then, seen through today's index: BM25 term statistics, dedupe and suppression scores
+    are the current ones). It also anchors relative time expressions ("last week") of the
+    temporal feature; without it they stay unresolved. A future ``as_of`` is accepted and hides
+    nothing. ``filters`` (optional, :class:`RetrievalFilters`) narrows further. Both restrict
+    candidate generation itself, so a selective request still gets the best allowed turns; a
+    request whose restrictions allow nothing gets no hits. A filtered request still sends an
+    outcome for the entries it pooled, so it teaches suppression about them like any other.
+
+    Version: still ``v`` = 1. ``as_of`` and ``filters`` are optional additions; a v1 payload
+    without them parses as before, and :meth:`to_payload` leaves them out when unset, so the
+    payload of an unfiltered request is unchanged. A worker older than these fields ignores
+    them (it would answer unfiltered): upgrade the query workers before clients send them.
+    """
 
     tenant_id: str
     query: str
     k: int = 10
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     v: int = SCHEMA_VERSION
+    as_of: datetime | None = None
+    filters: RetrievalFilters | None = None
 
     @classmethod
     def parse(cls, values: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS) -> RetrievalRequest:
-        """Validate a request payload; raises InvalidInputError."""
+        """Validate a request payload; raises InvalidInputError.
+
+        ``as_of``: ISO 8601 with a zone (or a zone-aware datetime); missing or null means none.
+        ``filters``: a JSON object (see :class:`RetrievalFilters`); missing, null or ``{}`` means none.
+        """
         request_id = values.get("request_id")
         if request_id is None:  # an explicit "" is refused below, not silently replaced
             request_id = uuid.uuid4().hex
-        return cls(
-            tenant_id=check_id(values.get("tenant_id"), "tenant_id", limits),
-            query=check_text(values.get("query"), "query", limits.max_query_bytes, Reason.EMPTY_QUERY,
-                             Reason.QUERY_TOO_LARGE),
-            k=check_k(values.get("k", 10), limits),
-            request_id=check_id(request_id, "request_id", limits),
-            v=check_version(values.get("v")),
-        )
+        tenant_id = check_id(values.get("tenant_id"), "tenant_id", limits)
+        query = check_text(values.get("query"), "query", limits.max_query_bytes, Reason.EMPTY_QUERY,
+                           Reason.QUERY_TOO_LARGE)
+        k = check_k(values.get("k", 10), limits)
+        request_id = check_id(request_id, "request_id", limits)
+        version = check_version(values.get("v"))
+        raw_as_of, raw_filters = values.get("as_of"), values.get("filters")
+        as_of = None if raw_as_of is None else check_zoned_time(raw_as_of, "as_of")
+        filters = None if raw_filters is None else RetrievalFilters.parse(raw_filters, limits, as_of)
+        return cls(tenant_id=tenant_id, query=query, k=k, request_id=request_id, v=version, as_of=as_of,
+                   filters=filters)
 
     def to_payload(self) -> dict[str, Any]:
-        return {"v": self.v, "request_id": self.request_id, "tenant_id": self.tenant_id,
-                "query": self.query, "k": self.k}
+        """The job's JSON argument; ``as_of`` and ``filters`` only when set."""
+        payload: dict[str, Any] = {"v": self.v, "request_id": self.request_id, "tenant_id": self.tenant_id,
+                                   "query": self.query, "k": self.k}
+        if self.as_of is not None:
+            payload["as_of"] = self.as_of.isoformat()
+        if self.filters is not None:
+            payload["filters"] = self.filters.to_payload()
+        return payload
 
 
 @dataclass(frozen=True)

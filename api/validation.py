@@ -23,7 +23,10 @@ _ALLOWED_TEXT_CONTROLS = frozenset("\t\n\r")
 
 @dataclass(frozen=True)
 class Limits:
-    """Input limits (bytes are UTF-8 bytes; ``max_future_skew_s`` tolerates clock drift)."""
+    """Input limits (bytes are UTF-8 bytes; ``max_future_skew_s`` tolerates clock drift).
+
+    ``max_filter_values`` bounds each list of a retrieval request's ``filters`` (session ids, roles).
+    """
 
     max_text_bytes: int = 32 * 1024
     max_query_bytes: int = 4 * 1024
@@ -31,6 +34,7 @@ class Limits:
     max_metadata_bytes: int = 8 * 1024
     max_future_skew_s: float = 86_400.0
     max_k: int = 100
+    max_filter_values: int = 1024
 
 
 def check_version(value: Any) -> int:
@@ -107,6 +111,17 @@ def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, lar
 
 def check_timestamp(value: Any, field: str, limits: Limits, now: datetime) -> datetime:
     """A zone-aware time (datetime or ISO 8601 string) no later than ``now`` + skew, in UTC."""
+    moment = check_zoned_time(value, field)
+    if (moment - now).total_seconds() > limits.max_future_skew_s:
+        raise InvalidInputError(Reason.TIMESTAMP_IN_FUTURE, field, f"{moment.isoformat()} is in the future")
+    return moment
+
+
+def check_zoned_time(value: Any, field: str) -> datetime:
+    """A zone-aware time (datetime or ISO 8601 string) in UTC; any moment in years 1..9999 UTC.
+
+    No clock is read: a request's ``as_of`` may lie in the future (it then hides nothing).
+    """
     if value is None:
         raise InvalidInputError(Reason.MISSING_FIELD, field, "is missing")
     if isinstance(value, datetime):
@@ -125,8 +140,6 @@ def check_timestamp(value: Any, field: str, limits: Limits, now: datetime) -> da
     except OverflowError:  # e.g. 9999-12-31T23:59:59-14:00 is in year 10000 in UTC
         raise InvalidInputError(Reason.BAD_TIMESTAMP, field, f"{moment.isoformat()} is outside years 1..9999 in UTC"
                                 ) from None
-    if (moment - now).total_seconds() > limits.max_future_skew_s:
-        raise InvalidInputError(Reason.TIMESTAMP_IN_FUTURE, field, f"{moment.isoformat()} is in the future")
     return moment
 
 
@@ -171,3 +184,47 @@ def check_k(value: Any, limits: Limits) -> int:
     if not 1 <= value <= limits.max_k:
         raise InvalidInputError(Reason.K_OUT_OF_RANGE, "k", f"{value} is outside 1..{limits.max_k}")
     return value
+
+
+FILTER_KEYS = ("session_ids", "roles", "occurred_after")
+"""The keys a retrieval request's ``filters`` object may hold (every one optional)."""
+
+
+def check_id_list(value: Any, field: str, limits: Limits) -> tuple[str, ...]:
+    """A non-empty JSON list of ids (each as :func:`check_id`), duplicates dropped, first order kept."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise InvalidInputError(Reason.BAD_FILTER, field, f"must be a list of strings, not {type(value).__name__}")
+    if not value:
+        raise InvalidInputError(Reason.BAD_FILTER, field, "is an empty list (leave the key out for no restriction)")
+    if len(value) > limits.max_filter_values:
+        raise InvalidInputError(Reason.BAD_FILTER, field, f"{len(value)} values, limit {limits.max_filter_values}")
+    return tuple(dict.fromkeys(check_id(item, f"{field}[{i}]", limits) for i, item in enumerate(value)))
+
+
+def check_filters(value: Any, limits: Limits, as_of: datetime | None) -> dict[str, Any]:
+    """The checked ``filters`` object of a retrieval request: a dict of the keys present.
+
+    Keys (all optional): ``session_ids`` and ``roles`` (non-empty lists of ids), ``occurred_after``
+    (zone-aware ISO 8601, not later than ``as_of``). Values come back as tuples of str and a UTC
+    datetime. Anything else (not an object, an unknown key, a wrong type, an empty list, an empty
+    time range) is ``bad_filter``; bad ids and times keep their own reasons.
+    """
+    if not isinstance(value, dict):
+        raise InvalidInputError(Reason.BAD_FILTER, "filters", f"must be a JSON object, not {type(value).__name__}")
+    unknown = sorted(str(key) for key in value if key not in FILTER_KEYS)
+    if unknown:
+        raise InvalidInputError(Reason.BAD_FILTER, "filters",
+                                f"unknown key {unknown[0][:40]!r} (allowed: {', '.join(FILTER_KEYS)})")
+    checked: dict[str, Any] = {}
+    for key in ("session_ids", "roles"):
+        if key in value:
+            checked[key] = check_id_list(value[key], f"filters.{key}", limits)
+    if "occurred_after" in value:
+        if value["occurred_after"] is None:
+            raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after", "is null (leave the key out)")
+        after = check_zoned_time(value["occurred_after"], "filters.occurred_after")
+        if as_of is not None and after > as_of:
+            raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after",
+                                    f"{after.isoformat()} is later than as_of {as_of.isoformat()} (nothing can match)")
+        checked["occurred_after"] = after
+    return checked

@@ -8,7 +8,9 @@ variable that :class:`QueryWorker` sets around each job, so it fails loudly anyw
 
 Per request: embed the query; in one snapshot read the tenant's memory version, extend its index
 if the version moved, load its clusters and its suppression scores for the query's cluster; run
-:func:`mnemos.pipeline.retrieve` (with the post-rerank features the settings switch on); XADD the outcome to ``<prefix>:outcomes``; return the result.
+:func:`mnemos.pipeline.retrieve` (with the post-rerank features the settings switch on, the
+request's ``as_of`` and ``filters`` as its candidate filter and ``as_of`` as the reference time);
+XADD the outcome to ``<prefix>:outcomes``; return the result.
 An unknown tenant gets an empty result (and no outcome), not an error.
 """
 
@@ -31,6 +33,7 @@ from api import schemas
 from api.errors import InvalidInputError, Reason
 from mnemos.encoder import Encoder
 from mnemos.features import Feature, FeatureSetting
+from mnemos.filters import EntryFilter
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Outcome
 from mnemos.rerank import Reranker
@@ -75,6 +78,16 @@ def outcome_message(outcome: Outcome, *, with_embedding: bool) -> schemas.Outcom
         pool_size=outcome.pool_size,
         pool=tuple(schemas.PoolRow(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score) for p in outcome.pool),
         query_embedding=outcome.query_embedding if with_embedding else None)
+
+
+def entry_filter(request: schemas.RetrievalRequest) -> EntryFilter | None:
+    """The core filter of a request's ``as_of`` and ``filters``; None when it restricts nothing."""
+    f = request.filters
+    if request.as_of is None and f is None:
+        return None
+    return EntryFilter(as_of=request.as_of, occurred_after=None if f is None else f.occurred_after,
+                       session_ids=None if f is None or f.session_ids is None else frozenset(f.session_ids),
+                       roles=None if f is None or f.roles is None else frozenset(f.roles))
 
 
 class QueryService:
@@ -128,10 +141,11 @@ class QueryService:
                                     (tenant_id, cluster)).fetchall()
                 table = SuppressionTable({(int(e), cluster): float(s) for e, s in rows})
         refresh_s = self.clock() - refresh_started
-        # requests carry no knowledge time (as_of) yet, so relative time expressions stay unresolved
+        # the knowledge time also anchors relative time expressions; without it they stay unresolved
         core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config,
                         reranker=self.reranker, suppression=table, cluster=cluster,
-                        outcome_id=request.request_id, clock=self.clock, reference_time=None)
+                        outcome_id=request.request_id, clock=self.clock, reference_time=request.as_of,
+                        allowed=entry_filter(request))
         if core.outcome is not None:
             message = outcome_message(core.outcome, with_embedding=clusters is None)
             self.connection.xadd(self.settings.outcomes_stream, message.to_stream_fields())  # type: ignore[arg-type]

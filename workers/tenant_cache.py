@@ -5,13 +5,13 @@ entry id it has seen and, once the suppression worker froze them, its query clus
 request the worker reads the tenant's memory version and, in the same REPEATABLE READ snapshot,
 only the entries with a larger id (entries of one tenant are inserted under its advisory lock, so
 ids grow in commit order): new canonical entries are added to the index, new aliases folded into
-their canonical entry, and every new turn (canonical or alias) joins its session in the index's
-session-level retriever (the post-rerank session feature reads it). Within one refresh the
-canonical turns join before the aliases, so a session's centroid may differ from a fresh
-build's in the last float32 bit; rankings do not otherwise depend on how refreshes were cut.
-The worker is single-threaded, so no request reads an index while it is
-being extended; if an extension fails half-way the state is dropped and rebuilt from scratch on
-the next request (a fresh object swapped in whole). The cache is an LRU of ``max_tenants``.
+their canonical entry (keeping their own session, role and time for request filters), and every
+new turn (canonical or alias) joins its session in the index's session-level retriever (the
+post-rerank session feature reads it). Within one refresh the canonical turns join before the
+aliases, so a session's centroid may differ from a fresh build's in the last float32 bit;
+rankings do not otherwise depend on how refreshes were cut. The worker is single-threaded, so no
+request reads an index while it is being extended; if an extension fails half-way the state is
+dropped and rebuilt from scratch on the next request (a fresh object swapped in whole). The cache is an LRU of ``max_tenants``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from datetime import UTC
 import psycopg
 
 from mnemos.errors import MnemosError
-from mnemos.records import Entry
+from mnemos.records import Entry, TurnFacts
 from mnemos.suppression import QueryClusters
 from mnemos.tenant_index import TenantIndex
 from workers.store import Store, vectors_from_bytes
@@ -86,12 +86,14 @@ class TenantCache:
         entries = [Entry(int(r[0]), tenant_id, r[1], r[2], r[3], r[4], r[5].astimezone(UTC)) for r in canonical]
         vectors = vectors_from_bytes([bytes(r[6]) for r in canonical], self.dim)
         aliases: dict[int, list[str]] = {}
+        alias_facts: dict[int, list[TurnFacts]] = {}
         alias_rows = [r for r in rows if r[7] is not None]
         for r in alias_rows:
             aliases.setdefault(int(r[7]), []).append(r[1])
+            alias_facts.setdefault(int(r[7]), []).append(TurnFacts(r[2], r[3], r[5].astimezone(UTC)))
         state.index.add(entries, vectors, version=version)
-        for entry_id, turn_ids in aliases.items():
-            state.index.add_aliases(entry_id, turn_ids)
+        for entry_id, turn_ids in aliases.items():  # an alias keeps its own session, role and time for filters
+            state.index.add_aliases(entry_id, turn_ids, alias_facts[entry_id])
         if alias_rows:  # an alias is still a turn of its own session (transcript, centroid, start)
             state.index.add_session_turns([r[2] for r in alias_rows], [r[4] for r in alias_rows],
                                           vectors_from_bytes([bytes(r[6]) for r in alias_rows], self.dim),

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from api import InvalidInputError, Limits, Reason, RetrievalRequest, Turn
+from api import InvalidInputError, Limits, Reason, RetrievalFilters, RetrievalRequest, Turn
 from api.schemas import Outcome, PoolRow
 
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
@@ -75,3 +75,55 @@ def test_outcome_round_trip_and_malformed_message() -> None:
     with pytest.raises(InvalidInputError) as info:
         Outcome.from_stream_fields({b"v": b"1", b"tenant_id": b"t", b"outcome": b"{}"})
     assert info.value.reason is Reason.MALFORMED_MESSAGE
+
+
+AS_OF = "2024-05-01T12:00:00+02:00"
+
+
+@pytest.mark.parametrize(("payload", "reason", "field"), [
+    ({"as_of": "last tuesday"}, Reason.BAD_TIMESTAMP, "as_of"),
+    ({"as_of": "2024-05-01T12:00:00"}, Reason.TIMESTAMP_WITHOUT_ZONE, "as_of"),
+    ({"as_of": 1714557600}, Reason.BAD_TIMESTAMP, "as_of"),
+    ({"filters": ["s1"]}, Reason.BAD_FILTER, "filters"),
+    ({"filters": "session_ids=s1"}, Reason.BAD_FILTER, "filters"),
+    ({"filters": {"session": ["s1"]}}, Reason.BAD_FILTER, "filters"),
+    ({"filters": {"session_ids": ["s1"], "tenant_id": "other"}}, Reason.BAD_FILTER, "filters"),
+    ({"filters": {"session_ids": []}}, Reason.BAD_FILTER, "filters.session_ids"),
+    ({"filters": {"roles": []}}, Reason.BAD_FILTER, "filters.roles"),
+    ({"filters": {"session_ids": "s1"}}, Reason.BAD_FILTER, "filters.session_ids"),
+    ({"filters": {"roles": {"user": True}}}, Reason.BAD_FILTER, "filters.roles"),
+    ({"filters": {"session_ids": None}}, Reason.BAD_FILTER, "filters.session_ids"),
+    ({"filters": {"session_ids": ["s" + str(i) for i in range(1025)]}}, Reason.BAD_FILTER, "filters.session_ids"),
+    ({"filters": {"session_ids": ["s1", 7]}}, Reason.BAD_ID, "filters.session_ids[1]"),
+    ({"filters": {"roles": ["  "]}}, Reason.BAD_ID, "filters.roles[0]"),
+    ({"filters": {"roles": ["a\x00b"]}}, Reason.CONTROL_CHARACTERS, "filters.roles[0]"),
+    ({"filters": {"session_ids": ["x" * 257]}}, Reason.BAD_ID, "filters.session_ids[0]"),
+    ({"filters": {"occurred_after": "2024-05-01"}}, Reason.TIMESTAMP_WITHOUT_ZONE, "filters.occurred_after"),
+    ({"filters": {"occurred_after": "soon"}}, Reason.BAD_TIMESTAMP, "filters.occurred_after"),
+    ({"filters": {"occurred_after": None}}, Reason.BAD_FILTER, "filters.occurred_after"),
+    ({"as_of": AS_OF, "filters": {"occurred_after": "2024-05-01T10:00:01Z"}}, Reason.BAD_FILTER,
+     "filters.occurred_after"),
+])
+def test_bad_as_of_and_filters_are_refused(payload: dict, reason: Reason, field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        RetrievalRequest.parse({"v": 1, "tenant_id": "t", "query": "where", **payload})
+    assert (info.value.reason, info.value.field) == (reason, field)
+
+
+def test_as_of_and_filters_parse_to_utc_and_round_trip() -> None:
+    request = RetrievalRequest.parse({"v": 1, "tenant_id": "t", "query": "where", "as_of": AS_OF, "filters": {
+        "session_ids": ["s2", "s1", "s2"], "roles": ["user"], "occurred_after": "2024-05-01T10:00:00Z"}})
+    assert request.as_of == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+    assert request.filters == RetrievalFilters(("s2", "s1"), ("user",), datetime(2024, 5, 1, 10, 0, tzinfo=UTC))
+    assert RetrievalRequest.parse(request.to_payload()) == request
+    far = RetrievalRequest.parse({"v": 1, "tenant_id": "t", "query": "q", "as_of": "2999-01-01T00:00:00Z"})
+    assert far.as_of is not None  # no clock is read: a future as_of simply hides nothing
+
+
+def test_v1_payloads_without_the_new_fields_are_unchanged() -> None:
+    old = {"v": 1, "request_id": "r", "tenant_id": "t", "query": "where", "k": 10}
+    request = RetrievalRequest.parse(old)
+    assert (request.as_of, request.filters) == (None, None)
+    assert request.to_payload() == old  # an unfiltered request sends exactly what it always sent
+    for empty in ({"as_of": None}, {"filters": None}, {"filters": {}}):
+        assert RetrievalRequest.parse({**old, **empty}) == request

@@ -1,0 +1,138 @@
+"""Retrieval requests with ``as_of`` and ``filters`` through the real query worker (fake models).
+
+The client sends the request through rq (in a thread, since the rq worker must own the main
+thread for its signal handlers); the worker answers it from Postgres-backed indexes.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from api.errors import InvalidInputError, Reason, RetrievalFailed
+from api.schemas import Outcome, RetrievalRequest, RetrievalResult
+from tests.integration.factories import (
+    BASE_TIME,
+    client_for,
+    conversation_turns,
+    drain,
+    ingest_worker,
+    query_service,
+    turn,
+)
+from tests.support import JOB_TTLS
+from workers.query import QueryService, build_worker
+from workers.settings import Settings
+from workers.store import Store
+
+pytestmark = pytest.mark.integration
+
+KYOTO = "We booked a trip to Kyoto in October"
+
+
+def _ingest(settings: Settings, connection: redis.Redis, store: Store, turns: list) -> None:
+    client_for(settings, connection).publish_turns(turns)
+    drain(ingest_worker(settings, connection, store))
+
+
+def _through_the_queue(settings: Settings, connection: redis.Redis, service: QueryService,
+                       *args: Any, **kwargs: Any) -> RetrievalResult:
+    """``client.retrieve(*args, **kwargs)`` answered by a burst of the real query worker."""
+    client = client_for(settings, connection)
+    queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(client.retrieve, *args, timeout_s=10.0, **kwargs)
+        deadline = time.monotonic() + 5.0
+        while queue.count == 0 and not future.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        build_worker(settings, connection, service, name=f"{settings.stream_prefix}-f{time.monotonic_ns()}"
+                     ).work(burst=True)
+        return future.result()
+
+
+def _outcome_entry_ids(connection: redis.Redis, settings: Settings) -> list[set[int]]:
+    return [{row.entry_id for row in Outcome.from_stream_fields(fields).pool}
+            for _, fields in connection.xrange(settings.outcomes_stream)]
+
+
+def test_as_of_hides_later_turns_and_a_session_filter_keeps_one_session(settings: Settings,
+                                                                        redis_client: redis.Redis,
+                                                                        store: Store) -> None:
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a")
+            + [turn("alice", "kyoto", KYOTO, session="s4", minutes=99)])
+    service = query_service(settings, redis_client, store)
+
+    now = _through_the_queue(settings, redis_client, service, "alice", "trip Kyoto", k=3)
+    assert now.hits[0].turn_id == "kyoto"
+    kyoto_entry = now.hits[0].entry_id
+
+    as_of = BASE_TIME + timedelta(minutes=50)
+    before = _through_the_queue(settings, redis_client, service, "alice", "trip Kyoto", k=10,
+                                as_of=as_of.isoformat())
+    assert before.hits and "kyoto" not in {h.turn_id for h in before.hits}
+    assert all(h.occurred_at <= as_of for h in before.hits)
+    assert kyoto_entry not in _outcome_entry_ids(redis_client, settings)[-1]  # never pooled, so never suppressed
+
+    s2 = _through_the_queue(settings, redis_client, service, "alice", "cat Pixel cello", k=10,
+                            filters={"session_ids": ["s2"]})
+    assert sorted(h.turn_id for h in s2.hits) == ["a3", "a4", "a5"]  # every s2 turn, and nothing else
+    assert _outcome_entry_ids(redis_client, settings)[-1] == {h.entry_id for h in s2.hits}
+
+    both = _through_the_queue(settings, redis_client, service, "alice", "Porto bakery", k=10,
+                              as_of=BASE_TIME + timedelta(minutes=4),
+                              filters={"session_ids": ["s2", "s4"], "roles": ["assistant"],
+                                       "occurred_after": (BASE_TIME + timedelta(minutes=1)).isoformat()})
+    assert [h.turn_id for h in both.hits] == ["a4"]
+
+    nothing = _through_the_queue(settings, redis_client, service, "alice", "trip Kyoto", k=10,
+                                 as_of=BASE_TIME - timedelta(days=1))
+    assert nothing.hits == () and nothing.pool_size == 0
+    assert len(redis_client.xrange(settings.outcomes_stream)) == 4  # the empty request sent no outcome
+
+
+def test_a_deduplicated_turn_lets_its_canonical_entry_through(settings: Settings, redis_client: redis.Redis,
+                                                              store: Store) -> None:
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    _ingest(settings, redis_client, store, [turn("alice", "dup", "I adopted a grey cat named Pixel last spring",
+                                                 session="s9", role="assistant", minutes=500)])
+    service = query_service(settings, redis_client, store)
+    for filters in ({"session_ids": ["s9"]}, {"session_ids": ["s9"], "roles": ["assistant"]},
+                    {"occurred_after": (BASE_TIME + timedelta(minutes=400)).isoformat()}):
+        result = service.answer(RetrievalRequest.parse({"v": 1, "tenant_id": "alice", "query": "grey cat",
+                                                        "filters": filters}))
+        # the hit is the canonical turn, with its own fields, and names the alias that matched
+        assert [(h.turn_id, h.session_id, h.role, h.aliases) for h in result.hits] == [("a0", "s1", "user",
+                                                                                        ("dup",))]
+    alias_roles_only = service.answer(RetrievalRequest.parse(
+        {"v": 1, "tenant_id": "alice", "query": "grey cat", "filters": {"session_ids": ["s9"], "roles": ["user"]}}))
+    assert alias_roles_only.hits == ()  # the conditions must hold on one turn
+
+
+def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settings, redis_client: redis.Redis,
+                                                               store: Store) -> None:
+    client = client_for(settings, redis_client)
+    queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
+    for kwargs, reason in ((dict(filters={"colour": "red"}), Reason.BAD_FILTER),
+                           (dict(filters={"session_ids": []}), Reason.BAD_FILTER),
+                           (dict(as_of="2024-03-01T09:00:00"), Reason.TIMESTAMP_WITHOUT_ZONE),
+                           (dict(as_of="2024-03-01T09:00:00Z",
+                                 filters={"occurred_after": "2024-03-02T00:00:00Z"}), Reason.BAD_FILTER)):
+        with pytest.raises(InvalidInputError) as info:
+            client.retrieve("alice", "cat", **kwargs)
+        assert info.value.reason is reason
+    assert queue.count == 0  # nothing was sent
+
+    service = query_service(settings, redis_client, store)
+    raw = {"v": 1, "tenant_id": "alice", "query": "cat", "filters": {"roles": "user"}}
+    job = queue.enqueue("workers.query.retrieval_job", raw, **JOB_TTLS)
+    build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-bad").work(burst=True)
+    with pytest.raises(RetrievalFailed, match="bad_filter"):
+        client._wait(job, RetrievalRequest("alice", "cat", request_id=job.id), 2.0)
+    assert service.metrics.query_jobs.labels(status="error")._value.get() == 1
