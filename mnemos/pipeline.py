@@ -206,6 +206,9 @@ def retrieve(
             When no entry is allowed the result is empty (no reranker call, no outcome). The
             outcome of a filtered request covers the entries it pooled, so a filtered request
             still teaches suppression about them (in the query's cluster, as any request).
+            Not restricted: the post-rerank session feature ranks sessions (and dates them) over
+            the tenant's whole current memory, hidden turns included; it can reorder allowed
+            hits, never add one.
 
     Post-rerank features (``config.features``) run after the rerank and the deep pass, on the
     whole reranked pool: ``rerank logit + adjustments``, stable re-sort (ties keep the

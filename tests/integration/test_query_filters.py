@@ -136,3 +136,25 @@ def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settin
     with pytest.raises(RetrievalFailed, match="bad_filter"):
         client._wait(job, RetrievalRequest("alice", "cat", request_id=job.id), 2.0)
     assert service.metrics.query_jobs.labels(status="error")._value.get() == 1
+
+
+def test_as_of_is_the_reference_time_of_the_core(settings: Settings, redis_client: redis.Redis, store: Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.query
+
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    seen: list[dict[str, Any]] = []
+    real = workers.query.retrieve
+
+    def spy(*args: Any, **kwargs: Any):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(workers.query, "retrieve", spy)
+    service = query_service(settings, redis_client, store)
+    service.answer(RetrievalRequest("alice", "what did I do last week", k=3))
+    service.answer(RetrievalRequest.parse({"v": 1, "tenant_id": "alice", "query": "what did I do last week",
+                                           "as_of": "2024-03-08T10:00:00+01:00"}))
+    assert (seen[0]["reference_time"], seen[0]["allowed"]) == (None, None)  # nothing asked: the unfiltered path
+    assert seen[1]["reference_time"] == BASE_TIME + timedelta(days=7) and seen[1]["allowed"].as_of == seen[1][
+        "reference_time"]
