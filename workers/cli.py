@@ -106,16 +106,28 @@ def publish(ctx: click.Context, source: TextIO, tenant: str | None) -> None:
 @click.option("-k", "--k", "k", default=10, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=None, help="seconds (default: settings)")
 @click.option("--json", "as_json", is_flag=True, help="print the raw result")
+@click.option("--as-of", "as_of", default=None, help="knowledge time, ISO 8601 with zone: only turns that occurred by then")
+@click.option("--session", "sessions", multiple=True, help="only turns of this session (repeatable)")
+@click.option("--role", "roles", multiple=True, help="only turns of this speaker (repeatable)")
+@click.option("--after", "occurred_after", default=None, help="only turns that occurred at or after this ISO 8601 time")
 @click.argument("question")
 @click.pass_context
-def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, as_json: bool, question: str) -> None:
+def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, as_json: bool, as_of: str | None,
+             sessions: tuple[str, ...], roles: tuple[str, ...], occurred_after: str | None, question: str) -> None:
     """Ask one question through the query workers and print the hits."""
     from api.errors import MnemosClientError
     from workers.demo import format_result
 
+    filters: dict[str, object] = {}
+    if sessions:
+        filters["session_ids"] = list(sessions)
+    if roles:
+        filters["roles"] = list(roles)
+    if occurred_after is not None:
+        filters["occurred_after"] = occurred_after
     client = _client(_settings(ctx))
     try:
-        result = client.retrieve(tenant, question, k=k, timeout_s=timeout_s)
+        result = client.retrieve(tenant, question, k=k, timeout_s=timeout_s, as_of=as_of, filters=filters or None)
     except MnemosClientError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(result.to_payload(), indent=2) if as_json else format_result(tenant, question, result))

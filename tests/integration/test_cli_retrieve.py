@@ -1,0 +1,72 @@
+"""``mnemos retrieve`` with ``--as-of`` and filters: sent to the real query worker, or refused before sending."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+import redis
+from click.testing import CliRunner
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from tests.integration.factories import (
+    BASE_TIME,
+    client_for,
+    conversation_turns,
+    drain,
+    ingest_worker,
+    query_service,
+    turn,
+)
+from workers.cli import cli
+from workers.query import build_worker
+from workers.settings import Settings, to_environment
+from workers.store import Store
+
+pytestmark = pytest.mark.integration
+
+
+def _invoke(settings: Settings, *args: str):
+    return CliRunner().invoke(cli, ["retrieve", *args], env=to_environment(settings), catch_exceptions=False)
+
+
+def test_cli_sends_as_of_and_filters_to_the_worker(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    turns = conversation_turns("alice", "a") + [turn("alice", "kyoto", "We booked a trip to Kyoto in October",
+                                                      session="s4", minutes=99)]
+    client_for(settings, redis_client).publish_turns(turns)
+    drain(ingest_worker(settings, redis_client, store))
+    service = query_service(settings, redis_client, store)
+    queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
+
+    results = []
+    for args in ([], ["--as-of", (BASE_TIME + timedelta(minutes=50)).isoformat()], ["--session", "s4"]):
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(_invoke, settings, "--tenant", "alice", "--json", "-k", "10", *args, "trip Kyoto")
+            deadline = time.monotonic() + 10
+            while queue.count == 0 and not future.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-cli{time.monotonic_ns()}"
+                         ).work(burst=True)
+            out = future.result(timeout=15)
+        assert out.exit_code == 0, out.output
+        results.append([h["turn_id"] for h in json.loads(out.output)["hits"]])
+    unfiltered, before, session = results
+    assert unfiltered[0] == "kyoto"
+    assert before and "kyoto" not in before
+    assert session == ["kyoto"]
+
+
+@pytest.mark.parametrize(("args", "reason"), [
+    (["--as-of", "2024-01-01T00:00:00"], "timestamp"),  # no zone
+    (["--as-of", "2024-01-01T00:00:00+00:00", "--after", "2024-02-01T00:00:00+00:00"], "bad_filter"),
+])
+def test_cli_refuses_bad_filters_before_sending(settings: Settings, redis_client: redis.Redis, args: list[str],
+                                                reason: str) -> None:
+    out = CliRunner().invoke(cli, ["retrieve", "--tenant", "alice", *args, "trip"], env=to_environment(settings))
+    assert out.exit_code == 1
+    assert reason in out.output
+    assert Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer).count == 0
