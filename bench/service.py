@@ -185,7 +185,8 @@ def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation]
     done = _wait(lambda: _group_caught_up(run.connection, run.settings.turns_stream, INGEST_GROUP), timeout_s,
                  "ingestion", 0.05)
     seconds = done - started
-    short = {t: (run.stored(t), n) for t, n in expected.items() if run.stored(t) < n}
+    stored = {t: run.stored(t) for t in expected}
+    short = {t: (stored[t], n) for t, n in expected.items() if stored[t] < n}
     if short:
         raise click.ClickException(f"ingestion acknowledged every turn but stored fewer: {short} (see dead letters)")
     return {"turns": len(turns), "publish_seconds": published - started, "ingest_seconds": seconds,
