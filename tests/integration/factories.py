@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
 
 from api.client import MnemosClient
 from workers.ingest import IngestWorker, limits_of
@@ -14,6 +20,7 @@ from workers.settings import Settings
 from workers.store import Store
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
+T = TypeVar("T")
 
 
 def client_for(settings: Settings, connection: redis.Redis) -> MnemosClient:
@@ -77,3 +84,20 @@ CONVERSATION = [
 def conversation_turns(tenant: str, prefix: str = "t") -> list[dict[str, object]]:
     return [turn(tenant, f"{prefix}{i}", text, session=session, role=role, minutes=i)
             for i, (session, role, text) in enumerate(CONVERSATION)]
+
+
+def answered_by_worker(settings: Settings, connection: redis.Redis, service: Any, call: Callable[..., T],
+                       *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)`` (which enqueues one retrieval and waits) answered by a burst of the
+    real query worker; ``call`` runs in a thread because the rq worker must own the main thread."""
+    from workers.query import build_worker
+
+    queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(call, *args, **kwargs)
+        deadline = time.monotonic() + 10.0
+        while queue.count == 0 and not future.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        build_worker(settings, connection, service, name=f"{settings.stream_prefix}-w{time.monotonic_ns()}"
+                     ).work(burst=True)
+        return future.result(timeout=15)

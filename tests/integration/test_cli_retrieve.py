@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -15,6 +13,7 @@ from rq.serializers import JSONSerializer
 
 from tests.integration.factories import (
     BASE_TIME,
+    answered_by_worker,
     client_for,
     conversation_turns,
     drain,
@@ -23,7 +22,6 @@ from tests.integration.factories import (
     turn,
 )
 from workers.cli import cli
-from workers.query import build_worker
 from workers.settings import Settings, to_environment
 from workers.store import Store
 
@@ -40,18 +38,11 @@ def test_cli_sends_as_of_and_filters_to_the_worker(settings: Settings, redis_cli
     client_for(settings, redis_client).publish_turns(turns)
     drain(ingest_worker(settings, redis_client, store))
     service = query_service(settings, redis_client, store)
-    queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
 
     results = []
     for args in ([], ["--as-of", (BASE_TIME + timedelta(minutes=50)).isoformat()], ["--session", "s4"]):
-        with ThreadPoolExecutor(1) as pool:
-            future = pool.submit(_invoke, settings, "--tenant", "alice", "--json", "-k", "10", *args, "trip Kyoto")
-            deadline = time.monotonic() + 10
-            while queue.count == 0 and not future.done() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-cli{time.monotonic_ns()}"
-                         ).work(burst=True)
-            out = future.result(timeout=15)
+        out = answered_by_worker(settings, redis_client, service, _invoke, settings, "--tenant", "alice", "--json",
+                                 "-k", "10", *args, "trip Kyoto")
         assert out.exit_code == 0, out.output
         results.append([h["turn_id"] for h in json.loads(out.output)["hits"]])
     unfiltered, before, session = results

@@ -6,8 +6,6 @@ thread for its signal handlers); the worker answers it from Postgres-backed inde
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +18,7 @@ from api.errors import InvalidInputError, Reason, RetrievalFailed
 from api.schemas import Outcome, RetrievalRequest, RetrievalResult
 from tests.integration.factories import (
     BASE_TIME,
+    answered_by_worker,
     client_for,
     conversation_turns,
     drain,
@@ -45,16 +44,8 @@ def _ingest(settings: Settings, connection: redis.Redis, store: Store, turns: li
 def _through_the_queue(settings: Settings, connection: redis.Redis, service: QueryService,
                        *args: Any, **kwargs: Any) -> RetrievalResult:
     """``client.retrieve(*args, **kwargs)`` answered by a burst of the real query worker."""
-    client = client_for(settings, connection)
-    queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
-    with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(client.retrieve, *args, timeout_s=10.0, **kwargs)
-        deadline = time.monotonic() + 5.0
-        while queue.count == 0 and not future.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        build_worker(settings, connection, service, name=f"{settings.stream_prefix}-f{time.monotonic_ns()}"
-                     ).work(burst=True)
-        return future.result()
+    return answered_by_worker(settings, connection, service, client_for(settings, connection).retrieve,
+                              *args, timeout_s=10.0, **kwargs)
 
 
 def _outcome_entry_ids(connection: redis.Redis, settings: Settings) -> list[set[int]]:
