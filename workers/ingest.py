@@ -160,19 +160,21 @@ class IngestWorker:
             if fresh:
                 matrix = np.stack([p.vector for p in fresh]).astype(np.float32)
                 decisions = dedupe_batch(matrix, canon.vectors, self.settings.dedupe_threshold)
-                batch_ids: dict[int, int] = {}
+                ids = self._allocate_ids(conn, len(fresh))  # stream order, ascending
+                rows: list[tuple[_Pending, int, int | None]] = []
                 for decision, item in zip(decisions, fresh, strict=True):
                     if decision.existing is not None:
                         canonical: int | None = canon.entry_ids[decision.existing]
                     elif decision.batch is not None:
-                        canonical = batch_ids[decision.batch]
+                        canonical = ids[decision.batch]
                     else:
                         canonical = None
-                    entry_id = self._insert(conn, item, canonical)
-                    if entry_id is None:  # a concurrent writer won (cannot happen under the lock)
+                    rows.append((item, ids[decision.row], canonical))
+                stored = self._insert(conn, rows)
+                for item, entry_id, canonical in rows:
+                    if entry_id not in stored:  # a concurrent writer won (cannot happen under the lock)
                         continue
                     if canonical is None:
-                        batch_ids[decision.row] = entry_id
                         new_ids.append(entry_id)
                         new_vectors.append(item.vector)
                         outcome.indexed += 1
@@ -208,18 +210,35 @@ class IngestWorker:
                     item.turn))
         return fresh
 
-    def _insert(self, conn: psycopg.Connection, item: _Pending, canonical: int | None) -> int | None:
-        turn = item.turn
-        row = conn.execute(
-            "INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding,"
-            " canonical_entry_id, metadata, encoder_truncated, stream_id)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT (tenant_id, turn_id) DO NOTHING RETURNING entry_id",
-            (turn.tenant_id, turn.turn_id, turn.session_id, turn.role, turn.text, turn.occurred_at,
-             vector_to_bytes(item.vector), canonical, Jsonb(dict(turn.metadata)), item.truncated,
-             item.message.stream_id),
-        ).fetchone()
-        return None if row is None else int(row[0])
+    @staticmethod
+    def _allocate_ids(conn: psycopg.Connection, n: int) -> list[int]:
+        """``n`` entry ids from the entries sequence, ascending: rows keep stream order, and an
+        in-batch alias can name its canonical before either is inserted."""
+        rows = conn.execute("SELECT nextval(pg_get_serial_sequence('entries', 'entry_id'))"
+                            " FROM generate_series(1, %s)", (n,)).fetchall()
+        return sorted(int(r[0]) for r in rows)
+
+    @staticmethod
+    def _insert(conn: psycopg.Connection, rows: Sequence[tuple[_Pending, int, int | None]]) -> set[int]:
+        """Insert ``(turn, entry id, canonical entry id)`` rows in one pipelined round trip; returns
+        the entry ids actually inserted (``ON CONFLICT (tenant_id, turn_id) DO NOTHING``)."""
+        params = [
+            (entry_id, item.turn.tenant_id, item.turn.turn_id, item.turn.session_id, item.turn.role, item.turn.text,
+             item.turn.occurred_at, vector_to_bytes(item.vector), canonical, Jsonb(dict(item.turn.metadata)),
+             item.truncated, item.message.stream_id)
+            for item, entry_id, canonical in rows]
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO entries (entry_id, tenant_id, turn_id, session_id, role, text, occurred_at, embedding,"
+                " canonical_entry_id, metadata, encoder_truncated, stream_id)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (tenant_id, turn_id) DO NOTHING RETURNING entry_id", params, returning=True)
+            stored: set[int] = set()
+            for _ in cur.results():
+                row = cur.fetchone()
+                if row is not None:
+                    stored.add(int(row[0]))
+        return stored
 
     def _load_canonicals(self, conn: psycopg.Connection, tenant_id: str) -> _Canonicals:
         """The tenant's canonical embeddings: the cache plus rows committed since (under the lock)."""
