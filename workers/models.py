@@ -68,6 +68,21 @@ def bi_encoder_dir(settings: Settings) -> Path | None:
         raise ModelSetupError(str(exc)) from exc
 
 
+def limit_blas_threads(settings: Settings) -> None:
+    """Cap numpy's BLAS pool of this process at ``settings.blas_threads`` (None: leave it alone).
+
+    Called once at a worker's start. Idle OpenBLAS threads spin after each matmul (the ingest
+    dedupe, the query fusion and suppression) and take cores from the next torch call; torch's
+    own intra-op pool is not affected.
+    """
+    if settings.blas_threads is None:
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=settings.blas_threads, user_api="blas")
+    log.info("numpy BLAS threads capped at %d", settings.blas_threads)
+
+
 def load_encoder(settings: Settings) -> Encoder:
     """The bi-encoder of ``settings.bi_encoder``; raises ModelSetupError when it cannot load."""
     path = bi_encoder_dir(settings)

@@ -21,7 +21,7 @@ import redis
 from workers import ingest, suppression
 from workers.errors import ModelSetupError, StoreError
 from workers.metrics import ServiceMetrics, serve
-from workers.models import load_encoder, load_reranker, load_truncation_counter
+from workers.models import limit_blas_threads, load_encoder, load_reranker, load_truncation_counter
 from workers.settings import Settings
 from workers.store import Store
 from workers.streams import StreamSampler
@@ -59,6 +59,7 @@ class _StreamWorker(Protocol):
 def _run_stream_worker(settings: Settings, kind: str, port: int,
                        build: Callable[[redis.Redis, Store, ServiceMetrics], _StreamWorker]) -> int:
     """Open the store, serve metrics, and run the worker ``build`` makes until SIGTERM/SIGINT."""
+    limit_blas_threads(settings)
     try:
         store = Store(settings.database_url, settings.db_app_role).open()
     except StoreError as exc:
@@ -106,6 +107,7 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
 
     from workers.query import QueryService, build_worker
 
+    limit_blas_threads(settings)
     try:
         encoder = load_encoder(settings)
         reranker = load_reranker(settings)
