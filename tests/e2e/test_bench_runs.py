@@ -180,6 +180,7 @@ def test_speed_bench_reports_every_number(settings: Settings, locomo: Path, tmp_
     assert payload["ingest_turns_per_s"] > 0 and payload["ingest_share_of_encoder"] > 0
     assert 0 < payload["query_p50_s"] <= payload["query_p95_s"]
     assert 0 < payload["freshness_p50_s"] <= payload["freshness_p95_s"]
+    assert payload["freshness_probes_returned"] == 3  # each probe is visible to the query worker once committed
     assert payload["rerank_p50_s"] > 0 and payload["worker_rerank_p50_s"] > 0
     stages = payload["worker_stage_p50_s"]
     assert {"rerank", "total"} <= set(stages)
