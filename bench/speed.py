@@ -126,13 +126,18 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
     questions = prepare_questions(conversations, limit=limit)
     texts = [t.text for c in conversations for t in c.turns]
     encoder = load_encoder(run_settings)
-    encoder_tps = encoder_rate(encoder, texts, run_settings.ingest_batch_size)
+    encoder_before = encoder_rate(encoder, texts, run_settings.ingest_batch_size)
     sorted_tps = encoder_rate(encoder, texts)
-    click.echo(f"bi-encoder alone: {encoder_tps:.1f} turns/s in batches of {run_settings.ingest_batch_size} "
+    click.echo(f"bi-encoder alone: {encoder_before:.1f} turns/s in batches of {run_settings.ingest_batch_size} "
                f"({sorted_tps:.1f} turns/s in one length-sorted call) on {len(texts)} turns")
     with running_service(run_settings, ("ingest", "query")) as run:
         ingest = publish_conversations(run, conversations)
         click.echo(f"through the stream: {ingest['ingest_turns_per_s']:.1f} turns/s")
+        # again right after, with the workers still up: the mean of the two brackets the ingest phase,
+        # so a machine that slows down or speeds up during the run does not bias the ratio
+        encoder_after = encoder_rate(encoder, texts, run_settings.ingest_batch_size)
+        click.echo(f"bi-encoder alone after ingestion: {encoder_after:.1f} turns/s")
+        encoder_tps = (encoder_before + encoder_after) / 2
         latencies, worker = [], []
         for question in tqdm(questions, desc="queries through rq", unit="q", disable=None):
             started = time.perf_counter()
@@ -148,7 +153,8 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
         "command": " ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]),
         "machine": machine(), "data": str(data), "reranker": reranker,
         "n_turns": len(texts), "n_queries": len(questions), "n_freshness_probes": probes,
-        "encoder_turns_per_s": encoder_tps, "encoder_batch": run_settings.ingest_batch_size,
+        "encoder_turns_per_s": encoder_tps, "encoder_turns_per_s_before": encoder_before,
+        "encoder_turns_per_s_after": encoder_after, "encoder_batch": run_settings.ingest_batch_size,
         "encoder_sorted_turns_per_s": sorted_tps, "ingest_turns_per_s": ingest["ingest_turns_per_s"],
         "ingest_share_of_encoder": ingest["ingest_turns_per_s"] / encoder_tps,
         "ingest_share_of_sorted_encoder": ingest["ingest_turns_per_s"] / sorted_tps,
@@ -167,7 +173,8 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
         "settings": {"pool_size": run_settings.pool_size, "encoder_batch_size": run_settings.encoder_batch_size,
                      "ingest_batch_size": run_settings.ingest_batch_size, "bi_encoder": run_settings.bi_encoder},
     }
-    for key in ("encoder_turns_per_s", "encoder_sorted_turns_per_s", "ingest_turns_per_s", "ingest_share_of_encoder",
+    for key in ("encoder_turns_per_s", "encoder_turns_per_s_before", "encoder_turns_per_s_after",
+                "encoder_sorted_turns_per_s", "ingest_turns_per_s", "ingest_share_of_encoder",
                 "query_p50_s", "query_p95_s", "rerank_p50_s", "worker_rerank_p50_s", "query_overhead_p50",
                 "query_overhead_vs_worker_rerank_p50", "outside_rerank_p50_s", "freshness_p50_s", "freshness_p95_s",
                 "freshness_probes_returned"):

@@ -177,6 +177,8 @@ def test_speed_bench_reports_every_number(settings: Settings, locomo: Path, tmp_
     assert payload["n_queries"] == 8 and payload["n_turns"] == 24 and payload["n_freshness_probes"] == 3
     assert payload["reranker"] == FAKE_MODEL
     assert payload["encoder_turns_per_s"] > 0 and payload["encoder_sorted_turns_per_s"] > 0
+    assert payload["encoder_turns_per_s"] == pytest.approx(
+        (payload["encoder_turns_per_s_before"] + payload["encoder_turns_per_s_after"]) / 2)
     assert payload["ingest_turns_per_s"] > 0 and payload["ingest_share_of_encoder"] > 0
     assert 0 < payload["query_p50_s"] <= payload["query_p95_s"]
     assert 0 < payload["freshness_p50_s"] <= payload["freshness_p95_s"]
