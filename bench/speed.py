@@ -92,7 +92,7 @@ def freshness(run, tenant_id: str, probes: int) -> tuple[list[float], int]:
     seconds, visible = [], 0
     for number in range(probes):
         turn_id = f"probe-{uuid.uuid4().hex[:8]}"
-        session_id = f"probe-{turn_id}"
+        session_id = f"session-{turn_id}"
         text = f"Freshness probe {number}: the parcel code is {uuid.uuid4().hex[:6]}"
         started = time.perf_counter()
         run.client.publish_turn({"tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id,
