@@ -69,11 +69,13 @@ def bi_encoder_dir(settings: Settings) -> Path | None:
 
 
 def limit_blas_threads(settings: Settings) -> None:
-    """Cap numpy's BLAS pool of this process at ``settings.blas_threads`` (None: leave it alone).
+    """Cap every BLAS library loaded in this process (numpy's, faiss's) at ``settings.blas_threads``
+    threads (None: leave them alone).
 
     Called once at a worker's start. Idle OpenBLAS threads spin after each matmul (the ingest
-    dedupe, the query fusion and suppression) and take cores from the next torch call; torch's
-    own intra-op pool is not affected.
+    dedupe, the query worker's dense search and suppression) and take cores from the next torch
+    call; torch's own intra-op pool is not affected. A BLAS loaded later (scipy's, when the
+    suppression worker first runs k-means) keeps its own default.
     """
     if settings.blas_threads is None:
         return
