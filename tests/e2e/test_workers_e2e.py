@@ -95,22 +95,25 @@ def test_killed_ingest_worker_loses_and_duplicates_nothing(e2e_settings: Setting
                                                            store: Store) -> None:
     settings = e2e_settings.replace(ingest_batch_size=8, metrics_enabled=False)
     client = client_for(settings, redis_client)
-    client.publish_turns([turn("t", f"k{i:03d}", f"turn number {i} mentions item {i * 7}") for i in range(300)])
+    # enough turns that the kill lands mid-stream: with the fake encoder and batched inserts the
+    # worker stores 300 turns before the 0.2 s poll below first sees a commit
+    n = 3000
+    client.publish_turns([turn("t", f"k{i:04d}", f"turn number {i} mentions item {i * 7}") for i in range(n)])
     first = spawn_workers(settings, ("ingest",))
     _wait_for(lambda: _count(store, "t", "entries") > 0, what="first commits")
     first[0].send_signal(signal.SIGKILL)  # mid-stream, possibly between a commit and its XACK
     first[0].wait(5)
-    assert _count(store, "t", "entries") < 300
+    assert _count(store, "t", "entries") < n
     second = spawn_workers(settings, ("ingest",))
     try:
-        _wait_for(lambda: _count(store, "t", "entries") == 300, timeout_s=60, what="all turns after the kill")
+        _wait_for(lambda: _count(store, "t", "entries") == n, timeout_s=60, what="all turns after the kill")
         _wait_for(lambda: redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0, timeout_s=20,
                   what="claimed entries acknowledged")
     finally:
         stop_workers(second)
     with store.tenant_tx("t") as conn:
         turn_ids = [r[0] for r in conn.execute("SELECT turn_id FROM entries")]
-    assert sorted(turn_ids) == [f"k{i:03d}" for i in range(300)]  # lost 0, duplicated 0
+    assert sorted(turn_ids) == [f"k{i:04d}" for i in range(n)]  # lost 0, duplicated 0
 
 
 def test_retrieve_times_out_with_a_typed_error_when_the_query_worker_is_killed(
