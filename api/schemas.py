@@ -22,6 +22,7 @@ from typing import Any
 
 from api.errors import InvalidInputError, Reason
 from api.validation import (
+    IMAGE_CAPTION_KEY,
     SCHEMA_VERSION,
     Limits,
     check_filters,
@@ -100,6 +101,12 @@ class Turn:
         if self.metadata:
             fields["metadata"] = json.dumps(dict(self.metadata), ensure_ascii=False, separators=(",", ":"))
         return fields
+
+    @property
+    def image_caption(self) -> str | None:
+        """``metadata.image_caption`` (a caption of an image shared with the turn), or None when blank."""
+        caption = self.metadata.get(IMAGE_CAPTION_KEY)
+        return caption.strip() or None if isinstance(caption, str) else None
 
     def same_content(self, other: Turn) -> bool:
         """True when ``other`` says the same thing (used to tell a redelivery from a turn-id conflict)."""

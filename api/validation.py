@@ -143,8 +143,13 @@ def check_zoned_time(value: Any, field: str) -> datetime:
     return moment
 
 
+IMAGE_CAPTION_KEY = "image_caption"
+"""Metadata key of a caption of an image shared with the turn (a string); the rendering shows it."""
+
+
 def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
     """A JSON object (dict or its JSON text) of at most ``max_metadata_bytes`` bytes, as text and serialized.
+    ``image_caption``, when present, must be a string.
 
     Text is measured before it is parsed; nesting deeper than the JSON parser allows is ``bad_metadata``.
     """
@@ -174,6 +179,10 @@ def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
     size = _utf8_size(encoded, "metadata")
     if size > limits.max_metadata_bytes:
         raise InvalidInputError(Reason.METADATA_TOO_LARGE, "metadata", f"{size} bytes, limit {limits.max_metadata_bytes}")
+    caption = value.get(IMAGE_CAPTION_KEY)
+    if caption is not None and not isinstance(caption, str):
+        raise InvalidInputError(Reason.BAD_METADATA, f"metadata.{IMAGE_CAPTION_KEY}",
+                                f"must be a string, got {type(caption).__name__}")
     return value
 
 

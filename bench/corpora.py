@@ -21,10 +21,11 @@ import numpy as np
 from bench.datasets import Conversation, Turn
 from mnemos.dedupe import DEFAULT_THRESHOLD, dedupe_batch
 from mnemos.records import Entry
+from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.sessions import SessionIndex
 from mnemos.tenant_index import TenantIndex
 
-__all__ = ["CorpusMode", "SessionIndex", "Tenant", "build_tenants", "global_id"]
+__all__ = ["CorpusMode", "SessionIndex", "Tenant", "build_tenants", "global_id", "rendered_texts"]
 
 
 class CorpusMode(StrEnum):
@@ -72,9 +73,11 @@ def _build_tenant(
     vectors: np.ndarray,
     dim: int,
     dedupe_threshold: float | None,
+    rendering: Rendering,
 ) -> Tenant:
-    """``rows`` are ``(global turn number, conversation id, turn)``; ``vectors`` their embeddings."""
-    index = TenantIndex(tenant_id, dim)
+    """``rows`` are ``(global turn number, conversation id, turn)``; ``vectors`` their embeddings
+    (of the rendered texts, :func:`rendered_texts`)."""
+    index = TenantIndex(tenant_id, dim, rendering=rendering)
     if dedupe_threshold is None:
         decisions = [None] * len(rows)
     else:
@@ -100,6 +103,7 @@ def _build_tenant(
             Entry(
                 entry_id=number, tenant_id=tenant_id, turn_id=global_id(conv, turn.turn_id), session_id=session,
                 role=turn.role, text=turn.text, occurred_at=turn.occurred_at, aliases=tuple(aliases.get(number, ())),
+                image_caption=turn.image_caption,
             )
         )
         keep.append(i)
@@ -108,8 +112,8 @@ def _build_tenant(
     index.add(entries, vectors[keep] if keep else np.zeros((0, dim), np.float32))
 
     sessions = SessionIndex(dim)
-    sessions.add([global_id(conv, turn.session_id) for _, conv, turn in rows], [turn.text for _, _, turn in rows],
-                 vectors, [turn.occurred_at for _, _, turn in rows])
+    sessions.add([global_id(conv, turn.session_id) for _, conv, turn in rows],
+                 rendered_texts([turn for _, _, turn in rows], rendering), vectors, [turn.occurred_at for _, _, turn in rows])
     index.sessions = sessions  # every turn in dataset order, aliases included: what the pipeline's features read too
     return Tenant(
         tenant_id=tenant_id,
@@ -123,6 +127,11 @@ def _build_tenant(
     )
 
 
+def rendered_texts(turns: Sequence[Turn], rendering: Rendering | int = RENDERING_VERSION) -> list[str]:
+    """What the models see for each turn (:func:`mnemos.rendering.render_turn`), in order."""
+    return [render_turn(t.role, t.text, t.image_caption, version=rendering) for t in turns]
+
+
 def build_tenants(
     conversations: Sequence[Conversation],
     turn_vectors: np.ndarray,
@@ -130,11 +139,13 @@ def build_tenants(
     *,
     dim: int,
     dedupe_threshold: float | None = DEFAULT_THRESHOLD,
+    rendering: Rendering | int = RENDERING_VERSION,
 ) -> dict[str, Tenant]:
     """Tenants of ``mode``, keyed by tenant id (the conversation id, or ``"pooled"``).
 
-    ``turn_vectors`` is ``(total turns, dim)`` float32, rows in conversation order then turn
-    order; a turn's row number is its entry id in every mode (aliases have no entry).
+    ``turn_vectors`` is ``(total turns, dim)`` float32: embeddings of :func:`rendered_texts` under
+    the same ``rendering``, rows in conversation order then turn order; a turn's row number is its
+    entry id in every mode (aliases have no entry).
     """
     rows: list[tuple[int, str, Turn]] = []
     for conv in conversations:
@@ -147,7 +158,7 @@ def build_tenants(
         groups["pooled" if mode is CorpusMode.POOLED else row[1]].append(row)
     return {
         tenant_id: _build_tenant(
-            tenant_id, members, turn_vectors[[n for n, _, _ in members]], dim, dedupe_threshold
+            tenant_id, members, turn_vectors[[n for n, _, _ in members]], dim, dedupe_threshold, Rendering(rendering)
         )
         for tenant_id, members in groups.items()
     }

@@ -6,8 +6,8 @@ evidence. Nothing here ranks or scores; ``bench.quality`` and ``mnemos.training_
 
 Sources:
 - LoCoMo: Maharana et al., ACL 2024 (arXiv:2402.17753), ``data/locomo10.json``; schema, counts and
-  the evidence repair follow ``/work/shared/data/locomo/README.md`` ("JSON structure",
-  "Evidence quality"). CC BY-NC 4.0: never commit the data itself.
+  the evidence repair follow the dataset's own README ("JSON structure", "Evidence quality").
+  CC BY-NC 4.0: never commit the data itself.
 - LongMemEval: Wu et al., 2024 (arXiv:2410.10813); one item = one question with its own
   haystack of sessions, answer turns flagged ``has_answer``.
 """
@@ -58,13 +58,16 @@ class DatasetFormatError(DatasetError, ValueError):
 
 @dataclass(frozen=True)
 class Turn:
-    """One utterance. ``occurred_at`` is tz-aware UTC (LoCoMo: the start time of its session)."""
+    """One utterance with its raw fields. ``occurred_at`` is tz-aware UTC (LoCoMo: the start time
+    of its session); ``image_caption`` is LoCoMo's ``blip_caption`` of a shared image, or None.
+    What models see is :func:`mnemos.rendering.render_turn` of role, text and caption."""
 
     turn_id: str
     session_id: str
     role: str
     text: str
     occurred_at: datetime
+    image_caption: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,8 +208,6 @@ def _locomo_turns(conv_id: str, conversation: Mapping[str, Any], path: Path) -> 
             seen.add(turn_id)
             text = _require(raw, "text", str, path, at)
             caption = raw.get("blip_caption")
-            if isinstance(caption, str) and caption.strip():
-                text = f"{text} [image: {caption.strip()}]"
             turns.append(
                 Turn(
                     turn_id=turn_id,
@@ -214,6 +215,7 @@ def _locomo_turns(conv_id: str, conversation: Mapping[str, Any], path: Path) -> 
                     role=_require(raw, "speaker", str, path, at),
                     text=text,
                     occurred_at=occurred_at,
+                    image_caption=caption.strip() if isinstance(caption, str) and caption.strip() else None,
                 )
             )
     return turns
@@ -263,7 +265,7 @@ def load_locomo(path: str | Path) -> list[Conversation]:
 
     Turn ids are the ``dia_id`` strings (``"D1:3"``), session ids ``"S<N>"``, roles the speaker
     names; a turn's ``occurred_at`` is its session's ``session_<N>_date_time`` read as UTC, and
-    an image caption is appended as ``" [image: <caption>]"``. Question ids are
+    an image caption (``blip_caption``) is kept in ``image_caption`` (the rendering appends it). Question ids are
     ``"<sample_id>:<index in qa>"``; their evidence goes through :func:`repair_dia_ids` against
     the conversation's turn ids. On the published file this gives 10 conversations, 5,882 turns
     and 1,986 questions, 1,982 of them with at least one evidence turn.

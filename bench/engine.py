@@ -40,7 +40,7 @@ from enum import StrEnum
 import numpy as np
 
 from bench.arms import Arm
-from bench.corpora import CorpusMode, Tenant, build_tenants, global_id
+from bench.corpora import CorpusMode, Tenant, build_tenants, global_id, rendered_texts
 from bench.datasets import Conversation
 from mnemos.encoder import Encoder
 from mnemos.evaluation import ndcg_at_k, recall_at_k, top1_behaviour
@@ -53,6 +53,7 @@ from mnemos.features import (
     parse_time_expressions,
 )
 from mnemos.pipeline import RetrievalConfig, retrieve
+from mnemos.rendering import RENDERING_VERSION, Rendering
 from mnemos.rerank import Reranker
 from mnemos.suppression import QueryClusters, SuppressionTable, outcome_deltas
 
@@ -260,6 +261,7 @@ class Engine:
         modes: corpus modes to build.
         burnin_factor / clusters / queries_per_cluster / bootstrap_factor / seed: see module doc.
         dedupe_threshold: cosine for write-time dedupe (None: off).
+        rendering: what the models see of a turn (:mod:`mnemos.rendering`; ablations turn it off).
         progress: ``progress(total, description)`` returns an ``advance(n)`` callable and a
             ``close()`` callable (tqdm in the CLI, no-op in tests).
     """
@@ -275,6 +277,7 @@ class Engine:
     bootstrap_factor: int = 10
     seed: int = 0
     dedupe_threshold: float | None = 0.95
+    rendering: Rendering = RENDERING_VERSION
     progress: Callable[[int, str], tuple[Callable[[int], None], Callable[[], None]]] | None = None
     tenants: dict[CorpusMode, dict[str, Tenant]] = field(default_factory=dict)
     states: dict[RunKey, list[StateRecord]] = field(default_factory=dict)
@@ -283,7 +286,7 @@ class Engine:
 
     def __post_init__(self) -> None:
         started = time.perf_counter()
-        texts = [t.text for c in self.conversations for t in c.turns]
+        texts = rendered_texts([t for c in self.conversations for t in c.turns], self.rendering)
         vectors = self.encoder.encode(texts + [q.text for q in self.questions])
         self.turn_vectors = vectors[: len(texts)]
         self.question_vectors = vectors[len(texts) :]
@@ -291,7 +294,8 @@ class Engine:
         started = time.perf_counter()
         for mode in self.modes:
             self.tenants[mode] = build_tenants(
-                self.conversations, self.turn_vectors, mode, dim=self.encoder.dim, dedupe_threshold=self.dedupe_threshold
+                self.conversations, self.turn_vectors, mode, dim=self.encoder.dim, dedupe_threshold=self.dedupe_threshold,
+                rendering=self.rendering,
             )
             for tenant in self.tenants[mode].values():
                 tenant.question_keys = [q.key for q in self.questions if q.conversation_id in tenant.conversations]
@@ -367,7 +371,7 @@ class Engine:
             for config in configs:
                 result = retrieve(tenant.index, question.text, self.question_vectors[question.row], k=depth,
                                   config=config)
-                texts.update((h.text, None) for h in result.hits)
+                texts.update((tenant.index.rendered(h.entry_id), None) for h in result.hits)
         return texts
 
     def prewarm(self, configs: Iterable[RetrievalConfig]) -> int:

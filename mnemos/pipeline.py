@@ -375,7 +375,7 @@ def _score_new(
     out = dict(known)
     todo = [eid for eid in entry_ids if eid not in out]
     if todo:
-        logits = np.asarray(reranker.score(query, [index.entry(eid).text for eid in todo]), dtype=np.float32)
+        logits = np.asarray(reranker.score(query, [index.rendered(eid) for eid in todo]), dtype=np.float32)
         if logits.shape != (len(todo),):
             raise DimensionMismatchError("rerank scores", (len(todo),), tuple(logits.shape))
         out.update((eid, float(s)) for eid, s in zip(todo, logits, strict=True))

@@ -17,6 +17,8 @@ class Entry:
     ``entry_id`` is unique across the deployment (the Postgres key); ``turn_id`` is unique within
     the tenant. ``aliases`` holds the turn ids that dedupe folded into this entry (cosine >= 0.95,
     seed 004 checkpoint 7), so nothing said is lost: results map back to every alias.
+    ``text`` is the raw text as published; ``image_caption`` an optional caption of an image
+    shared with the turn. What the models see is :func:`mnemos.rendering.render_turn` of these.
     """
 
     entry_id: int
@@ -27,6 +29,7 @@ class Entry:
     text: str
     occurred_at: datetime
     aliases: tuple[str, ...] = ()
+    image_caption: str | None = None
 
     @property
     def turn_ids(self) -> tuple[str, ...]:

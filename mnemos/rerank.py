@@ -59,6 +59,8 @@ class CrossEncoderReranker:
                 device=device,
                 activation_fn=torch.nn.Identity(),  # logits, whatever the saved config says
             )
+            if device == "cpu":  # weights may be stored as float16 (the shipped model): compute in float32
+                self._model.model.float()
         except Exception as exc:  # the library raises many unrelated types
             raise ModelLoadError(str(model_name_or_path), f"{type(exc).__name__}: {exc}") from exc
         self.model_name_or_path = str(model_name_or_path)

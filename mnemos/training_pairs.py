@@ -25,6 +25,8 @@ from typing import Protocol
 import numpy as np
 
 from mnemos.errors import TrainingDataError
+from mnemos.fusion import reciprocal_rank_fusion
+from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.tokenizer import tokenize
 
 __all__ = [
@@ -38,6 +40,8 @@ __all__ = [
     "locomo_positives",
     "mine_examples",
     "read_pairs_jsonl",
+    "turn_passages",
+    "calibration_pools",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,7 +108,9 @@ class TextEncoder(Protocol):
 
 class _TurnLike(Protocol):
     turn_id: str
+    role: str
     text: str
+    image_caption: str | None
 
 
 class _QuestionLike(Protocol):
@@ -144,6 +150,12 @@ def fold_conversations(conversation_ids: Iterable[str], fold: int, n_folds: int)
     return [c for c in ids if c not in held_out], held_out
 
 
+def turn_passages(conversation: Conversation, rendering: Rendering | int = RENDERING_VERSION) -> dict[str, str]:
+    """``{turn_id: rendered text}`` of a conversation: the passages the reranker is trained on,
+    rendered exactly as the service renders stored turns (:func:`mnemos.rendering.render_turn`)."""
+    return {t.turn_id: render_turn(t.role, t.text, t.image_caption, version=rendering) for t in conversation.turns}
+
+
 def locomo_positives(
     conversations: Sequence[Conversation],
     conversation_ids: Iterable[str] | None = None,
@@ -151,12 +163,14 @@ def locomo_positives(
     use_observations: bool = True,
     use_qa: bool = True,
     qa_categories: frozenset[int] | None = frozenset({1, 2, 3, 4}),
+    rendering: Rendering | int = RENDERING_VERSION,
 ) -> list[PositivePair]:
     """Positive pairs from LoCoMo conversations (only those named in ``conversation_ids``).
 
     Observation facts pair with each turn they cite; questions pair with each evidence turn
     (ids already repaired by ``bench.datasets.load_locomo``). By default category-5 questions are
     left out: the data README notes their evidence turns do not answer the question as asked.
+    Passages are the turns' renderings (:func:`turn_passages`), as the service indexes them.
 
     Raises:
         TrainingDataError: if a named conversation is not in ``conversations``.
@@ -169,7 +183,7 @@ def locomo_positives(
     pairs: list[PositivePair] = []
     for conv_id in wanted:
         conv = by_id[conv_id]
-        text_of = {t.turn_id: t.text for t in conv.turns}
+        text_of = turn_passages(conv, rendering)
         if use_observations:
             for fact, turn_id in conv.observations:
                 if turn_id in text_of:
@@ -332,3 +346,41 @@ def mine_examples(
             total += len(block)
         blocks = kept
     return [pair for block in blocks for pair in block]
+
+
+def calibration_pools(
+    positives: Sequence[PositivePair],
+    corpora: Mapping[str, Sequence[str]],
+    *,
+    encoder: TextEncoder | None,
+    n_queries: int = 200,
+    pool_size: int = 30,
+    sources: frozenset[PairSource] = frozenset({PairSource.QA}),
+    seed: int = 0,
+) -> list[tuple[str, list[str]]]:
+    """First-stage pools of sampled training questions, for calibrating the deep pass.
+
+    Up to ``n_queries`` distinct queries of ``sources`` (questions by default: the deep pass acts on
+    questions, not on observation facts) are drawn with a seeded sample; each gets the RRF fusion
+    (k = 60) of its BM25 and dense top ``pool_size`` over its group's passages, cut to
+    ``pool_size``: the pool the retrieval pipeline would rerank. Groups without a corpus are skipped.
+    """
+    queries: dict[tuple[str, str], None] = {}
+    for p in positives:
+        if p.source in sources and p.group in corpora:
+            queries[(p.group, p.query)] = None
+    chosen = sorted(queries)
+    random.Random(seed).shuffle(chosen)
+    chosen = chosen[:n_queries]
+    by_group: dict[str, list[str]] = defaultdict(list)
+    for group, query in chosen:
+        by_group[group].append(query)
+    pools: list[tuple[str, list[str]]] = []
+    for group, group_queries in by_group.items():
+        passages = list(dict.fromkeys(corpora[group]))
+        index = _GroupIndex(passages, encoder, use_bm25=True)
+        for query, bm25, dense in zip(group_queries, index.bm25(group_queries, pool_size),
+                                      index.dense(group_queries, pool_size), strict=True):
+            fused = reciprocal_rank_fusion([bm25, dense])[:pool_size]
+            pools.append((query, [passages[i] for i, _ in fused]))
+    return pools

@@ -32,6 +32,7 @@ from api.schemas import Turn
 from api.validation import Limits
 from mnemos.dedupe import dedupe_batch
 from mnemos.encoder import Encoder
+from mnemos.rendering import render_turn
 from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of, publish_dead_letters
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter
@@ -108,8 +109,9 @@ class IngestWorker:
             except InvalidInputError as exc:
                 rejected.append(self._dead_letter(message, exc.reason.value, str(exc)))
         started = time.perf_counter()
-        vectors = self.encoder.encode([t.text for _, t in valid])
-        truncated = self.truncation.truncated([t.text for _, t in valid])
+        rendered = [render_turn(t.role, t.text, t.image_caption) for _, t in valid]
+        vectors = self.encoder.encode(rendered)
+        truncated = self.truncation.truncated(rendered)
         embed_s = time.perf_counter() - started
 
         by_tenant: dict[str, list[_Pending]] = {}

@@ -85,13 +85,23 @@ def limit_blas_threads(settings: Settings) -> None:
     log.info("numpy BLAS threads capped at %d", settings.blas_threads)
 
 
+def resolve_device(spec: str) -> str:
+    """``"cuda"`` or ``"cpu"`` for a device setting: ``auto`` picks a GPU when torch sees one."""
+    if spec != "auto":
+        return spec
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def load_encoder(settings: Settings) -> Encoder:
     """The bi-encoder of ``settings.bi_encoder``; raises ModelSetupError when it cannot load."""
     path = bi_encoder_dir(settings)
     if path is None:
         return HashingEncoder(settings.fake_encoder_dim)
     try:
-        return SentenceTransformerEncoder(path, batch_size=settings.encoder_batch_size)
+        return SentenceTransformerEncoder(path, batch_size=settings.encoder_batch_size,
+                                          device=resolve_device(settings.device))
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc
 
@@ -115,6 +125,6 @@ def load_reranker(settings: Settings) -> Reranker | None:
         return FakeReranker()
     try:
         return CrossEncoderReranker(name, max_length=settings.rerank_max_length,
-                                    batch_size=settings.rerank_batch_size)
+                                    batch_size=settings.rerank_batch_size, device=resolve_device(settings.device))
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc

@@ -38,6 +38,7 @@ class Settings:
     cross_encoder: str | None = None  # local dir / name, "fake", or None: no rerank (warned when loaded)
     encoder_batch_size: int = 16  # small batches of length-sorted texts pad less: 142 vs 76 turns/s on 64-turn reads
     rerank_batch_size: int = 32
+    device: str = "auto"  # auto | cpu | cuda: where the bi-encoder and the cross-encoder run (auto: a GPU if torch sees one)
     # BLAS threads per worker process; torch keeps its own pool. After a matmul, idle BLAS threads
     # spin and take a core from the next encode. On 2 cores, 1 lifts the ingest loop from 85-88% to
     # 99.7% of the bi-encoder's rate in process, and the full bench/speed run to 94.3% (was 80.5%).
@@ -98,6 +99,8 @@ class Settings:
     from_environment: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise SettingsError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.update_rule not in ("rank_gap", "uniform"):
             raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
         if self.blas_threads is not None and self.blas_threads < 1:

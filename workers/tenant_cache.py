@@ -25,6 +25,7 @@ import psycopg
 
 from mnemos.errors import MnemosError
 from mnemos.records import Entry, TurnFacts
+from mnemos.rendering import render_turn
 from mnemos.suppression import QueryClusters
 from mnemos.tenant_index import TenantIndex
 from workers.store import Store, vectors_from_bytes
@@ -79,11 +80,13 @@ class TenantCache:
     def _extend(self, conn: psycopg.Connection, state: TenantState, version: int) -> None:
         tenant_id = state.index.tenant_id
         rows = conn.execute(
-            "SELECT entry_id, turn_id, session_id, role, text, occurred_at, embedding, canonical_entry_id"
+            "SELECT entry_id, turn_id, session_id, role, text, occurred_at, embedding, canonical_entry_id,"
+            " metadata->>'image_caption'"
             " FROM entries WHERE tenant_id = %s AND entry_id > %s ORDER BY entry_id",
             (tenant_id, state.last_entry_id)).fetchall()
         canonical = [r for r in rows if r[7] is None]
-        entries = [Entry(int(r[0]), tenant_id, r[1], r[2], r[3], r[4], r[5].astimezone(UTC)) for r in canonical]
+        entries = [Entry(int(r[0]), tenant_id, r[1], r[2], r[3], r[4], r[5].astimezone(UTC), image_caption=r[8])
+                   for r in canonical]
         vectors = vectors_from_bytes([bytes(r[6]) for r in canonical], self.dim)
         aliases: dict[int, list[str]] = {}
         alias_facts: dict[int, list[TurnFacts]] = {}
@@ -95,7 +98,8 @@ class TenantCache:
         for entry_id, turn_ids in aliases.items():  # an alias keeps its own session, role and time for filters
             state.index.add_aliases(entry_id, turn_ids, alias_facts[entry_id])
         if alias_rows:  # an alias is still a turn of its own session (transcript, centroid, start)
-            state.index.add_session_turns([r[2] for r in alias_rows], [r[4] for r in alias_rows],
+            state.index.add_session_turns([r[2] for r in alias_rows],
+                                          [render_turn(r[3], r[4], r[8], version=state.index.rendering) for r in alias_rows],
                                           vectors_from_bytes([bytes(r[6]) for r in alias_rows], self.dim),
                                           [r[5].astimezone(UTC) for r in alias_rows])
         if rows:

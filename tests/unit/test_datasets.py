@@ -16,8 +16,10 @@ from bench.datasets import (
     parse_longmemeval_datetime,
     repair_dia_ids,
 )
+from mnemos.rendering import render_turn
 
-REAL_LOCOMO = Path("/work/shared/data/locomo/locomo10.json")
+# The shared data folder lies beside the repository checkout, where the project's machines keep it.
+REAL_LOCOMO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "locomo" / "locomo10.json"
 
 # Two sessions plus a dangling date key (like conv-26's), a captioned turn, and every kind of
 # malformed evidence the LoCoMo README lists.
@@ -122,9 +124,12 @@ def test_locomo_dangling_session_date_is_ignored(locomo):
     assert {t.session_id for t in locomo.turns} == {"S1", "S2"}
 
 
-def test_locomo_caption_is_appended(locomo):
-    assert locomo.turns[1].text == "Look at this! [image: a photo of a red kite]"
-    assert locomo.turns[0].text == "I adopted a cat."
+def test_locomo_caption_is_kept_apart_and_rendered(locomo):
+    assert locomo.turns[1].text == "Look at this!"
+    assert locomo.turns[1].image_caption == "a photo of a red kite"
+    assert locomo.turns[0].image_caption is None
+    turn = locomo.turns[1]
+    assert render_turn(turn.role, turn.text, turn.image_caption) == "Bo: Look at this! [image: a photo of a red kite]"
 
 
 def test_locomo_evidence_is_repaired(locomo):

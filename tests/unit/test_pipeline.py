@@ -114,7 +114,7 @@ def test_closed_loop_outcome_feeds_the_next_retrieval(index, encoder):
     query = "the dog"
     config = RetrievalConfig(deep_threshold=None)
     leader = _run(index, encoder, query, reranker=None).hits[0]
-    reranker = FakeReranker(overrides={leader.text: -5.0}, fn=lambda q, t: 1.0)  # the reranker rejects it
+    reranker = FakeReranker(overrides={index.rendered(leader.entry_id): -5.0}, fn=lambda q, t: 1.0)  # rejects it
     table = SuppressionTable()
     first = _run(index, encoder, query, reranker=reranker, config=config, suppression=table, cluster=0)
     row = next(r for r in first.outcome.pool if r.entry_id == leader.entry_id)

@@ -24,6 +24,7 @@ from mnemos.training_pairs import (
     locomo_positives,
     mine_examples,
     read_pairs_jsonl,
+    turn_passages,
 )
 
 T0 = datetime(2023, 5, 8, tzinfo=UTC)
@@ -39,6 +40,7 @@ TEXTS = [
     "My sister visited from Lisbon.",
     "Work has been stressful lately.",
 ]
+RENDERED = [f"A: {text}" for text in TEXTS]  # what the reranker is trained on: speaker "A" rendered in
 
 
 def _conversation(conv_id: str = "conv-1") -> Conversation:
@@ -98,7 +100,7 @@ def test_locomo_positives_pairs_facts_and_evidence_and_skips_category_5():
         (PairSource.QA, "What is the cat called?", "D1:2"),
         (PairSource.QA, "Where did they move?", "D1:3"),
     }
-    assert next(p for p in pairs if p.turn_id == "D1:3").passage == TEXTS[2]
+    assert next(p for p in pairs if p.turn_id == "D1:3").passage == RENDERED[2]
     with_5 = locomo_positives([_conversation()], qa_categories=None, use_observations=False)
     assert {p.query for p in with_5} == {"What is the cat called?", "Where did they move?", "What instrument?"}
 
@@ -141,7 +143,7 @@ def _mine(config: MiningConfig | None = None, encoder=None):
     config = config or MiningConfig()
     conv = _conversation()
     return mine_examples(
-        locomo_positives([conv]), config=config, encoder=encoder, corpora={"conv-1": [t.text for t in conv.turns]}
+        locomo_positives([conv]), config=config, encoder=encoder, corpora={"conv-1": list(turn_passages(conv).values())}
     )
 
 
@@ -157,13 +159,13 @@ def test_mining_shape_and_no_negative_is_a_positive(encoder):
     gold = {(p.query, p.passage) for p in positives}
     for e in examples:
         assert ((e.query, e.passage) in gold) == (e.label == 1.0)
-    assert all(e.passage in TEXTS for e in examples)
+    assert all(e.passage in RENDERED for e in examples)
 
 
 def test_mining_puts_lexical_neighbours_first():
     examples = _mine(MiningConfig(hard_negatives=1, random_negatives=0, use_dense=False))
     (neg,) = [e for e in examples if e.query == "A learns violin." and e.label == 0.0]
-    assert neg.passage == "The violin teacher is strict."
+    assert neg.passage == "A: The violin teacher is strict."
 
 
 def test_sibling_positives_get_different_hard_negatives():
@@ -265,7 +267,7 @@ def test_tiny_training_run_writes_model_and_provenance(tiny_model):
     assert provenance["n_positives"] == 10 and provenance["n_negatives"] >= 10
     assert provenance["n_pairs"] == provenance["n_positives"] + provenance["n_negatives"]
     assert provenance["seed"] == 7 and provenance["steps"] == 2 and provenance["seconds"] > 0
-    assert provenance["training_conversations"] == [] and provenance["pairs_file"] == str(pairs.resolve())
+    assert provenance["training_conversations"] == [] and provenance["pairs_file"] == pairs.name
     assert "all-MiniLM-L6-v2" in provenance["base_model"] and provenance["created_at"]
     config = json.loads((out / "config_sentence_transformers.json").read_text(encoding="utf-8"))
     assert config["activation_fn"].endswith("Identity")  # predict() gives logits
