@@ -22,12 +22,15 @@ from mnemos.errors import (
 )
 from mnemos.evaluation import (
     BehaviourRates,
+    SessionMetrics,
     Top1Behaviour,
     abstains,
     behaviour_rates,
     ndcg_at_k,
     recall_at_k,
     remap_relevant,
+    session_metrics,
+    session_ranking,
     top1_behaviour,
 )
 from mnemos.features import Feature, FeatureSetting
@@ -97,6 +100,9 @@ __all__ = [
     "ndcg_at_k",
     "recall_at_k",
     "remap_relevant",
+    "SessionMetrics",
+    "session_metrics",
+    "session_ranking",
     "Top1Behaviour",
     "top1_behaviour",
     "abstains",

@@ -74,6 +74,45 @@ def recall_at_k(ranked_ids: Sequence[Id], relevant_ids: Collection[Id], k: int) 
     return len(found) / len(relevant)
 
 
+@dataclass(frozen=True)
+class SessionMetrics:
+    """Session-level quality of one ranking: ``hit1`` (the best session holds evidence),
+    ``ndcg5`` and ``recall5`` over the session ranking (binary gains)."""
+
+    hit1: float
+    ndcg5: float
+    recall5: float
+
+
+def session_ranking(ranked_ids: Sequence[Id], session_of: Mapping[Id, str]) -> list[str]:
+    """Sessions in the order of their best-ranked turn (each session once, at its first turn).
+
+    ``session_of`` maps every ranked id to its session id.
+
+    Raises:
+        KeyError: if a ranked id has no session.
+    """
+    return list(dict.fromkeys(session_of[item] for item in ranked_ids))
+
+
+def session_metrics(ranked_ids: Sequence[Id], relevant_ids: Collection[Id], session_of: Mapping[Id, str]
+                    ) -> SessionMetrics:
+    """Session Hit@1, NDCG@5 and Recall@5 of a turn ranking, as published LoCoMo results report them.
+
+    A session is relevant when it holds a relevant turn; sessions are ranked by their best turn
+    (:func:`session_ranking`). With no relevant id every metric is 0.0.
+
+    Raises:
+        KeyError: if a ranked or relevant id has no session.
+    """
+    relevant = {session_of[item] for item in relevant_ids}
+    ranking = session_ranking(ranked_ids, session_of)
+    if not relevant:
+        return SessionMetrics(0.0, 0.0, 0.0)
+    hit1 = 1.0 if ranking and ranking[0] in relevant else 0.0
+    return SessionMetrics(hit1, ndcg_at_k(ranking, relevant, 5), recall_at_k(ranking, relevant, 5))
+
+
 def remap_relevant(relevant_ids: Iterable[str], alias_to_canonical: Mapping[str, str]) -> frozenset[str]:
     """Map relevant turn ids to their canonical turn ids (ids missing from the map stay as they are)."""
     return frozenset(alias_to_canonical.get(turn_id, turn_id) for turn_id in relevant_ids)

@@ -1,14 +1,19 @@
 """NDCG@k / Recall@k on hand-computed examples; seed 000 §5.3 behaviour metrics."""
 
+import math
+
 import pytest
 
 from mnemos.evaluation import (
+    SessionMetrics,
     Top1Behaviour,
     abstains,
     behaviour_rates,
     ndcg_at_k,
     recall_at_k,
     remap_relevant,
+    session_metrics,
+    session_ranking,
     top1_behaviour,
 )
 
@@ -75,3 +80,16 @@ def test_abstain_and_rates():
     assert (rates.n_queries, rates.exact_episode, rates.wrong_family, rates.sibling_confusion, rates.abstain) == (
         4, 0.25, 0.5, 0.25, 0.5)
     assert behaviour_rates([]).n_queries == 0
+
+
+def test_session_metrics_rank_sessions_by_their_best_turn() -> None:
+    session_of = {1: "s1", 2: "s1", 3: "s2", 4: "s3", 5: "s4", 6: "s5", 7: "s6"}
+    # sessions by best turn: s1 (turns 1, 2), s2, s3, s4, s5, s6
+    assert session_ranking([1, 2, 3, 4, 5, 6, 7], session_of) == ["s1", "s2", "s3", "s4", "s5", "s6"]
+    m = session_metrics([1, 2, 3, 4, 5, 6, 7], {3, 7}, session_of)  # relevant sessions s2 and s6
+    assert m.hit1 == 0.0
+    assert m.recall5 == 0.5  # s2 at session rank 2 is in the top 5, s6 at rank 6 is not
+    assert m.ndcg5 == pytest.approx((1 / math.log2(3)) / (1 + 1 / math.log2(3)))
+    best = session_metrics([2, 5], {1}, session_of)  # turn 2 shares session s1 with the relevant turn 1
+    assert (best.hit1, best.recall5, best.ndcg5) == (1.0, 1.0, 1.0)
+    assert session_metrics([1], set(), session_of) == SessionMetrics(0.0, 0.0, 0.0)

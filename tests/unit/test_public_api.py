@@ -11,7 +11,7 @@ EXPECTED = {
     "outcome_deltas", "SuppressionTable", "QueryClusters",
     "Reranker", "CrossEncoderReranker", "CachedReranker", "FakeReranker",
     "RetrievalConfig", "retrieve", "Feature", "FeatureSetting", "EntryFilter",
-    "ndcg_at_k", "recall_at_k", "remap_relevant", "Top1Behaviour", "top1_behaviour", "abstains",
+    "ndcg_at_k", "recall_at_k", "remap_relevant", "SessionMetrics", "session_metrics", "session_ranking", "Top1Behaviour", "top1_behaviour", "abstains",
     "BehaviourRates", "behaviour_rates",
     "MnemosError", "EmptyQueryError", "DimensionMismatchError", "DuplicateEntryError",
     "UnknownEntryError", "TenantMismatchError", "InvalidParameterError", "ModelLoadError",
