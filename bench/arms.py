@@ -118,7 +118,8 @@ ARM_NAMES: tuple[str, ...] = tuple(a.name for a in _ARMS)
 SUPPRESSION_ARMS: tuple[str, ...] = tuple(a.name for a in _ARMS if a.suppression is not None)
 
 DEEP_CONFIG = RetrievalConfig(deep_threshold=0.0, deep_pool_size=100, update_rule=UpdateRule.RANK_GAP)
-"""``+clustered_rif_gap`` with seed 004's adaptive deep pass (pool 30, deep 100, threshold 0 logits)."""
+"""``+clustered_rif_gap`` with the adaptive deep pass (pool 30, deep 100). The threshold 0 logits is
+a fallback: the engine uses each reranker fold's calibrated threshold from its provenance."""
 
 
 def arm_by_name(name: str, *, deep_pass: bool = False) -> Arm:

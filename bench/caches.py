@@ -28,9 +28,10 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "config.json")
 
 
 def model_identity(model_dir: str | Path) -> str:
-    """``"<resolved path>@<sha1 of the weight and config files>"`` for a local model directory.
+    """``"<directory name>@<sha1 of the weight and config files>"`` for a local model directory.
 
-    Falls back to the path alone when none of the usual files exist (e.g. a fake in tests).
+    The weights decide the identity, not where they lie (no machine path ends up in a result).
+    Falls back to the resolved path alone when none of the usual files exist (e.g. a fake in tests).
     """
     path = Path(model_dir).resolve()
     digest = hashlib.sha1()
@@ -42,7 +43,7 @@ def model_identity(model_dir: str | Path) -> str:
             with file.open("rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
-    return f"{path}@{digest.hexdigest()[:16]}" if found else str(path)
+    return f"{path.name}@{digest.hexdigest()[:16]}" if found else str(path)
 
 
 def _key(*parts: str) -> bytes:

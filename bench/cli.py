@@ -6,8 +6,8 @@ The root CLI (``workers/cli.py``) registers :data:`bench`; the service builder a
 
 Example (the committed LoCoMo run)::
 
-    mnemos bench quality --data /work/shared/data/locomo/locomo10.json \\
-        --reranker-fold /work/models/locomo-fold-a --reranker-fold /work/models/locomo-fold-b \\
+    mnemos bench quality --data ../shared/data/locomo/locomo10.json \\
+        --reranker-fold models/locomo-fold-a --reranker-fold models/locomo-fold-b \\
         --json bench/results/locomo.json --markdown bench/results/locomo.md --plot bench/results/locomo.png
 """
 
@@ -52,6 +52,93 @@ def _read_provenance(path: Path) -> dict[str, Any]:
     return json.loads(file.read_text(encoding="utf-8"))
 
 
+def display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it, else its last two parts:
+    results name models and data without a machine's absolute path."""
+    resolved = path.resolve()
+    try:
+        return str(resolved.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(Path(*resolved.parts[-2:]))
+
+
+def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int):
+    """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.engine.FoldRerankers` (None for
+    no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
+    timing). Scores are cached per model identity and ``max_length``.
+
+    Raises:
+        ValueError: if a directory does not exist or names no training conversations.
+    """
+    from bench.caches import PersistentReranker, model_identity
+    from bench.engine import FoldRerankers, RerankerFold
+    from mnemos.rerank import CachedReranker, CrossEncoderReranker
+
+    records, rerankers, loaders = [], {}, {}
+    for i, spec in enumerate(specs):
+        path, explicit = parse_fold_spec(spec)
+        if not path.is_dir():
+            raise ValueError(f"reranker directory {path} does not exist")
+        provenance = _read_provenance(path)
+        trained = explicit if explicit is not None else provenance.get("training_conversations")
+        if trained is None:
+            raise ValueError(f"{path} has no {PROVENANCE_FILE}; give DIR=conv-a,conv-b")
+        name = path.name or f"fold-{i}"
+        identity = model_identity(path)
+        records.append(RerankerFold(name, display_path(path), frozenset(trained), identity, provenance))
+
+        def load(p: Path = path) -> CrossEncoderReranker:
+            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size)
+
+        persistent = PersistentReranker(f"{identity}|max_length={max_length}", cache_dir / "rerank_scores.sqlite", load)
+        rerankers[name] = CachedReranker(persistent, max_entries=None)
+        loaders[name] = load
+    return (FoldRerankers(records, rerankers) if records else None), loaders
+
+
+VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
+
+
+def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,
+                   batch_size: int, main_loaders: dict) -> list:
+    """Ablations by name (:data:`VARIANT_NAMES`) and reranker variants from ``NAME=DIR[,DIR...][@MAX_LENGTH]``
+    specs (each DIR a fold, as ``--reranker-fold``), as :class:`bench.variants.Variant` values.
+
+    Raises:
+        ValueError: on an unknown ablation name or a malformed spec.
+    """
+    from bench.variants import Variant
+    from mnemos.rendering import Rendering
+
+    out = []
+    main_timing = next(iter(main_loaders.values()), None)
+    for name in names:
+        if name == "rendering_off":
+            out.append(Variant(name, "turns indexed, embedded and reranked as their text alone (rendering v0), "
+                                     "same rerankers", {"rendering": Rendering.TEXT}))
+        elif name == "dedupe_guard_off":
+            out.append(Variant(name, "dedupe on cosine >= 0.95 alone (no distinguishing-token guard)",
+                               {"dedupe_guard": False}))
+        elif name == "suppression_off":
+            out.append(Variant(name, "mnemos_full's features on hybrid_rerank pools (no suppression)", {},
+                               suppression=False))
+        else:
+            raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANT_NAMES)}")
+    if main_timing is not None and reranker_specs:
+        out.append(Variant("main_reranker", "the main run's rerankers (timing only)", {}, timing=main_timing))
+    for spec in reranker_specs:
+        label, sep, rest = spec.partition("=")
+        if not sep or not rest:
+            raise ValueError(f"expected NAME=DIR[,DIR...][@MAX_LENGTH], got {spec!r}")
+        dirs, _, length = rest.partition("@")
+        length_value = int(length) if length else max_length
+        router, loaders = load_folds([d for d in dirs.split(",") if d], cache_dir=cache_dir, max_length=length_value,
+                                     batch_size=batch_size)
+        out.append(Variant(label, f"rerankers {dirs} at max_length {length_value}", {}, rerankers=router,
+                           timing=next(iter(loaders.values()))))
+    return out
+
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -94,6 +181,9 @@ def run_quality_command(
     batch_size: int,
     bi_encoder: Path | None,
     command: str,
+    only_conversations: list[str] | None = None,
+    variants: list[str] | None = None,
+    compare_rerankers: list[str] | None = None,
 ) -> int:
     """Load data and models, run :func:`bench.quality.run_quality`, write the outputs.
 
@@ -106,15 +196,14 @@ def run_quality_command(
     import torch
 
     from bench.arms import ARM_NAMES
-    from bench.caches import PersistentEncoder, PersistentReranker, model_identity
+    from bench.caches import PersistentEncoder, model_identity
     from bench.corpora import CorpusMode
     from bench.datasets import DatasetError, load_locomo, load_longmemeval
-    from bench.engine import FoldRerankers, Protocol, RerankerFold
+    from bench.engine import Protocol
     from bench.plot import plot_ndcg
     from bench.quality import QualityOptions, run_quality
     from mnemos.encoder import SentenceTransformerEncoder, bundled_bi_encoder_path
     from mnemos.errors import MnemosError
-    from mnemos.rerank import CachedReranker, CrossEncoderReranker
 
     torch.set_num_threads(threads)
     # One query at a time: faiss's OpenMP start-up costs more than the search itself (measured
@@ -123,6 +212,11 @@ def run_quality_command(
     started = time.perf_counter()
     try:
         conversations = load_locomo(data) if data_format == "locomo" else load_longmemeval(data)
+        if only_conversations:
+            unknown = sorted(set(only_conversations) - {c.conversation_id for c in conversations})
+            if unknown:
+                raise ValueError(f"--conversations: not in the data: {', '.join(unknown)}")
+            conversations = [c for c in conversations if c.conversation_id in set(only_conversations)]
         options = QualityOptions(
             arms=tuple(arms or ARM_NAMES),
             modes=tuple(CorpusMode(c) for c in corpora),
@@ -136,27 +230,14 @@ def run_quality_command(
         return 2
 
     all_ids = [c.conversation_id for c in conversations]
-    fold_records, rerankers = [], {}
-    for i, spec in enumerate(folds):
-        path, explicit = parse_fold_spec(spec)
-        if not path.is_dir():
-            click.echo(f"error: reranker directory {path} does not exist", err=True)
-            return 2
-        provenance = _read_provenance(path)
-        trained = explicit if explicit is not None else provenance.get("training_conversations")
-        if trained is None:
-            click.echo(f"error: {path} has no {PROVENANCE_FILE}; give DIR=conv-a,conv-b", err=True)
-            return 2
-        name = path.name or f"fold-{i}"
-        identity = model_identity(path)
-        fold_records.append(RerankerFold(name, str(path.resolve()), frozenset(trained), identity, provenance))
-
-        def load(p: Path = path) -> CrossEncoderReranker:
-            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size)
-
-        persistent = PersistentReranker(f"{identity}|max_length={max_length}", cache_dir / "rerank_scores.sqlite", load)
-        rerankers[name] = CachedReranker(persistent, max_entries=None)
-    router = FoldRerankers(fold_records, rerankers) if fold_records else None
+    try:
+        router, loaders = load_folds(folds, cache_dir=cache_dir, max_length=max_length, batch_size=batch_size)
+        variant_list = build_variants(variants or [], compare_rerankers or [], cache_dir=cache_dir,
+                                      max_length=max_length, batch_size=batch_size, main_loaders=loaders)
+    except (OSError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    fold_records = list(router.folds) if router else []
 
     encoder_path = bi_encoder or bundled_bi_encoder_path()
     config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
@@ -184,11 +265,11 @@ def run_quality_command(
         ],
     }
     dataset = {"name": "LoCoMo" if data_format == "locomo" else "LongMemEval", "format": data_format,
-               "path": str(data), "sha256": _file_sha256(data)}
+               "path": data.name, "sha256": _file_sha256(data)}
     try:
         report = run_quality(
             conversations, encoder=encoder, rerankers=router, options=options, dataset=dataset,
-            reranker_info=reranker_info, command=command, progress=_tqdm_progress,
+            reranker_info=reranker_info, command=command, progress=_tqdm_progress, variants=variant_list,
         )
     except (LookupError, ValueError, MnemosError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -237,6 +318,7 @@ def bench() -> None:
 @click.option("--corpus", default="per_tenant,pooled", show_default=True, help="per_tenant and/or pooled.")
 @click.option("--protocol", default="heldout,transductive", show_default=True, help="heldout and/or transductive.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="About N questions, spread over conversations.")
+@click.option("--conversations", default=None, help="Comma-separated conversation ids to keep (default: all).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
@@ -258,6 +340,10 @@ def bench() -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--bi-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANT_NAMES),
+              help="An ablation measured beside the main run (repeatable).")
+@click.option("--compare-rerankers", "compare_rerankers", multiple=True, metavar="NAME=DIR[,DIR...][@MAX_LENGTH]",
+              help="Other reranker folds measured beside the main ones, quality and time per pool (repeatable).")
 def quality(**kwargs: Any) -> None:
     """Retrieval quality of every arm on identical questions (see bench/quality.py)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -275,6 +361,8 @@ def quality(**kwargs: Any) -> None:
             abstain_threshold=kwargs["abstain_threshold"], dedupe=kwargs["dedupe"],
             full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
             batch_size=kwargs["batch_size"], bi_encoder=kwargs["bi_encoder"], command=command,
+            only_conversations=_split(kwargs["conversations"]) or None, variants=list(kwargs["variants"]),
+            compare_rerankers=list(kwargs["compare_rerankers"]),
         )
     )
 

@@ -43,7 +43,7 @@ from bench.arms import Arm
 from bench.corpora import CorpusMode, Tenant, build_tenants, global_id, rendered_texts
 from bench.datasets import Conversation
 from mnemos.encoder import Encoder
-from mnemos.evaluation import ndcg_at_k, recall_at_k, top1_behaviour
+from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics, top1_behaviour
 from mnemos.features import (
     Feature,
     FeatureSetting,
@@ -192,6 +192,14 @@ class FoldRerankers:
         """The reranker of :meth:`fold_for`."""
         return self.rerankers[self.fold_for(conversation_id).name]
 
+    def deep_threshold_for(self, conversation_id: str, default: float) -> float:
+        """The deep-pass threshold calibrated for the fold of ``conversation_id`` (its provenance's
+        ``deep_threshold.value``, a percentile of training-pool top logits), else ``default``."""
+        calibrated = self.fold_for(conversation_id).provenance.get("deep_threshold")
+        if isinstance(calibrated, dict) and isinstance(calibrated.get("value"), int | float):
+            return float(calibrated["value"])
+        return default
+
 
 @dataclass(frozen=True)
 class PoolResult:
@@ -237,7 +245,10 @@ class RunKey:
 
 @dataclass(frozen=True)
 class QuestionMetrics:
-    """Per-question metrics; behaviour flags as 0/1 floats, ``abstain`` None without a reranker."""
+    """Per-question metrics; behaviour flags as 0/1 floats, ``abstain`` None without a reranker.
+
+    Session metrics (:func:`mnemos.evaluation.session_metrics`) rank sessions by their best hit
+    among the top ``RECALL_DEPTH``; a session is relevant when it holds an evidence turn."""
 
     ndcg10: float
     recall10: float
@@ -247,6 +258,9 @@ class QuestionMetrics:
     sibling_confusion: float
     abstain: float | None
     deep_pass: bool
+    session_hit1: float = 0.0
+    session_ndcg5: float = 0.0
+    session_recall5: float = 0.0
 
 
 @dataclass
@@ -325,6 +339,9 @@ class Engine:
             if self.rerankers is None:
                 raise ValueError("a reranking arm needs rerankers")
             reranker = self.rerankers.for_conversation(question.conversation_id)
+            if config.deep_threshold is not None:  # each fold's own calibrated threshold
+                config = dataclasses.replace(config, deep_threshold=self.rerankers.deep_threshold_for(
+                    question.conversation_id, config.deep_threshold))
         depth = max(RECALL_DEPTH, config.deep_pool_size if config.deep_enabled else config.pool_size)
         self.retrievals += 1
         return retrieve(
@@ -393,8 +410,9 @@ class Engine:
 
     def prewarm_deep(self, shallow: RetrievalConfig, deep_pool_size: int, threshold: float) -> int:
         """Like :meth:`prewarm` for the deep pass: questions whose unsuppressed ``shallow`` pool tops
-        out below ``threshold`` in some mode get their deep candidates (fused top ``deep_pool_size``
-        of both retrievers read that deep) scored in one call. Call after :meth:`prewarm`."""
+        out below the threshold (the fold's calibrated one, else ``threshold``) in some mode get their
+        deep candidates (fused top ``deep_pool_size`` of both retrievers read that deep) scored in one
+        call. Call after :meth:`prewarm`."""
         if self.rerankers is None:
             return 0
         deep = dataclasses.replace(shallow, rerank=False, suppression=False, deep_threshold=None,
@@ -403,7 +421,8 @@ class Engine:
         requested = 0
         for q in self.questions:
             tops = [self._retrieve(self.tenant_of(m, q), q, shallow).top_rerank_score for m in self.modes]
-            if any(t is not None and t < threshold for t in tops):
+            cut = self.rerankers.deep_threshold_for(q.conversation_id, threshold)
+            if any(t is not None and t < cut for t in tops):
                 requested += self._score_union(q, self._fused_texts(q, [deep], deep_pool_size))
             advance(1)
         close()
@@ -538,6 +557,7 @@ class Engine:
             abstain_threshold=abstain_threshold if reranked else None,
         )
         ranked = list(ranking[:RECALL_DEPTH])
+        sessions = session_metrics(ranked, relevant, tenant.entry_session)
         return QuestionMetrics(
             ndcg10=ndcg_at_k(ranked, relevant, 10),
             recall10=recall_at_k(ranked, relevant, 10),
@@ -547,6 +567,9 @@ class Engine:
             sibling_confusion=float(behaviour.sibling_confusion),
             abstain=float(behaviour.abstain) if reranked else None,
             deep_pass=pool.deep_pass,
+            session_hit1=sessions.hit1,
+            session_ndcg5=sessions.ndcg5,
+            session_recall5=sessions.recall5,
         )
 
     def evaluate(self, mode: CorpusMode, results: Mapping[str, PoolResult], *, reranked: bool,

@@ -35,6 +35,7 @@ from bench.engine import (
 from bench.report import render_markdown, run_row
 from bench.selection import SUPPRESSION_OFF, Selection, overall_question, select_full
 from bench.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired
+from bench.variants import Variant, run_variant
 from mnemos.encoder import Encoder
 
 __all__ = ["QualityOptions", "QualityReport", "run_quality"]
@@ -161,6 +162,46 @@ def _without_suppression(
     return out
 
 
+def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine], engine: Engine,
+                  metrics: Mapping[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]],
+                  selection: Selection, baseline: Mapping[CorpusMode, Mapping[str, PoolResult]],
+                  options: QualityOptions) -> list[dict[str, Any]]:
+    """Each variant on its own engine (the main one when it changes nothing but timing), held-out."""
+    if not variants:
+        return []
+    main = {(mode, arm): values for (mode, protocol, arm), values in metrics.items() if protocol is Protocol.HELDOUT}
+    pools = _timing_pools(engine, baseline)
+    blocks = []
+    for variant in variants:
+        changes = dict(variant.engine_changes)
+        if variant.rerankers is not None:
+            changes["rerankers"] = variant.rerankers
+        target = make_engine(**changes) if changes else engine
+        if target is not engine and target.rerankers is not None:
+            target.prewarm([arm_by_name(BASELINE_ARM).config])
+        logger.info("variant %s: %s", variant.name, variant.description)
+        blocks.append(run_variant(variant, target, main, selection, abstain_threshold=options.abstain_threshold,
+                                  n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools))
+    return blocks
+
+
+def _timing_pools(engine: Engine, baseline: Mapping[CorpusMode, Mapping[str, PoolResult]], n: int = 100
+                  ) -> list[tuple[str, list[str]]]:
+    """``(query, rendered pool texts)`` of a seeded sample of per-tenant ``hybrid_rerank`` pools."""
+    mode = CorpusMode.PER_TENANT if CorpusMode.PER_TENANT in baseline else next(iter(baseline), None)
+    if mode is None:
+        return []
+    keys = sorted(baseline[mode])
+    chosen = np.random.default_rng(0).permutation(len(keys))[:n] if keys else []
+    out = []
+    for i in chosen:
+        question = engine.question(keys[i])
+        tenant = engine.tenant_of(mode, question)
+        pool = baseline[mode][keys[i]].entry_ids[: arm_by_name(BASELINE_ARM).config.pool_size]
+        out.append((question.text, [tenant.index.rendered(e) for e in pool]))
+    return out
+
+
 def _header(document: Mapping[str, Any]) -> list[str]:
     d, cost = document["dataset"], document["cost"]
     lines = [f"# Retrieval quality on {d['name']}", ""]
@@ -213,6 +254,33 @@ def _header(document: Mapping[str, Any]) -> list[str]:
                 f"\nTest split ({item['corpus']}, {item['protocol']}, n={item['n']}): {FULL_ARM} − {GAP_ARM} "
                 f"NDCG@10 {item['delta']:+.4f} [{item['ci95'][0]:+.4f}, {item['ci95'][1]:+.4f}], p={item['p']:.3f}"
             )
+    lines += _variant_lines(document.get("variants") or [])
+    return lines
+
+
+def _variant_lines(blocks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown table of the variants: NDCG@10 per arm and mode, Δ vs the main run, rerank ms per pool."""
+    if not blocks:
+        return []
+    modes = list(dict.fromkeys(m for b in blocks for m in b["modes"]))
+    head = " | ".join(f"{m} {arm}" for m in modes for arm in ("hybrid_rrf", BASELINE_ARM, FULL_ARM))
+    lines = ["", "Variants (held-out protocol; NDCG@10, and Δ vs the main run with 95% CI and p):", "",
+             f"| variant | {head} | rerank ms/pool p50 (p95) |", "|---|" + "---|" * (3 * len(modes) + 1)]
+    for block in blocks:
+        cells = []
+        for mode in modes:
+            for arm in ("hybrid_rrf", BASELINE_ARM, FULL_ARM):
+                entry = block["modes"].get(mode, {}).get(arm)
+                if not entry or entry.get("ndcg@10") is None:
+                    cells.append("–")
+                    continue
+                vs = entry.get("vs_main")
+                extra = f" ({vs['delta']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}], p={vs['p']:.3f})" \
+                    if vs and vs["n"] else ""
+                cells.append(f"{entry['ndcg@10']:.3f}{extra}")
+        timing = block.get("rerank_time")
+        cells.append(f"{timing['p50_ms']:.0f} ({timing['p95_ms']:.0f})" if timing else "–")
+        lines.append(f"| {block['name']}: {block['description']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -226,6 +294,7 @@ def run_quality(
     reranker_info: Mapping[str, Any] | None = None,
     command: str = "",
     progress: Callable[[int, str], tuple[Callable[[int], None], Callable[[], None]]] | None = None,
+    variants: Sequence[Variant] = (),
 ) -> QualityReport:
     """Run the benchmark and build its report (see the module docstring for the order of work).
 
@@ -242,12 +311,16 @@ def run_quality(
     if rerankers is not None:
         for conv in {q.conversation_id for q in questions}:
             rerankers.fold_for(conv)  # fail before any work if a conversation has no clean fold
-    engine = Engine(
-        conversations=conversations, questions=questions, encoder=encoder, rerankers=rerankers,
-        modes=options.modes, burnin_factor=options.burnin_factor, clusters=options.clusters,
-        queries_per_cluster=options.queries_per_cluster, bootstrap_factor=options.bootstrap_factor,
-        seed=options.seed, dedupe_threshold=options.dedupe_threshold, progress=progress,
-    )
+    def make_engine(**changes: Any) -> Engine:
+        parts: dict[str, Any] = dict(
+            conversations=conversations, questions=questions, encoder=encoder, rerankers=rerankers,
+            modes=options.modes, burnin_factor=options.burnin_factor, clusters=options.clusters,
+            queries_per_cluster=options.queries_per_cluster, bootstrap_factor=options.bootstrap_factor,
+            seed=options.seed, dedupe_threshold=options.dedupe_threshold, progress=progress,
+        )
+        return Engine(**{**parts, **changes})
+
+    engine = make_engine()
     by_key = {q.key: q for q in questions}
     results: dict[tuple[CorpusMode, Protocol, str], Mapping[str, PoolResult]] = {}
 
@@ -358,6 +431,9 @@ def run_quality(
                                    "ci95": list(cmp.delta_ci95), "p": cmp.p_value})
     ablation = _without_suppression(engine, options, selection, baseline, base_metrics, metrics, by_key)
     engine.seconds["statistics"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options)
+    engine.seconds["variants"] = time.perf_counter() - t0
 
     labelled = [q for q in questions if q.labelled]
     document: dict[str, Any] = {
@@ -392,6 +468,7 @@ def run_quality(
         if FULL_ARM in options.arms else None,
         "cost": _cost(rerankers, engine, time.perf_counter() - started),
         "runs": runs,
+        "variants": variant_blocks,
     }
     per_question = {
         f"{m.value}/{p.value}/{a}": {k: [v.ndcg10, v.recall10, v.recall30] for k, v in values.items()}

@@ -22,7 +22,8 @@ from bench.stats import bootstrap_ci, compare_paired
 __all__ = ["CATEGORY_NAMES", "render_markdown", "run_row"]
 
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-_MAIN = (("ndcg@10", "ndcg10"), ("recall@10", "recall10"), ("recall@30", "recall30"))
+_MAIN = (("ndcg@10", "ndcg10"), ("recall@10", "recall10"), ("recall@30", "recall30"),
+         ("session_hit@1", "session_hit1"), ("session_ndcg@5", "session_ndcg5"), ("session_recall@5", "session_recall5"))
 _BEHAVIOUR = ("exact_episode", "wrong_family", "sibling_confusion")
 
 
@@ -127,14 +128,16 @@ def _delta(row: Mapping[str, Any], name: str) -> str:
 def _table(rows: Sequence[Mapping[str, Any]], abstain_label: str) -> list[str]:
     lines = [
         f"| arm | n | NDCG@10 [95% CI] | Δ NDCG@10 vs {BASELINE_ARM} [95% CI] | p | Recall@10 [95% CI] | p (R@10) "
-        f"| Recall@30 | exact_episode | wrong_family | sibling_confusion | {abstain_label} | deep pass |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| Recall@30 | session Hit@1 | session NDCG@5 | session R@5 | exact_episode | wrong_family "
+        f"| sibling_confusion | {abstain_label} | deep pass |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['arm']} | {r['n_questions']} | {_ci(r, 'ndcg@10')} | {_delta(r, 'ndcg@10')} "
             f"| {_p(r.get(f'p_vs_{BASELINE_ARM}'))} | {_ci(r, 'recall@10')} "
-            f"| {_p(r.get(f'p_vs_{BASELINE_ARM}_recall@10'))} | {_ci(r, 'recall@30')} | {_fmt(r['exact_episode'])} "
+            f"| {_p(r.get(f'p_vs_{BASELINE_ARM}_recall@10'))} | {_ci(r, 'recall@30')} | {_fmt(r.get('session_hit@1'))} "
+            f"| {_fmt(r.get('session_ndcg@5'))} | {_fmt(r.get('session_recall@5'))} | {_fmt(r['exact_episode'])} "
             f"| {_fmt(r['wrong_family'])} | {_fmt(r['sibling_confusion'])} | {_fmt(r.get(abstain_label))} "
             f"| {_fmt(r.get('deep_pass_rate'), 2)} |"
         )

@@ -15,7 +15,9 @@ from bench.engine import Engine, FoldRerankers, Protocol, RerankerFold, RunKey, 
 from bench.plot import plot_ndcg
 from bench.quality import QualityOptions, run_quality
 from bench.selection import SUPPRESSION_OFF, select_full
+from bench.variants import Variant
 from mnemos.encoder import HashingEncoder
+from mnemos.rendering import Rendering
 from mnemos.rerank import CachedReranker, FakeReranker
 from tests.unit.test_bench_synthetic import synthetic_conversations
 
@@ -206,3 +208,30 @@ def test_selection_drops_suppression_only_when_the_dev_split_says_so(plain_gain:
     assert [s.candidate for s in selection.steps] == [SUPPRESSION_OFF]
     assert (SUPPRESSION_OFF in selection.labels) is dropped
     assert selection.steps[0].per_mode["pooled"]["delta"] == pytest.approx(plain_gain)
+
+
+def test_variants_are_measured_against_the_main_run() -> None:
+    """A variant that changes nothing matches the main run exactly (Δ 0); rendering off changes the
+    first stage; suppression off gives mnemos_full's features on hybrid_rerank pools; a reranker
+    variant is timed on real pools."""
+    options = QualityOptions(arms=("hybrid_rrf", "hybrid_rerank", "+clustered_rif_gap", "mnemos_full"),
+                             protocols=(Protocol.HELDOUT,), burnin_factor=2.0, n_resamples=200)
+    variants = [
+        Variant("same", "changes nothing", {}, rerankers=_rerankers(), timing=FakeReranker),
+        Variant("rendering_off", "text alone", {"rendering": Rendering.TEXT}),
+        Variant("suppression_off", "no suppression", {}, suppression=False),
+    ]
+    report = run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(),
+                         options=options, dataset={"name": "synthetic", "path": "-"}, variants=variants)
+    blocks = {b["name"]: b for b in report.document["variants"]}
+    for mode in ("per_tenant", "pooled"):
+        for arm in ("hybrid_rrf", "hybrid_rerank", "mnemos_full"):
+            same = blocks["same"]["modes"][mode][arm]
+            assert same["vs_main"]["delta"] == 0.0 and same["vs_main"]["n"] == same["n"] > 0
+        rendering = blocks["rendering_off"]["modes"][mode]["hybrid_rrf"]
+        assert rendering["n"] > 0 and "vs_main" in rendering
+        off = blocks["suppression_off"]["modes"][mode]
+        assert off["mnemos_full"]["vs_main"]["n"] > 0
+    assert blocks["same"]["rerank_time"]["pools"] > 0 and blocks["same"]["rerank_time"]["p50_ms"] >= 0
+    assert "rerank_time" not in blocks["rendering_off"]
+    assert "Variants (held-out protocol" in report.markdown
