@@ -2,10 +2,13 @@
 
 Turn and session ids are made global (``"<conversation>/<turn id>"``) so the pooled index, where
 LoCoMo's ``D1:3`` would repeat in every conversation, stays unambiguous. Each tenant is built
-like the service builds one: embed, dedupe at cosine >= 0.95 within the tenant (aliases kept,
-seed 004 checkpoint 7), add canonical entries to a :class:`~mnemos.tenant_index.TenantIndex`.
+like the service builds one: embed, dedupe within the tenant (cosine >= 0.95 and, unless the
+guard is switched off for the ablation, equal speaker and distinguishing tokens:
+:mod:`mnemos.dedupe`, docs/architecture.md "Dedupe"), add canonical entries to a
+:class:`~mnemos.tenant_index.TenantIndex`, then fold each alias into its canonical entry with
+its own session, role and time and its rendered text (which BM25 then reads with the canonical's).
 Relevant turns are mapped to canonical entry ids, so an absorbed gold turn still counts when
-its canonical is retrieved (seed 004, dedupe note).
+its canonical is retrieved.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from enum import StrEnum
 import numpy as np
 
 from bench.datasets import Conversation, Turn
-from mnemos.dedupe import DEFAULT_THRESHOLD, dedupe_batch
-from mnemos.records import Entry
+from mnemos.dedupe import DEFAULT_THRESHOLD, dedupe_batch, turn_signature
+from mnemos.records import Entry, TurnFacts
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.sessions import SessionIndex
 from mnemos.tenant_index import TenantIndex
@@ -74,6 +77,7 @@ def _build_tenant(
     dim: int,
     dedupe_threshold: float | None,
     rendering: Rendering,
+    dedupe_guard: bool = True,
 ) -> Tenant:
     """``rows`` are ``(global turn number, conversation id, turn)``; ``vectors`` their embeddings
     (of the rendered texts, :func:`rendered_texts`)."""
@@ -81,14 +85,17 @@ def _build_tenant(
     if dedupe_threshold is None:
         decisions = [None] * len(rows)
     else:
-        decisions = [d if d.is_duplicate else None for d in dedupe_batch(vectors, np.zeros((0, dim)), dedupe_threshold)]
-    aliases: dict[int, list[str]] = defaultdict(list)
+        signatures = [turn_signature(turn.role, turn.text, turn.image_caption) for _, _, turn in rows]
+        decided = dedupe_batch(vectors, np.zeros((0, dim)), dedupe_threshold, new_signatures=signatures,
+                               existing_signatures=[], guard=dedupe_guard)
+        decisions = [d if d.is_duplicate else None for d in decided]
+    aliases: dict[int, list[int]] = defaultdict(list)  # canonical entry id -> its alias rows, in order
     canonical: dict[str, int] = {}
     for i, (number, conv, turn) in enumerate(rows):
         decision = decisions[i]
         if decision is not None and decision.batch is not None:
             target = rows[decision.batch][0]
-            aliases[target].append(global_id(conv, turn.turn_id))
+            aliases[target].append(i)
             canonical[global_id(conv, turn.turn_id)] = target
         else:
             canonical[global_id(conv, turn.turn_id)] = number
@@ -102,14 +109,20 @@ def _build_tenant(
         entries.append(
             Entry(
                 entry_id=number, tenant_id=tenant_id, turn_id=global_id(conv, turn.turn_id), session_id=session,
-                role=turn.role, text=turn.text, occurred_at=turn.occurred_at, aliases=tuple(aliases.get(number, ())),
-                image_caption=turn.image_caption,
+                role=turn.role, text=turn.text, occurred_at=turn.occurred_at, image_caption=turn.image_caption,
             )
         )
         keep.append(i)
         entry_session[number] = session
         entry_date[number] = turn.occurred_at
     index.add(entries, vectors[keep] if keep else np.zeros((0, dim), np.float32))
+    for target, members in aliases.items():  # as the service's tenant cache folds them in
+        alias_rows = [rows[i] for i in members]
+        index.add_aliases(
+            target, [global_id(conv, turn.turn_id) for _, conv, turn in alias_rows],
+            [TurnFacts(global_id(conv, turn.session_id), turn.role, turn.occurred_at)
+             for _, conv, turn in alias_rows],
+            rendered_texts([turn for _, _, turn in alias_rows], rendering))
 
     sessions = SessionIndex(dim)
     sessions.add([global_id(conv, turn.session_id) for _, conv, turn in rows],
@@ -140,12 +153,15 @@ def build_tenants(
     dim: int,
     dedupe_threshold: float | None = DEFAULT_THRESHOLD,
     rendering: Rendering | int = RENDERING_VERSION,
+    dedupe_guard: bool = True,
 ) -> dict[str, Tenant]:
     """Tenants of ``mode``, keyed by tenant id (the conversation id, or ``"pooled"``).
 
     ``turn_vectors`` is ``(total turns, dim)`` float32: embeddings of :func:`rendered_texts` under
     the same ``rendering``, rows in conversation order then turn order; a turn's row number is its
-    entry id in every mode (aliases have no entry).
+    entry id in every mode (aliases have no entry). ``dedupe_threshold`` None turns dedupe off;
+    ``dedupe_guard`` False dedupes on cosine alone (the "dedupe guard off" ablation,
+    :func:`mnemos.dedupe.dedupe_batch`).
     """
     rows: list[tuple[int, str, Turn]] = []
     for conv in conversations:
@@ -158,7 +174,8 @@ def build_tenants(
         groups["pooled" if mode is CorpusMode.POOLED else row[1]].append(row)
     return {
         tenant_id: _build_tenant(
-            tenant_id, members, turn_vectors[[n for n, _, _ in members]], dim, dedupe_threshold, Rendering(rendering)
+            tenant_id, members, turn_vectors[[n for n, _, _ in members]], dim, dedupe_threshold, Rendering(rendering),
+            dedupe_guard,
         )
         for tenant_id, members in groups.items()
     }

@@ -275,6 +275,8 @@ class Engine:
         modes: corpus modes to build.
         burnin_factor / clusters / queries_per_cluster / bootstrap_factor / seed: see module doc.
         dedupe_threshold: cosine for write-time dedupe (None: off).
+        dedupe_guard: dedupe only turns with equal speaker and distinguishing tokens (the default,
+            as the service); False dedupes on cosine alone (the "dedupe guard off" ablation).
         rendering: what the models see of a turn (:mod:`mnemos.rendering`; ablations turn it off).
         progress: ``progress(total, description)`` returns an ``advance(n)`` callable and a
             ``close()`` callable (tqdm in the CLI, no-op in tests).
@@ -291,6 +293,7 @@ class Engine:
     bootstrap_factor: int = 10
     seed: int = 0
     dedupe_threshold: float | None = 0.95
+    dedupe_guard: bool = True
     rendering: Rendering = RENDERING_VERSION
     progress: Callable[[int, str], tuple[Callable[[int], None], Callable[[], None]]] | None = None
     tenants: dict[CorpusMode, dict[str, Tenant]] = field(default_factory=dict)
@@ -309,7 +312,7 @@ class Engine:
         for mode in self.modes:
             self.tenants[mode] = build_tenants(
                 self.conversations, self.turn_vectors, mode, dim=self.encoder.dim, dedupe_threshold=self.dedupe_threshold,
-                rendering=self.rendering,
+                rendering=self.rendering, dedupe_guard=self.dedupe_guard,
             )
             for tenant in self.tenants[mode].values():
                 tenant.question_keys = [q.key for q in self.questions if q.conversation_id in tenant.conversations]

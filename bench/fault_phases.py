@@ -51,11 +51,13 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     for i in range(plan.turns):
         tenant = tenants[i % len(tenants)]
         text = words(rng, 8)
+        role = "user" if i % 2 else "assistant"
         if i % 25 == 24 and tenant in last:
             text = last[tenant]["text"] + "."
+            role = last[tenant]["role"]  # a near-duplicate repeats its speaker too (dedupe's guard)
             pairs.append((tenant, last[tenant]["turn_id"], f"{tenant}-{i:06d}"))
         turn = {"tenant_id": tenant, "session_id": f"s{i // 50}", "turn_id": f"{tenant}-{i:06d}",
-                "role": "user" if i % 2 else "assistant", "text": text,
+                "role": role, "text": text,
                 "occurred_at": (BASE_TIME + timedelta(seconds=i)).isoformat()}
         good.append(turn)
         last[tenant] = turn

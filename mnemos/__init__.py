@@ -7,7 +7,14 @@ reranker is constructed.
 
 from mnemos.bm25_index import BM25Index
 from mnemos.dedupe import DEFAULT_THRESHOLD as DEDUPE_THRESHOLD
-from mnemos.dedupe import DedupeDecision, dedupe_batch, find_duplicates
+from mnemos.dedupe import (
+    DedupeDecision,
+    Signature,
+    dedupe_batch,
+    distinguishing_tokens,
+    find_duplicates,
+    turn_signature,
+)
 from mnemos.dense_index import DenseIndex
 from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, bundled_bi_encoder_path
 from mnemos.errors import (
@@ -77,6 +84,9 @@ __all__ = [
     "DedupeDecision",
     "dedupe_batch",
     "find_duplicates",
+    "Signature",
+    "turn_signature",
+    "distinguishing_tokens",
     # fusion, suppression, rerank
     "reciprocal_rank_fusion",
     "UpdateRule",

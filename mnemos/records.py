@@ -15,8 +15,9 @@ class Entry:
     """One canonical memory entry of a tenant.
 
     ``entry_id`` is unique across the deployment (the Postgres key); ``turn_id`` is unique within
-    the tenant. ``aliases`` holds the turn ids that dedupe folded into this entry (cosine >= 0.95,
-    seed 004 checkpoint 7), so nothing said is lost: results map back to every alias.
+    the tenant. ``aliases`` holds the turn ids that dedupe folded into this entry (cosine >= 0.95
+    and the same speaker and distinguishing tokens, docs/architecture.md "Dedupe"), so nothing
+    said is lost: results map back to every alias, and an alias's text is searchable (BM25).
     ``text`` is the raw text as published; ``image_caption`` an optional caption of an image
     shared with the turn. What the models see is :func:`mnemos.rendering.render_turn` of these.
     """

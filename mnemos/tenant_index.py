@@ -5,6 +5,10 @@ feature of :mod:`mnemos.features`) grows with every added entry; turns that are 
 (dedupe aliases) join their session through :meth:`TenantIndex.add_session_turns`, so session
 transcripts, centroids and start dates cover everything said, as in the benchmark.
 
+An alias's rendered text is appended to its canonical entry's BM25 document
+(:meth:`TenantIndex.add_aliases`), so what an alias alone says can still be found: the canonical
+entry is returned and lists the alias (docs/architecture.md, "Dedupe").
+
 Every turn, canonical or alias, also keeps its own session, role and time in :attr:`TenantIndex.turns`
 (a :class:`~mnemos.filters.TurnTable`), from which :meth:`TenantIndex.allowed_entries` turns an
 :class:`~mnemos.filters.EntryFilter` (``as_of``, sessions, roles, ``occurred_after``) into the
@@ -137,7 +141,8 @@ class TenantIndex:
         return render_turn(entry.role, entry.text, entry.image_caption, version=self.rendering)
 
     def rendered(self, entry_id: int) -> str:
-        """The rendered text of an indexed entry: what BM25 indexed and the cross-encoder scores.
+        """The rendered text of an indexed entry: what the cross-encoder scores and what BM25 indexed
+        (BM25 also holds the texts of its aliases, :meth:`add_aliases`).
 
         Raises:
             UnknownEntryError: if the tenant has no such entry.
@@ -182,7 +187,8 @@ class TenantIndex:
         self.sessions.add(session_ids, texts, embeddings, occurred_at)
 
     def add_aliases(
-        self, entry_id: int, turn_ids: Sequence[str], facts: Sequence[TurnFacts] | None = None
+        self, entry_id: int, turn_ids: Sequence[str], facts: Sequence[TurnFacts] | None = None,
+        texts: Sequence[str] | None = None,
     ) -> Entry:
         """Fold ``turn_ids`` into ``entry_id``'s aliases (dedupe); returns the updated entry.
 
@@ -191,24 +197,37 @@ class TenantIndex:
         them in :attr:`turns`, so the entry passes a filter that admits the alias. Without facts
         an alias is filtered by its canonical turn's fields only.
 
+        ``texts[i]``, when given, is the rendered text of ``turn_ids[i]`` (rendered like
+        :meth:`render`, under :attr:`rendering`): it is appended to the entry's BM25 document, so a
+        query that matches only the alias's words finds the canonical entry, which lists the alias
+        in ``aliases`` (docs/architecture.md, "Dedupe"). Dense search and the reranker keep the
+        canonical's embedding and text.
+
         Raises:
             UnknownEntryError: if the tenant has no such entry.
-            InvalidParameterError: if ``facts`` and ``turn_ids`` differ in length.
+            InvalidParameterError: if ``facts`` or ``texts`` and ``turn_ids`` differ in length.
         """
         entry = self.entry(entry_id)
         if facts is not None and len(facts) != len(turn_ids):
             raise InvalidParameterError(f"{len(turn_ids)} alias turn ids but {len(facts)} turn facts")
+        if texts is not None and len(texts) != len(turn_ids):
+            raise InvalidParameterError(f"{len(turn_ids)} alias turn ids but {len(texts)} alias texts")
         known = set(entry.turn_ids)
         extra = []
         extra_facts = []
+        extra_texts = []
         for position, turn_id in enumerate(turn_ids):
             if turn_id not in known:
                 known.add(turn_id)
                 extra.append(turn_id)
                 if facts is not None:
                     extra_facts.append(facts[position])
+                if texts is not None:
+                    extra_texts.append(texts[position])
         if extra_facts:
             self.turns.add([entry_id] * len(extra_facts), extra_facts)
+        for text in extra_texts:
+            self.bm25.extend(entry_id, text)
         if extra:
             entry = dataclasses.replace(entry, aliases=(*entry.aliases, *extra))
             self._entries[entry_id] = entry

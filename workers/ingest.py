@@ -4,9 +4,11 @@ Per batch: validate every message (refused ones become dead letters with their r
 all valid texts in one encoder call, then per tenant and in one transaction under the tenant's
 advisory lock: skip turns already stored (a redelivery), dead-letter a known turn id with new
 content (``turn_id_conflict``: the first write wins), dedupe against the tenant's canonical
-embeddings (cosine >= 0.95, seed 004 checkpoint 7: a near-duplicate is stored as an alias row
-that keeps its own turn), insert with ``ON CONFLICT (tenant_id, turn_id) DO NOTHING``, bump the
-tenant's memory version, commit. Only then are the stream entries acknowledged.
+entries (cosine >= 0.95 *and* the same speaker and distinguishing tokens, :mod:`mnemos.dedupe`,
+docs/architecture.md "Dedupe": a near-duplicate is stored as an alias row that keeps its own
+turn, and the query worker indexes its text under its canonical entry), insert with
+``ON CONFLICT (tenant_id, turn_id) DO NOTHING``, bump the tenant's memory version, commit. Only
+then are the stream entries acknowledged.
 
 Turns longer than the bi-encoder window are embedded from their first 256 word pieces; the full
 text is stored and indexed by BM25, and ``mnemos_ingest_encoder_truncated_total`` counts them.
@@ -30,7 +32,7 @@ from psycopg.types.json import Jsonb
 from api.errors import InvalidInputError, Reason
 from api.schemas import Turn
 from api.validation import Limits
-from mnemos.dedupe import dedupe_batch
+from mnemos.dedupe import Signature, dedupe_batch, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
 from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of, publish_dead_letters
@@ -65,11 +67,13 @@ class _Pending:
 
 @dataclass
 class _Canonicals:
-    """Cached canonical embeddings of one tenant: every canonical entry with id <= ``last_entry_id``."""
+    """Cached canonical entries of one tenant: every canonical entry with id <= ``last_entry_id``,
+    its embedding and its dedupe signature (:func:`mnemos.dedupe.turn_signature`), in id order."""
 
     last_entry_id: int
     entry_ids: list[int]
     vectors: np.ndarray  # (n, dim) float32
+    signatures: list[Signature]
 
 
 @dataclass
@@ -159,12 +163,16 @@ class IngestWorker:
             canon = self._load_canonicals(conn, tenant_id)
             new_ids: list[int] = []
             new_vectors: list[np.ndarray] = []
+            new_signatures: list[Signature] = []
             if fresh:
                 matrix = np.stack([p.vector for p in fresh]).astype(np.float32)
-                decisions = dedupe_batch(matrix, canon.vectors, self.settings.dedupe_threshold)
+                signatures = [turn_signature(p.turn.role, p.turn.text, p.turn.image_caption) for p in fresh]
+                decisions = dedupe_batch(matrix, canon.vectors, self.settings.dedupe_threshold,
+                                         new_signatures=signatures, existing_signatures=canon.signatures)
                 ids = self._allocate_ids(conn, len(fresh))  # stream order, ascending
                 rows: list[tuple[_Pending, int, int | None]] = []
-                for decision, item in zip(decisions, fresh, strict=True):
+                signature_of: dict[int, Signature] = {}
+                for decision, item, signature in zip(decisions, fresh, signatures, strict=True):
                     if decision.existing is not None:
                         canonical: int | None = canon.entry_ids[decision.existing]
                     elif decision.batch is not None:
@@ -172,6 +180,7 @@ class IngestWorker:
                     else:
                         canonical = None
                     rows.append((item, ids[decision.row], canonical))
+                    signature_of[ids[decision.row]] = signature
                 stored = self._insert(conn, rows)
                 for item, entry_id, canonical in rows:
                     if entry_id not in stored:  # a concurrent writer won (cannot happen under the lock)
@@ -179,6 +188,7 @@ class IngestWorker:
                     if canonical is None:
                         new_ids.append(entry_id)
                         new_vectors.append(item.vector)
+                        new_signatures.append(signature_of[entry_id])
                         outcome.indexed += 1
                     else:
                         outcome.duplicates += 1
@@ -186,7 +196,7 @@ class IngestWorker:
                     conn.execute("UPDATE tenants SET memory_version = memory_version + 1, updated_at = now()"
                                  " WHERE tenant_id = %s", (tenant_id,))
             insert_dead_letters(conn, outcome.conflicts or [])
-        self._remember(tenant_id, canon, new_ids, new_vectors)  # only after the commit
+        self._remember(tenant_id, canon, new_ids, new_vectors, new_signatures)  # only after the commit
         return outcome
 
     def _drop_known(self, conn: psycopg.Connection, tenant_id: str, pending: Sequence[_Pending],
@@ -243,25 +253,30 @@ class IngestWorker:
         return stored
 
     def _load_canonicals(self, conn: psycopg.Connection, tenant_id: str) -> _Canonicals:
-        """The tenant's canonical embeddings: the cache plus rows committed since (under the lock)."""
+        """The tenant's canonical entries (embeddings and signatures): the cache plus rows committed
+        since (under the lock). A signature is computed from the stored role, text and caption."""
         cached = self._canonicals.get(tenant_id)
         last = cached.last_entry_id if cached else 0
         rows = conn.execute(
-            "SELECT entry_id, embedding FROM entries WHERE tenant_id = %s AND canonical_entry_id IS NULL"
-            " AND entry_id > %s ORDER BY entry_id", (tenant_id, last)).fetchall()
+            "SELECT entry_id, embedding, role, text, metadata->>'image_caption' FROM entries"
+            " WHERE tenant_id = %s AND canonical_entry_id IS NULL AND entry_id > %s ORDER BY entry_id",
+            (tenant_id, last)).fetchall()
         ids = list(cached.entry_ids) if cached else []
         vectors = cached.vectors if cached else np.zeros((0, self.encoder.dim), np.float32)
+        signatures = list(cached.signatures) if cached else []
         if rows:
             ids.extend(int(r[0]) for r in rows)
             vectors = np.vstack([vectors, vectors_from_bytes([bytes(r[1]) for r in rows], self.encoder.dim)])
+            signatures.extend(turn_signature(r[2], r[3], r[4]) for r in rows)
             last = int(rows[-1][0])
-        return _Canonicals(last, ids, vectors)
+        return _Canonicals(last, ids, vectors, signatures)
 
     def _remember(self, tenant_id: str, canon: _Canonicals, new_ids: list[int],
-                  new_vectors: list[np.ndarray]) -> None:
+                  new_vectors: list[np.ndarray], new_signatures: list[Signature]) -> None:
         if new_ids:
             canon = _Canonicals(max(new_ids), canon.entry_ids + new_ids,
-                                np.vstack([canon.vectors, np.stack(new_vectors).astype(np.float32)]))
+                                np.vstack([canon.vectors, np.stack(new_vectors).astype(np.float32)]),
+                                canon.signatures + new_signatures)
         self._canonicals[tenant_id] = canon
         self._canonicals.move_to_end(tenant_id)
         while len(self._canonicals) > self.settings.max_cached_tenants:

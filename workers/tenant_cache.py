@@ -5,7 +5,8 @@ entry id it has seen and, once the suppression worker froze them, its query clus
 request the worker reads the tenant's memory version and, in the same REPEATABLE READ snapshot,
 only the entries with a larger id (entries of one tenant are inserted under its advisory lock, so
 ids grow in commit order): new canonical entries are added to the index, new aliases folded into
-their canonical entry (keeping their own session, role and time for request filters), and every
+their canonical entry (keeping their own session, role and time for request filters; their
+rendered text joins the canonical entry's BM25 document, docs/architecture.md "Dedupe"), and every
 new turn (canonical or alias) joins its session in the index's session-level retriever (the
 post-rerank session feature reads it). Within one refresh the canonical turns join before the
 aliases, so a session's centroid may differ from a fresh build's in the last float32 bit;
@@ -90,16 +91,19 @@ class TenantCache:
         vectors = vectors_from_bytes([bytes(r[6]) for r in canonical], self.dim)
         aliases: dict[int, list[str]] = {}
         alias_facts: dict[int, list[TurnFacts]] = {}
+        alias_texts: dict[int, list[str]] = {}
         alias_rows = [r for r in rows if r[7] is not None]
-        for r in alias_rows:
+        rendered = [render_turn(r[3], r[4], r[8], version=state.index.rendering) for r in alias_rows]
+        for r, text in zip(alias_rows, rendered, strict=True):
             aliases.setdefault(int(r[7]), []).append(r[1])
             alias_facts.setdefault(int(r[7]), []).append(TurnFacts(r[2], r[3], r[5].astimezone(UTC)))
+            alias_texts.setdefault(int(r[7]), []).append(text)
         state.index.add(entries, vectors, version=version)
-        for entry_id, turn_ids in aliases.items():  # an alias keeps its own session, role and time for filters
-            state.index.add_aliases(entry_id, turn_ids, alias_facts[entry_id])
+        for entry_id, turn_ids in aliases.items():
+            # an alias keeps its own session, role and time for filters, and its text counts for BM25
+            state.index.add_aliases(entry_id, turn_ids, alias_facts[entry_id], alias_texts[entry_id])
         if alias_rows:  # an alias is still a turn of its own session (transcript, centroid, start)
-            state.index.add_session_turns([r[2] for r in alias_rows],
-                                          [render_turn(r[3], r[4], r[8], version=state.index.rendering) for r in alias_rows],
+            state.index.add_session_turns([r[2] for r in alias_rows], rendered,
                                           vectors_from_bytes([bytes(r[6]) for r in alias_rows], self.dim),
                                           [r[5].astimezone(UTC) for r in alias_rows])
         if rows:

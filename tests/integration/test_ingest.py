@@ -11,6 +11,8 @@ import redis
 
 from tests.integration.factories import client_for, drain, ingest_worker, turn
 from workers.errors import StoreError
+from workers.ingest import IngestWorker
+from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, bi_encoder_dir
 from workers.settings import Settings
 from workers.store import Store
@@ -55,6 +57,39 @@ def test_turns_become_entries_with_aliases_per_tenant(settings: Settings, redis_
     assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
     assert worker.metrics.ingest_duplicates._value.get() == 1
     assert worker.metrics.ingest_turns_indexed._value.get() == 3
+
+
+def _caption(item: dict[str, object], caption: str) -> dict[str, object]:
+    return {**item, "metadata": {"image_caption": caption}}
+
+
+@pytest.mark.slow
+def test_the_dedupe_guard_keeps_facts_the_encoder_cannot_see(settings: Settings, redis_client: redis.Redis,
+                                                              store: Store) -> None:
+    """Real bi-encoder: each blocked pair has cosine >= 0.95 (tests/unit/test_dedupe_real.py); the
+    second batch meets the first as stored canonical entries, with a warm cache and a cold one."""
+    settings = settings.replace(bi_encoder="bundled")
+    client = client_for(settings, redis_client)
+    first = [turn("T", "p-old", "My new phone number is 0699 812 003."),
+             turn("T", "c1", "My sister lives in Lisbon."),
+             _caption(turn("T", "img1", "Look at this!"), "a photo of 2 dogs on a beach")]
+    second = [turn("T", "p-new", "My new phone number is 0612 345 678.", minutes=5),
+              turn("T", "c2", "My sister lives in Lisbon too.", minutes=5),
+              _caption(turn("T", "img2", "Look at this!", minutes=5), "a photo of 3 dogs on a beach"),
+              turn("T", "p-new-again", "My new phone number is 0612 345 678!", minutes=6)]
+    warm = ingest_worker(settings, redis_client, store)
+    cold = IngestWorker(settings, redis_client, store, warm.encoder, TruncationCounter(), ServiceMetrics())
+    for tenant, second_worker in (("warm", warm), ("cold", cold)):
+        client.publish_turns([{**t, "tenant_id": tenant} for t in first])
+        drain(warm)
+        client.publish_turns([{**t, "tenant_id": tenant} for t in second])
+        drain(second_worker, "second")  # "cold": a fresh worker loads the canonicals from Postgres
+        rows = {r[1]: r for r in _entries(store, tenant)}
+        canonical_of = {turn_id: r[3] for turn_id, r in rows.items()}
+        assert canonical_of["p-old"] is None and canonical_of["p-new"] is None, tenant  # both numbers kept
+        assert canonical_of["img1"] is None and canonical_of["img2"] is None, tenant  # the caption counts
+        assert canonical_of["c2"] == rows["c1"][0], tenant  # a true near-duplicate still aliases
+        assert canonical_of["p-new-again"] == rows["p-new"][0], tenant  # ... the stored copy of itself
 
 
 def test_redelivered_batch_changes_nothing(settings: Settings, redis_client: redis.Redis, store: Store) -> None:

@@ -149,3 +149,42 @@ def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings
                                                  minutes=30)])
     plain_service.answer(RetrievalRequest("carol", "tuna", k=3))
     assert len(state.index) == 8 and state.index.sessions.n_turns == 9 and "s3" in state.index.sessions
+
+
+@pytest.mark.slow
+def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
+        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    """Real bi-encoder: the two phone numbers (cosine 0.98) stay two entries and the new one is found;
+    a word only the alias says finds the canonical entry listing the alias, whether the query worker
+    folds the alias into a warm index or builds the tenant from scratch."""
+    from workers.metrics import ServiceMetrics
+    from workers.models import load_reranker
+    from workers.query import QueryService
+
+    settings = settings.replace(bi_encoder="bundled")
+    ingest = ingest_worker(settings, redis_client, store)
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("pat", "p-old", "My new phone number is 0699 812 003."),
+                          turn("pat", "c1", "My sister lives in Lisbon with her husband and their cat."),
+                          turn("pat", "x1", "We watched a documentary about whales.")])
+    drain(ingest)
+
+    def service() -> QueryService:
+        return QueryService(settings, redis_client, store, ingest.encoder, load_reranker(settings), ServiceMetrics())
+
+    warm = service()
+    warm.answer(RetrievalRequest("pat", "actually", k=3))
+    state = warm.cache.get("pat")
+    assert state is not None and state.index.bm25.search("actually", 5) == []  # nobody said it yet
+    client.publish_turns([turn("pat", "p-new", "My new phone number is 0612 345 678.", minutes=5),
+                          turn("pat", "c2", "My sister lives in Lisbon with her husband and their cat, actually.",
+                               session="s2", minutes=5)])
+    drain(ingest)
+    for name, query_service_ in (("warm", warm), ("fresh", service())):
+        number = query_service_.answer(RetrievalRequest("pat", "0612 345 678", k=3)).hits
+        assert number[0].turn_id == "p-new" and number[0].aliases == (), name
+        old_number = query_service_.answer(RetrievalRequest("pat", "0699 812 003", k=3)).hits
+        assert old_number[0].turn_id == "p-old" and old_number[0].aliases == (), name
+        alias_only = query_service_.answer(RetrievalRequest("pat", "actually", k=3)).hits
+        assert alias_only[0].turn_id == "c1" and alias_only[0].aliases == ("c2",), name
+        assert alias_only[0].text == "My sister lives in Lisbon with her husband and their cat.", name

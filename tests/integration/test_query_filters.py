@@ -92,9 +92,12 @@ def test_a_deduplicated_turn_lets_its_canonical_entry_through(settings: Settings
                                                               store: Store) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
     _ingest(settings, redis_client, store, [turn("alice", "dup", "I adopted a grey cat named Pixel last spring",
-                                                 session="s9", role="assistant", minutes=500)])
+                                                 session="s9", minutes=500)])
+    # the same words from another speaker are another memory (dedupe never aliases across speakers)
+    _ingest(settings, redis_client, store, [turn("alice", "echo", "I adopted a grey cat named Pixel last spring",
+                                                 session="s8", role="assistant", minutes=300)])
     service = query_service(settings, redis_client, store)
-    for filters in ({"session_ids": ["s9"]}, {"session_ids": ["s9"], "roles": ["assistant"]},
+    for filters in ({"session_ids": ["s9"]}, {"session_ids": ["s9"], "roles": ["user"]},
                     {"occurred_after": (BASE_TIME + timedelta(minutes=400)).isoformat()}):
         result = service.answer(RetrievalRequest.parse({"v": 1, "tenant_id": "alice", "query": "grey cat",
                                                         "filters": filters}))
@@ -102,8 +105,12 @@ def test_a_deduplicated_turn_lets_its_canonical_entry_through(settings: Settings
         assert [(h.turn_id, h.session_id, h.role, h.aliases) for h in result.hits] == [("a0", "s1", "user",
                                                                                         ("dup",))]
     alias_roles_only = service.answer(RetrievalRequest.parse(
-        {"v": 1, "tenant_id": "alice", "query": "grey cat", "filters": {"session_ids": ["s9"], "roles": ["user"]}}))
+        {"v": 1, "tenant_id": "alice", "query": "grey cat",
+         "filters": {"session_ids": ["s9"], "roles": ["assistant"]}}))
     assert alias_roles_only.hits == ()  # the conditions must hold on one turn
+    echo = service.answer(RetrievalRequest.parse({"v": 1, "tenant_id": "alice", "query": "grey cat",
+                                                  "filters": {"session_ids": ["s8"]}}))
+    assert [(h.turn_id, h.session_id, h.role, h.aliases) for h in echo.hits] == [("echo", "s8", "assistant", ())]
 
 
 def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settings, redis_client: redis.Redis,

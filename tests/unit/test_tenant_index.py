@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from mnemos.errors import DimensionMismatchError, DuplicateEntryError, TenantMismatchError, UnknownEntryError
+from mnemos.bm25_index import BM25Index
+from mnemos.errors import (
+    DimensionMismatchError,
+    DuplicateEntryError,
+    InvalidParameterError,
+    TenantMismatchError,
+    UnknownEntryError,
+)
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import FakeReranker
 from mnemos.tenant_index import TenantIndex
@@ -73,6 +80,36 @@ def test_aliases_fold_into_entry_and_alias_map(encoder):
     assert index.entry(1).turn_ids == ("u1", "dup-a", "dup-b")
     assert index.alias_map()["dup-b"] == "u1"
     assert index.alias_map()["u2"] == "u2"
+
+
+def test_alias_text_counts_for_bm25_on_its_canonical_entry(encoder):
+    index = build_index(TEXTS, encoder)
+    alias_text = "user: my dog is called Rex, a beagle"
+    assert index.bm25.search("beagle", 5) == []
+    index.add_aliases(1, ["dup-a"], texts=[alias_text])
+    assert [eid for eid, _ in index.bm25.search("beagle", 5)] == [1]
+    result = retrieve(index, "beagle", encoder.encode(["beagle"])[0], k=3, reranker=FakeReranker(), outcome_id="o")
+    assert result.hits[0].entry_id == 1 and result.hits[0].aliases == ("dup-a",)
+    assert index.rendered(1) == "user: my dog is called Rex"  # the reranker still reads the canonical text
+    # a fresh BM25 over the canonical rendering plus the alias text ranks the same
+    fresh = BM25Index()
+    fresh.add([1, 2, 3], [index.rendered(1) + " " + alias_text, index.rendered(2), index.rendered(3)])
+    for query in ("beagle", "dog Rex", "Lisbon", "called"):
+        np.testing.assert_allclose(index.bm25.scores(query), fresh.scores(query), rtol=1e-6)
+    # a known alias is skipped, text included: folding the same alias again changes nothing
+    before = index.bm25.scores("beagle")
+    index.add_aliases(1, ["dup-a", "u1"], texts=[alias_text, "user: beagle beagle"])
+    np.testing.assert_array_equal(index.bm25.scores("beagle"), before)
+
+
+def test_alias_texts_must_match_turn_ids_and_a_refusal_changes_nothing(encoder):
+    index = build_index(TEXTS, encoder)
+    with pytest.raises(InvalidParameterError):
+        index.add_aliases(1, ["dup-a", "dup-b"], texts=["user: a beagle"])
+    assert index.entry(1).aliases == () and index.bm25.search("beagle", 5) == []
+    with pytest.raises(UnknownEntryError):
+        index.add_aliases(99, ["dup-a"], texts=["user: a beagle"])
+    assert index.bm25.search("beagle", 5) == []
 
 
 def test_empty_tenant_retrieval_has_no_hits_and_no_rerank_call(encoder):
