@@ -96,12 +96,13 @@ def _embeddings(store: Store, version: EmbeddingVersion | None, report: Callable
     except StoreError as exc:
         report("embeddings", False, str(exc))
         return
-    stored = "; ".join(f"{v} ({n} tenant{'s' if n != 1 else ''})" for v, n in sorted(counts.items())
+    ordered = sorted(counts.items(), key=lambda item: item[0].sort_key())
+    stored = "; ".join(f"{v} ({n} tenant{'s' if n != 1 else ''})" for v, n in ordered
                        if v.dim is not None) or "none stored yet"
     if version is None:
         report("embeddings", True, f"stored: {stored} (not compared: models not loaded)")
         return
-    for v, n in sorted(counts.items()):
+    for v, n in ordered:
         if not v.fits(version):
             assert version.dim is not None
             report("embeddings", False, str(EmbeddingVersionError(v.pair(), (version.rendering, version.dim),

@@ -25,7 +25,7 @@ from workers.migrate import discover
 from workers.store import Store
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class EmbeddingVersion:
     """The rendering and the encoder dimension (floats) of embeddings; ``dim`` None: none stored."""
 
@@ -38,6 +38,9 @@ class EmbeddingVersion:
 
     def pair(self) -> tuple[int, int | None]:
         return self.rendering, self.dim
+
+    def sort_key(self) -> tuple[int, int]:
+        return self.rendering, -1 if self.dim is None else self.dim
 
     def __str__(self) -> str:
         return f"rendering {self.rendering}, dimension {self.dim}"
@@ -107,7 +110,7 @@ def check_versions(store: Store, worker: EmbeddingVersion, *, what: str = "this 
     """Raise EmbeddingVersionError naming the first stored version ``worker`` does not fit (with its
     tenant count); returns the counts otherwise."""
     counts = version_counts(store)
-    for version, n in sorted(counts.items()):
+    for version, n in sorted(counts.items(), key=lambda item: item[0].sort_key()):
         if not version.fits(worker):
             assert worker.dim is not None
             raise EmbeddingVersionError(version.pair(), (worker.rendering, worker.dim), tenants=n, what=what)
