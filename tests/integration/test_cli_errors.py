@@ -6,6 +6,7 @@ operator sees: the log lines (timestamped) and, for a failed command, one ``Erro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -203,3 +204,18 @@ def test_no_configured_password_is_ever_printed(settings: Settings, redis_client
     for out in outputs:
         assert SECRET not in out.stdout + out.stderr, out.stdout + out.stderr
     assert SECRET not in worker_log
+
+
+def test_a_benchmark_that_cannot_reach_its_database_is_one_line(settings: Settings, tmp_path: Path) -> None:
+    data = tmp_path / "locomo.json"
+    data.write_text(json.dumps([{
+        "sample_id": "conv-x", "qa": [{"question": "Who has a cat?", "answer": "Ann", "evidence": ["D1:1"],
+                                       "category": 4}],
+        "conversation": {"speaker_a": "Ann", "speaker_b": "Bo", "session_1_date_time": "1:56 pm on 8 May, 2023",
+                         "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I have a grey cat."},
+                                       {"speaker": "Bo", "dia_id": "D1:2", "text": "Lovely."}]}}]))
+    url = f"postgresql://postgres:{SECRET}@127.0.0.1:{_free_port()}/mnemos_nowhere"
+    out = _mnemos(settings.replace(database_url=url), "bench", "service", "--data", str(data), "--reranker", "fake")
+    assert out.returncode == 1
+    assert "Connection refused" in _one_error(out)
+    assert SECRET not in out.stdout + out.stderr
