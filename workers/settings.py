@@ -124,9 +124,12 @@ class Settings:
             raise SettingsError("session_weight, temporal_weight and temporal_slack_days must be finite")
         if not 1 <= self.default_k <= self.max_k:
             raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
-        if not (math.isfinite(self.heartbeat_ttl_s) and self.heartbeat_ttl_s > 0) or self.reindex_batch_size < 1:
-            raise SettingsError(f"heartbeat_ttl_s must be > 0 and reindex_batch_size >= 1, got {self.heartbeat_ttl_s}, "
-                                f"{self.reindex_batch_size}")
+        # a loop renews its heartbeat between blocking reads (block_ms; the query worker's at least 1 s)
+        if not (math.isfinite(self.heartbeat_ttl_s) and self.heartbeat_ttl_s > max(1.0, self.block_ms / 1000)):
+            raise SettingsError(f"heartbeat_ttl_s must exceed 1 s and the block time ({self.block_ms} ms), "
+                                f"got {self.heartbeat_ttl_s}")
+        if self.reindex_batch_size < 1:
+            raise SettingsError(f"reindex_batch_size must be >= 1, got {self.reindex_batch_size}")
         _check_redis_url(self.redis_url)
         _check_database_url(self.database_url)
         if not self.stream_prefix or any(c.isspace() for c in self.stream_prefix):
