@@ -219,3 +219,37 @@ def test_a_benchmark_that_cannot_reach_its_database_is_one_line(settings: Settin
     assert out.returncode == 1
     assert "Connection refused" in _one_error(out)
     assert SECRET not in out.stdout + out.stderr
+
+
+def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
+    drain(ingest_worker(settings, redis_client, store))  # creates the tenant at dimension 64
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:  # many more rows, fast
+        conn.execute("INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
+                     " SELECT 'alice', 'bulk' || i, 's9', 'user', 'bulk turn number ' || i, now(), %s"
+                     " FROM generate_series(1, 3000) AS i", (b"\0" * 4 * 64,))
+
+    def staged() -> int:
+        with psycopg.connect(settings.database_url) as conn:
+            return int(conn.execute("SELECT count(*) FROM entries WHERE reindex_embedding IS NOT NULL").fetchone()[0])
+
+    other = settings.replace(fake_encoder_dim=32, reindex_batch_size=5)
+    child = subprocess.Popen([sys.executable, "-m", "workers", "reindex"], env=_env(other), cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while staged() < 50:
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.05)
+    child.kill()
+    child.communicate()
+    done = staged()
+    while (later := (time.sleep(0.3), staged())[1]) != done:  # a COMMIT already sent may still land
+        done = later
+    with psycopg.connect(settings.database_url) as conn:
+        assert conn.execute("SELECT embedding_dim FROM tenants").fetchone() == (64,)  # not swapped yet
+    out = _mnemos(other, "reindex", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert f"{3008 - done} turns embedded, {done} already done by an earlier run" in out.stdout
+    with psycopg.connect(settings.database_url) as conn:
+        assert conn.execute("SELECT embedding_dim FROM tenants").fetchone() == (32,)
+        assert conn.execute("SELECT DISTINCT octet_length(embedding) FROM entries").fetchall() == [(128,)]
