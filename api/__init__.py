@@ -4,6 +4,7 @@ from api.client import MnemosClient
 from api.errors import (
     InvalidInputError,
     MnemosClientError,
+    NoQueryWorker,
     Reason,
     RetrievalFailed,
     RetrievalTimeout,
@@ -19,6 +20,7 @@ __all__ = [
     "Limits",
     "MnemosClient",
     "MnemosClientError",
+    "NoQueryWorker",
     "Outcome",
     "PoolRow",
     "Reason",

@@ -3,7 +3,9 @@
 ``publish_turn(s)`` validates and XADDs to ``<prefix>:turns``; ``retrieve`` enqueues a JSON job
 (never pickle: anyone who can write to Redis could otherwise run code in a worker) on the rq
 queue and waits with its own timeout, because a job whose worker was SIGKILLed is only marked
-failed by rq's periodic maintenance. Redis errors become :class:`ServiceUnavailable`. The rq job
+failed by rq's periodic maintenance; and it refuses at once (:class:`NoQueryWorker`, nothing
+enqueued) when no query worker has a live heartbeat (:mod:`api.heartbeats`). Redis errors become
+:class:`ServiceUnavailable`. The rq job
 id is derived from the tenant and the request id (:func:`job_id_for`), and the client only reads
 results newer than its own enqueue, so a reused request id never returns an older or another
 tenant's answer.
@@ -26,7 +28,8 @@ from rq.job import Job, JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from api.errors import InvalidInputError, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
+from api.errors import InvalidInputError, NoQueryWorker, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
+from api.heartbeats import WorkerBeat, live_workers
 from api.schemas import RetrievalRequest, RetrievalResult, Turn
 from api.validation import Limits
 
@@ -47,12 +50,18 @@ class MnemosClient:
         retrieve_timeout_s: default wait for a retrieval result.
         job_timeout_s: rq kills a job running longer than this.
         result_ttl_s: seconds rq keeps a result.
+        require_query_worker: refuse a retrieval at once (:class:`NoQueryWorker`) when no query
+            worker of ``queue_name`` has a live heartbeat (``api.heartbeats``); False waits for
+            one instead, up to the timeout (workers older than heartbeats write none).
     """
 
     def __init__(self, connection: redis.Redis, *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",
                  limits: Limits | None = None, retrieve_timeout_s: float = 30.0, job_timeout_s: int = 60,
-                 result_ttl_s: int = 600, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 result_ttl_s: int = 600, require_query_worker: bool = True,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.connection = connection
+        self.stream_prefix = stream_prefix
+        self.require_query_worker = require_query_worker
         self.turns_stream = f"{stream_prefix}:turns"
         self.limits = limits or Limits()
         self.retrieve_timeout_s = retrieve_timeout_s
@@ -108,7 +117,8 @@ class MnemosClient:
         :class:`~api.schemas.RetrievalRequest` for the exact semantics.
 
         Raises InvalidInputError before anything is sent (``bad_filter`` for a bad ``filters``
-        object); RetrievalFailed when the job failed; RetrievalTimeout when no result arrived
+        object); NoQueryWorker at once, before anything is sent, when no query worker has a live
+        heartbeat; RetrievalFailed when the job failed; RetrievalTimeout when no result arrived
         within ``timeout_s`` (default ``retrieve_timeout_s``); ServiceUnavailable when Redis fails.
         """
         payload: dict[str, Any] = {"v": 1, "tenant_id": tenant_id, "query": query, "k": k}
@@ -122,6 +132,8 @@ class MnemosClient:
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
         job_id = job_id_for(request.tenant_id, request.request_id)
         try:
+            if self.require_query_worker and not self.query_workers():
+                raise NoQueryWorker(self.queue.name, self.stream_prefix)
             # results of an earlier job with this id (a retry) stay in its result stream: read after them
             last = self.connection.xrevrange(Result.get_key(job_id), count=1)
             after = _sid(last[0][0]) if last else "0-0"
@@ -133,6 +145,10 @@ class MnemosClient:
             return self._wait(job, request, timeout, after=after)
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"retrieval {request.request_id}: {exc}") from exc
+
+    def query_workers(self) -> list[WorkerBeat]:
+        """The query workers of this client's queue with a live heartbeat (redis.RedisError if Redis fails)."""
+        return live_workers(self.connection, self.stream_prefix, "query", queue=self.queue.name)
 
     def _wait(self, job: Job, request: RetrievalRequest, timeout_s: float, after: str = "0-0") -> RetrievalResult:
         deadline = time.monotonic() + timeout_s

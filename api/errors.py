@@ -58,6 +58,17 @@ class ServiceUnavailable(MnemosClientError):
     """Raised when Redis cannot be reached or refuses a command; the cause is chained."""
 
 
+class NoQueryWorker(ServiceUnavailable):
+    """Raised by ``retrieve`` at once, before anything is enqueued, when no query worker of the
+    client's queue has a live heartbeat (none runs, or all stopped longer ago than their TTL)."""
+
+    def __init__(self, queue_name: str, stream_prefix: str) -> None:
+        super().__init__(f"no query worker is running for queue {queue_name!r} (no live heartbeat under "
+                         f"{stream_prefix}:heartbeat:query:*): start one with `mnemos worker query`; nothing was sent")
+        self.queue_name = queue_name
+        self.stream_prefix = stream_prefix
+
+
 class RetrievalTimeout(MnemosClientError, TimeoutError):
     """Raised when no result arrived within the client's timeout (no worker, or a killed one).
 

@@ -280,6 +280,7 @@ def run_queries(run: FaultRun, plan: FaultPlan, slack_s: float = 2.0) -> PhaseRe
     workers = run.workers("query", settings, max(2, plan.workers - 1))
     for worker in workers:
         worker.start()
+    run.wait_for_query_worker(settings)
     askers = [threading.Thread(target=ask, args=(requests[i::2],), daemon=True) for i in range(2)]
     for asker in askers:
         asker.start()

@@ -174,6 +174,15 @@ class FaultRun:
         return MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                             limits=limits_of(settings))
 
+    def wait_for_query_worker(self, settings: Settings, timeout_s: float = 120.0) -> None:
+        """Block until a query worker has a live heartbeat (clients refuse at once before that)."""
+        client = self.client(settings)
+        deadline = time.monotonic() + timeout_s
+        while not client.query_workers():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no query worker heartbeat within {timeout_s:.0f}s")
+            time.sleep(0.2)
+
     def workers(self, kind: str, settings: Settings, n: int) -> list[WorkerProcess]:
         env = to_environment(settings)
         return [WorkerProcess(kind, env, self.workdir / f"{settings.stream_prefix}-{kind}-{i}.log") for i in range(n)]

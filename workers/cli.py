@@ -1,7 +1,15 @@
 """The ``mnemos`` command: a thin layer that builds settings once and calls ``run_*`` functions.
 
-Logging is configured here and nowhere else. Model environment variables (offline hub,
+Logging is configured here and nowhere else, with the passwords of the configured URLs masked in
+every record (:mod:`workers.redaction`). Model environment variables (offline hub,
 single-threaded tokenizers) are set at the top of :func:`main`, before any model library loads.
+
+Every command, the benchmark commands included, ends an error in one line on stderr (``Error:
+...``, passwords masked) and a non-zero exit code: 2 when an operator must change something
+first (a setting or URL, a database that is missing, not migrated, or holds embeddings of
+another version, a model that does not load), 1 when a service failed or refused (Postgres or
+Redis unreachable, no query worker running, a failed retrieval). ``--debug`` shows the
+traceback instead.
 """
 
 from __future__ import annotations
@@ -9,25 +17,85 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 
+from workers.errors import ModelSetupError, SettingsError, StoreStateError, WorkerError
+from workers.redaction import install_redaction, redact, secrets_of
 from workers.settings import Settings, prepare_offline_models
 
 log = logging.getLogger(__name__)
 
+EXIT_FAILED = 1  # a service failed or refused: Postgres/Redis unreachable, no query worker, a failed retrieval
+EXIT_MISCONFIGURED = 2  # an operator must act first: settings, a missing/unmigrated database, versions, models
 
-@click.group()
+
+class CommandFailed(click.ClickException):
+    """Raised (by :class:`OneLineErrors`) with the one-line description of a command's error."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def describe_failure(exc: Exception) -> tuple[str, int]:
+    """One line and an exit code for an error a command ended with."""
+    import psycopg
+    import redis
+
+    from api.errors import MnemosClientError
+
+    if isinstance(exc, (SettingsError, StoreStateError, ModelSetupError)):
+        return str(exc), EXIT_MISCONFIGURED
+    if isinstance(exc, (WorkerError, MnemosClientError)):
+        return str(exc), EXIT_FAILED
+    if isinstance(exc, redis.RedisError):
+        return f"Redis: {exc}", EXIT_FAILED
+    if isinstance(exc, psycopg.Error):
+        return f"Postgres: {exc}", EXIT_FAILED
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc}", EXIT_FAILED
+    return f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", EXIT_FAILED
+
+
+class OneLineErrors(click.Group):
+    """A group whose commands end any error in one line on stderr (passwords masked) and an exit
+    code (:func:`describe_failure`); with ``--debug`` the error propagates with its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except click.ClickException as exc:
+            exc.message = redact(" ".join(exc.format_message().split()), _secrets(ctx))
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            message, code = describe_failure(exc)
+            raise CommandFailed(redact(" ".join(message.split()), _secrets(ctx)), code) from exc
+
+
+def _secrets(ctx: click.Context) -> tuple[str, ...]:
+    settings = ctx.find_root().obj
+    return secrets_of([settings.redis_url, settings.database_url]) if isinstance(settings, Settings) else ()
+
+
+@click.group(cls=OneLineErrors)
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--debug", is_flag=True, help="show the traceback of an error instead of one line")
 @click.pass_context
-def cli(ctx: click.Context, log_level: str) -> None:
+def cli(ctx: click.Context, log_level: str, debug: bool) -> None:
     """Mnemos: long-term conversational memory as a streaming service."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("bm25s", "faiss", "httpx", "sentence_transformers", "urllib3"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-    ctx.obj = Settings.from_env()
+    settings = Settings.from_env()
+    install_redaction(secrets_of([settings.redis_url, settings.database_url]))
+    ctx.obj = settings
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -44,6 +112,22 @@ def migrate(ctx: click.Context) -> None:
     ensure_database(settings.database_url)
     applied = run_migrations(settings.database_url)
     click.echo(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
+
+
+@cli.command()
+@click.option("--tenant", "tenant_id", default=None, help="only this tenant (default: every stale tenant)")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="tqdm progress bar on stderr")
+@click.pass_context
+def reindex(ctx: click.Context, tenant_id: str | None, progress: bool) -> None:
+    """Re-embed the stored turns of tenants made with another rendering or encoder dimension.
+
+    Resumable (run it again after an interruption) and safe while workers run; see workers/reindex.py.
+    """
+    from workers.reindex import run_reindex
+
+    report = run_reindex(_settings(ctx), tenant_id=tenant_id, progress=progress)
+    click.echo(f"reindexed {report.tenants} tenant(s) to {report.target}: {report.embedded} turns embedded, "
+               f"{report.resumed} already done by an earlier run; {report.current} tenant(s) were current")
 
 
 @cli.command()
@@ -134,13 +218,17 @@ def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, a
 
 
 @cli.command()
-@click.option("--models/--no-models", default=True, show_default=True, help="also load the configured models")
+@click.option("--models/--no-models", default=True, show_default=True,
+              help="also load the configured models and compare the stored embeddings' version with theirs")
+@click.option("--require-worker", "require", multiple=True, type=click.Choice(["ingest", "query", "suppression"]),
+              help="fail unless a worker of this kind has a live heartbeat (repeatable; default: report only)")
 @click.pass_context
-def health(ctx: click.Context, models: bool) -> None:
-    """Check Redis, Postgres (migrated) and the models; exit code 0 when all are fine."""
+def health(ctx: click.Context, models: bool, require: tuple[str, ...]) -> None:
+    """Check Redis, Postgres (exists, migrated), stored embedding versions, the models, and list the
+    workers seen by their heartbeats; exit code 0 when all are fine."""
     from workers.health import run_health
 
-    sys.exit(run_health(_settings(ctx), check_models=models, echo=click.echo))
+    sys.exit(run_health(_settings(ctx), check_models=models, require=require, echo=click.echo))
 
 
 @cli.command()

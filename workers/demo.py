@@ -67,7 +67,8 @@ def stored_turns(store: Store, tenant_id: str) -> int:
 
 def run_demo(client: MnemosClient, store: Store, *, wait_s: float = 60.0, k: int = 3,
              echo: Callable[[str], None] = print) -> int:
-    """Publish, wait until stored, ask, print; returns an exit code (1 if ingestion did not finish)."""
+    """Publish, wait until stored and a query worker is up, ask, print; returns an exit code (1 if
+    ingestion did not finish or no query worker came up within ``wait_s``)."""
     turns = demo_turns()
     client.publish_turns(turns)
     expected: dict[str, int] = {}
@@ -78,6 +79,11 @@ def run_demo(client: MnemosClient, store: Store, *, wait_s: float = 60.0, k: int
     while any(stored_turns(store, t) < n for t, n in expected.items()):
         if time.monotonic() > deadline:
             echo("the turns were not stored in time: is an ingest worker running (`mnemos up`)?")
+            return 1
+        time.sleep(0.25)
+    while not client.query_workers():  # a query worker started with the demo may still be loading its models
+        if time.monotonic() > deadline:
+            echo("no query worker has a live heartbeat: is one running (`mnemos up`)?")
             return 1
         time.sleep(0.25)
     for tenant, question in QUESTIONS:

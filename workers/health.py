@@ -1,46 +1,123 @@
-"""``mnemos health``: can this process reach Redis and a migrated Postgres, and load its models?"""
+"""``mnemos health``: can this process reach Redis and a migrated Postgres whose stored embeddings
+fit its models, and which workers have live heartbeats?
+
+One line per check (``ok`` or ``FAIL``); exit code 0 when every check passed, 1 otherwise. Workers
+are reported, not required: by default the command stays usable as the probe of one worker's pod
+(it passes while Redis and Postgres are fine, whatever else runs). ``require`` names worker kinds
+that must have a live heartbeat for the check to pass. Without models (``--no-models``, the pods'
+probe) the stored embedding versions are reported but not compared. Every printed URL and error
+has its password masked.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
-import psycopg
 import redis
 
-from workers.errors import ModelSetupError
+from api.heartbeats import KINDS, WorkerBeat, worker_beats
+from workers.errors import EmbeddingVersionError, ModelSetupError, StoreError, StoreStateError
 from workers.migrate import discover
 from workers.models import load_encoder, load_reranker
+from workers.redaction import redact, redact_url, secrets_of
 from workers.settings import Settings
+from workers.store import Store
+from workers.store_state import EmbeddingVersion, check_schema, current_version, version_counts
 
 
-def run_health(settings: Settings, *, check_models: bool = True, echo: Callable[[str], None] = print) -> int:
-    """Print one line per check; 0 when every check passed, 1 otherwise."""
+def run_health(settings: Settings, *, check_models: bool = True, require: Sequence[str] = (),
+               echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time) -> int:
+    """Print one line per check; 0 when every check passed, 1 otherwise (see the module docstring)."""
     ok = True
+    secrets = secrets_of([settings.redis_url, settings.database_url])
 
     def report(name: str, passed: bool, detail: str) -> None:
         nonlocal ok
         ok = ok and passed
-        echo(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")
+        echo(redact(f"{'ok  ' if passed else 'FAIL'} {name}: {' '.join(detail.split())}", secrets))
 
+    connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3, socket_timeout=3)
+    redis_ok = True
     try:
-        redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3).ping()
-        report("redis", True, settings.redis_url)
+        connection.ping()
+        report("redis", True, redact_url(settings.redis_url))
     except redis.RedisError as exc:
-        report("redis", False, str(exc))
+        report("redis", False, f"{redact_url(settings.redis_url)}: {exc}")
+        redis_ok = False
+
+    store: Store | None = None
     try:
-        with psycopg.connect(settings.database_url, connect_timeout=3) as conn:
-            applied = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-        missing = [m.version for m in discover() if m.version not in applied]
-        report("postgres", not missing, "migrated" if not missing else f"pending migrations {missing}")
-    except psycopg.Error as exc:
-        report("postgres", False, f"{type(exc).__name__}: {exc}".strip())
+        store = Store(settings.database_url, settings.db_app_role, max_size=1, timeout_s=3.0).open()
+        check_schema(store)
+        report("postgres", True, f"{redact_url(settings.database_url)}: migrated to {discover()[-1].version}")
+    except (StoreError, StoreStateError) as exc:
+        report("postgres", False, str(exc))
+        if store is not None:
+            store.close()
+        store = None
+
+    version: EmbeddingVersion | None = None
     if check_models:
         try:
             encoder = load_encoder(settings)
+            version = current_version(encoder.dim)
             report("bi-encoder", True, f"{settings.bi_encoder} (dim {encoder.dim})")
             reranker = load_reranker(settings)
             report("cross-encoder", True, settings.cross_encoder or "none configured (no rerank)")
             del reranker
         except ModelSetupError as exc:
             report("models", False, str(exc))
+
+    if store is not None:
+        try:
+            _embeddings(store, version, report)
+        finally:
+            store.close()
+
+    if redis_ok:
+        for kind in KINDS:
+            try:
+                beats = worker_beats(connection, settings.stream_prefix, kind)
+            except redis.RedisError as exc:
+                report(f"{kind} workers", False, str(exc))
+                continue
+            live = [b for b in beats if b.live]
+            report(f"{kind} workers", bool(live) or kind not in require, _describe(beats, clock()))
+    elif require:
+        report("workers", False, "Redis is unreachable: no heartbeat can be read")
+    connection.close()
     return 0 if ok else 1
+
+
+def _embeddings(store: Store, version: EmbeddingVersion | None, report: Callable[[str, bool, str], None]) -> None:
+    try:
+        counts = version_counts(store)
+    except StoreError as exc:
+        report("embeddings", False, str(exc))
+        return
+    ordered = sorted(counts.items(), key=lambda item: item[0].sort_key())
+    stored = "; ".join(f"{v} ({n} tenant{'s' if n != 1 else ''})" for v, n in ordered
+                       if v.dim is not None) or "none stored yet"
+    if version is None:
+        report("embeddings", True, f"stored: {stored} (not compared: models not loaded)")
+        return
+    for v, n in ordered:
+        if not v.fits(version):
+            assert version.dim is not None
+            report("embeddings", False, str(EmbeddingVersionError(v.pair(), (version.rendering, version.dim),
+                                                                  tenants=n, what="this configuration")))
+            return
+    report("embeddings", True, f"stored: {stored}; this configuration makes {version}")
+
+
+def _describe(beats: list[WorkerBeat], now: float) -> str:
+    if not beats:
+        return "none seen"
+    live = [b for b in beats if b.live]
+    parts = [f"{b.name} ({'busy, ' if b.info.get('busy') else ''}beat {max(0.0, now - b.last_seen):.0f}s ago)"
+             for b in live]
+    dead = [b for b in beats if not b.live]
+    if dead:
+        parts.append(f"{len(dead)} stopped (last {dead[0].name}, {max(0.0, now - dead[0].last_seen):.0f}s ago)")
+    return f"{len(live)} live: " + ", ".join(parts)

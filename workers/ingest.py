@@ -8,7 +8,10 @@ entries (cosine >= 0.95 *and* the same speaker and distinguishing tokens, :mod:`
 docs/architecture.md "Dedupe": a near-duplicate is stored as an alias row that keeps its own
 turn, and the query worker indexes its text under its canonical entry), insert with
 ``ON CONFLICT (tenant_id, turn_id) DO NOTHING``, bump the tenant's memory version, commit. Only
-then are the stream entries acknowledged.
+then are the stream entries acknowledged. A new tenant is created with this worker's rendering
+and encoder dimension; under the lock, a tenant whose stored embeddings were made with another
+version (reindexed while this worker runs, say) is refused: its turns stay pending for a worker
+of that version (claimed after ``claim_idle_ms``), never written.
 
 Turns longer than the bi-encoder window are embedded from their first 256 word pieces; the full
 text is stored and indexed by BM25, and ``mnemos_ingest_encoder_truncated_total`` counts them.
@@ -36,10 +39,13 @@ from mnemos.dedupe import Signature, dedupe_batch, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
 from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of, publish_dead_letters
+from workers.errors import EmbeddingVersionError
+from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter
 from workers.settings import Settings
 from workers.store import Store, vector_to_bytes, vectors_from_bytes
+from workers.store_state import current_version, require_tenant_version
 from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 
 log = logging.getLogger(__name__)
@@ -97,6 +103,7 @@ class IngestWorker:
         self.metrics = metrics
         self.clock = clock
         self.limits = limits_of(settings)
+        self.version = current_version(encoder.dim)  # rendering and dimension of what this worker embeds
         self._canonicals: OrderedDict[str, _Canonicals] = OrderedDict()
 
     # the batch --------------------------------------------------------------------------------
@@ -124,8 +131,15 @@ class IngestWorker:
         started = time.perf_counter()
         indexed = duplicates = 0
         conflicts: list[DeadLetter] = []
+        refused: set[str] = set()
         for tenant_id, pending in by_tenant.items():
-            result = self._write_tenant(tenant_id, pending)
+            try:
+                result = self._write_tenant(tenant_id, pending)
+            except EmbeddingVersionError as exc:  # left pending for a worker of the tenant's version
+                log.error("ingest worker refuses %d turns: %s", len(pending), exc)
+                self.metrics.version_refusal("ingest", len(pending))
+                refused.update(p.message.stream_id for p in pending)
+                continue
             indexed += result.indexed
             duplicates += result.duplicates
             conflicts.extend(result.conflicts or [])
@@ -142,7 +156,7 @@ class IngestWorker:
         self.metrics.ingest_batch(
             read=len(batch), claimed=sum(m.claimed for m in batch), embed_s=embed_s, commit_s=commit_s,
             indexed=indexed, duplicates=duplicates, truncated=sum(truncated))
-        return [m.stream_id for m in batch]
+        return [m.stream_id for m in batch if m.stream_id not in refused]
 
     def _dead_letter(self, message: StreamMessage, reason: str, detail: str, turn: Turn | None = None
                      ) -> DeadLetter:
@@ -157,8 +171,10 @@ class IngestWorker:
     def _write_tenant(self, tenant_id: str, pending: Sequence[_Pending]) -> _TenantOutcome:
         outcome = _TenantOutcome(conflicts=[])
         with self.store.tenant_tx(tenant_id) as conn:
-            conn.execute("INSERT INTO tenants (tenant_id) VALUES (%s) ON CONFLICT DO NOTHING", (tenant_id,))
+            conn.execute("INSERT INTO tenants (tenant_id, rendering_version, embedding_dim) VALUES (%s, %s, %s)"
+                         " ON CONFLICT DO NOTHING", (tenant_id, self.version.rendering, self.version.dim))
             conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (INGEST_LOCK_CLASS, tenant_id))
+            require_tenant_version(conn, tenant_id, self.version, adopt=True)  # never mix versions in a tenant
             fresh = self._drop_known(conn, tenant_id, pending, outcome)
             canon = self._load_canonicals(conn, tenant_id)
             new_ids: list[int] = []
@@ -303,8 +319,8 @@ class IngestWorker:
             batch_size=s.ingest_batch_size, block_ms=s.block_ms, claim_idle_ms=s.claim_idle_ms,
             claim_interval_s=s.claim_interval_s, on_lost=self.on_lost)
 
-    def run(self, stop: threading.Event, name: str | None = None) -> None:
-        """Consume until ``stop`` is set."""
+    def run(self, stop: threading.Event, name: str | None = None, heartbeat: Heartbeat | None = None) -> None:
+        """Consume until ``stop`` is set (renewing ``heartbeat`` from the loop)."""
         log.info("ingest worker consuming %s as group %s", self.settings.turns_stream, GROUP)
         run_consumer(self.consumer(name), self.handle, stop, poison=self.poison,
-                     trim_interval_s=self.settings.trim_interval_s)
+                     trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat)

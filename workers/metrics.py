@@ -102,6 +102,13 @@ class ServiceMetrics:
         self.worker_up = Gauge("mnemos_worker_up", "1 while the worker runs", ["worker"], registry=r)
         self.dead_letters = Counter("mnemos_dead_letters_total", "Messages dead-lettered or lost", ["reason"],
                                     registry=r)
+        self.worker_heartbeat = Gauge(
+            "mnemos_worker_heartbeat_timestamp_seconds",
+            "Unix time of the worker loop's last heartbeat (stale: the loop stopped)", ["worker"], registry=r)
+        self.version_refusals = Counter(
+            "mnemos_embedding_version_refusals_total",
+            "Turns (ingest) or requests (query) refused because their tenant's stored embeddings were made "
+            "with another rendering or encoder dimension", ["worker"], registry=r)
 
     # observers ----------------------------------------------------------------------------------
 
@@ -145,6 +152,12 @@ class ServiceMetrics:
         else:
             self.suppression_applied.inc()
             self.suppression_entries_updated.inc(entries_updated)
+
+    def heartbeat(self, worker: str, unix_s: float) -> None:
+        self.worker_heartbeat.labels(worker=worker).set(unix_s)
+
+    def version_refusal(self, worker: str, n: int = 1) -> None:
+        self.version_refusals.labels(worker=worker).inc(n)
 
     def stream_state(self, stream: str, group: str, *, length: int, pending: int, lag: int | None) -> None:
         self.stream_length.labels(stream=stream, group=group).set(length)

@@ -1,9 +1,13 @@
 """Process entry points of the three workers: load everything, then consume until told to stop.
 
 Each ``run_*`` builds its clients and models from a :class:`Settings` value (models before the
-first message or job), serves its metrics port, starts the stream/queue sampler, and returns an
-exit code. SIGTERM and SIGINT stop the stream workers after the current batch; rq handles them
-itself for the query worker (warm shutdown after the current job).
+first message or job), checks its database (:func:`open_checked_store`), serves its metrics port,
+starts the stream/queue sampler, and returns an exit code: 2, with one log line, when it cannot
+start (the database missing or not migrated, stored embeddings of another rendering or encoder
+dimension than this worker's, a model that does not load, Postgres unreachable). SIGTERM and
+SIGINT stop the stream workers after the current batch; rq handles them itself for the query
+worker (warm shutdown after the current job). Every loop renews a heartbeat
+(:mod:`workers.heartbeats`).
 """
 
 from __future__ import annotations
@@ -19,18 +23,39 @@ from typing import Protocol
 import redis
 
 from workers import ingest, suppression
-from workers.errors import ModelSetupError, StoreError
+from workers.errors import ModelSetupError, StoreError, StoreStateError
+from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics, serve
 from workers.models import limit_blas_threads, load_encoder, load_reranker, load_truncation_counter
+from workers.redaction import redact_url
 from workers.settings import Settings
 from workers.store import Store
-from workers.streams import StreamSampler
+from workers.store_state import EmbeddingVersion, check_store, current_version
+from workers.streams import StreamSampler, consumer_name
 
 log = logging.getLogger(__name__)
 
 
 def redis_client(settings: Settings) -> redis.Redis:
     return redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_keepalive=True)
+
+
+def open_checked_store(settings: Settings, kind: str, version: EmbeddingVersion | None = None) -> Store:
+    """The worker's store, once the database exists, is migrated and (with ``version``) holds only
+    embeddings of that version.
+
+    Raises DatabaseMissingError, SchemaOutdatedError, EmbeddingVersionError (StoreStateError: an
+    operator must act) or StoreError (Postgres unreachable, with its reason).
+    """
+    log.info("%s worker: redis %s, postgres %s%s", kind, redact_url(settings.redis_url),
+             redact_url(settings.database_url), "" if version is None else f", embeds {version}")
+    store = Store(settings.database_url, settings.db_app_role).open()
+    try:
+        check_store(store, version)
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis) -> tuple[ServiceMetrics,
@@ -53,25 +78,30 @@ def _stop_on_signals(stop: threading.Event) -> None:
 
 
 class _StreamWorker(Protocol):
-    def run(self, stop: threading.Event) -> None: ...
+    def run(self, stop: threading.Event, name: str | None = None, heartbeat: Heartbeat | None = None) -> None: ...
 
 
 def _run_stream_worker(settings: Settings, kind: str, port: int,
-                       build: Callable[[redis.Redis, Store, ServiceMetrics], _StreamWorker]) -> int:
-    """Open the store, serve metrics, and run the worker ``build`` makes until SIGTERM/SIGINT."""
+                       build: Callable[[redis.Redis, Store, ServiceMetrics], _StreamWorker],
+                       version: EmbeddingVersion | None = None, info: dict[str, object] | None = None) -> int:
+    """Open and check the store, serve metrics, and run the worker ``build`` makes until SIGTERM/SIGINT."""
     limit_blas_threads(settings)
     try:
-        store = Store(settings.database_url, settings.db_app_role).open()
-    except StoreError as exc:
+        store = open_checked_store(settings, kind, version)
+    except (StoreError, StoreStateError) as exc:
         log.error("%s worker cannot start: %s", kind, exc)
         return 2
     connection = redis_client(settings)
     metrics, sampler = _metrics(settings, port, kind, connection)
     stop = threading.Event()
     _stop_on_signals(stop)
+    name = consumer_name(kind)
+    heartbeat = Heartbeat(connection, settings, kind, name, metrics=metrics, busy_s=settings.claim_idle_ms / 1000,
+                          info=info)
     try:
-        build(connection, store, metrics).run(stop)
+        build(connection, store, metrics).run(stop, name=name, heartbeat=heartbeat)
     finally:
+        heartbeat.stop()
         sampler.stop()
         store.close()
     return 0
@@ -84,10 +114,12 @@ def run_ingest(settings: Settings) -> int:
     except ModelSetupError as exc:
         log.error("ingest worker cannot start: %s", exc)
         return 2
+    version = current_version(encoder.dim)
     return _run_stream_worker(
         settings, "ingest", settings.ingest_metrics_port,
         lambda connection, store, metrics: ingest.IngestWorker(settings, connection, store, encoder, truncation,
-                                                               metrics))
+                                                               metrics),
+        version, {"rendering": version.rendering, "dim": version.dim})
 
 
 def run_suppression(settings: Settings) -> int:
@@ -111,8 +143,8 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
     try:
         encoder = load_encoder(settings)
         reranker = load_reranker(settings)
-        store = Store(settings.database_url, settings.db_app_role).open()
-    except (ModelSetupError, StoreError) as exc:
+        store = open_checked_store(settings, "query", current_version(encoder.dim))
+    except (ModelSetupError, StoreError, StoreStateError) as exc:
         log.error("query worker cannot start: %s", exc)
         return 2
     connection = redis_client(settings)

@@ -11,7 +11,11 @@ if the version moved, load its clusters and its suppression scores for the query
 :func:`mnemos.pipeline.retrieve` (with the post-rerank features the settings switch on, the
 request's ``as_of`` and ``filters`` as its candidate filter and ``as_of`` as the reference time);
 XADD the outcome to ``<prefix>:outcomes``; return the result.
-An unknown tenant gets an empty result (and no outcome), not an error.
+An unknown tenant gets an empty result (and no outcome), not an error. A tenant whose stored
+embeddings were made with another rendering or encoder dimension than this worker's (reindexed
+while this worker runs, say) fails the request with :class:`~workers.errors.EmbeddingVersionError`
+instead of mixing versions. The worker renews its heartbeat (:mod:`workers.heartbeats`) from rq's
+loop: on every dequeue wait (every ``heartbeat_ttl_s / 3`` seconds while idle) and before each job.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Outcome
 from mnemos.rerank import Reranker
 from mnemos.suppression import SuppressionTable, UpdateRule
-from workers.errors import OutsideQueryWorkerError
+from workers.errors import EmbeddingVersionError, OutsideQueryWorkerError
+from workers.heartbeats import Heartbeat
 from workers.ingest import limits_of
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import Store
+from workers.store_state import current_version, require_tenant_version
 from workers.tenant_cache import TenantCache
 
 log = logging.getLogger(__name__)
@@ -106,6 +112,7 @@ class QueryService:
         self.limits = limits_of(settings)
         self.config = retrieval_config(settings, rerank=reranker is not None)
         self.cache = TenantCache(encoder.dim, settings.max_cached_tenants)
+        self.version = current_version(encoder.dim)  # rendering and dimension this worker compares against
 
     def handle_payload(self, payload: Any) -> dict[str, Any]:
         """Job entry: validate, answer, count; returns the JSON result (raises on invalid input).
@@ -129,9 +136,15 @@ class QueryService:
         encode_s = self.clock() - started
         refresh_started = self.clock()
         with self.store.tenant_tx(tenant_id, snapshot=True) as conn:
-            version = Store.memory_version(conn, tenant_id)
-            if version is None:
+            try:
+                tenant = require_tenant_version(conn, tenant_id, self.version)
+            except EmbeddingVersionError:
+                self.cache.evict(tenant_id)
+                self.metrics.version_refusal("query")
+                raise
+            if tenant is None:
                 return self._empty(request, started)
+            version = tenant.memory_version
             state, refreshed = self.cache.refresh(conn, tenant_id, version)
             clusters = TenantCache.load_clusters(conn, state, self.settings.clusters_k)
             cluster = None if clusters is None else clusters.assign(query_vector)
@@ -194,15 +207,42 @@ class QueryWorker(SimpleWorker):
 
     def __init__(self, *args: Any, service: QueryService, **kwargs: Any) -> None:
         kwargs.setdefault("serializer", JSONSerializer)
+        # read by rq's __init__ already (it sizes the connection's socket timeout from it)
+        self._dequeue_timeout_s = max(1, int(service.settings.heartbeat_ttl_s / 3))
         super().__init__(*args, **kwargs)
         self.service = service
         self.stop_signalled = False  # SIGTERM/SIGINT seen: the process should end, not restart the loop
+        settings = service.settings
+        self.beats = Heartbeat(self.connection, settings, "query", self.name, metrics=service.metrics,
+                               busy_s=settings.job_timeout_s,
+                               info={"queue": settings.queue_name, "rendering": service.version.rendering,
+                                     "dim": service.version.dim})
+
+    @property
+    def dequeue_timeout(self) -> int:
+        """Seconds one blocking dequeue waits: short enough that an idle worker renews its heartbeat."""
+        return self._dequeue_timeout_s
+
+    def register_birth(self) -> None:
+        self.beats.idle()  # alive before rq lists it, so a client never sees a listed worker without a heartbeat
+        super().register_birth()
+
+    def register_death(self) -> None:
+        self.beats.stop()
+        super().register_death()
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """rq's own heartbeat (on every dequeue wait and after each job), plus ours."""
+        super().heartbeat(timeout, pipeline)
+        if pipeline is None:  # with a pipeline rq is preparing a job: execute_job beat busy already
+            self.beats.idle()
 
     def request_stop(self, signum: int, frame: Any) -> None:
         self.stop_signalled = True
         super().request_stop(signum, frame)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        self.beats.busy()
         token = _SERVICE.set(self.service)
         try:
             super().execute_job(job, queue)

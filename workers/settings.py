@@ -14,8 +14,10 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from urllib.parse import urlsplit
 
 from workers.errors import SettingsError
+from workers.redaction import redact_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
@@ -93,6 +95,11 @@ class Settings:
     sample_interval_s: float = 5.0
     # query worker caches
     max_cached_tenants: int = 256
+    # liveness: each worker's loop refreshes a Redis record with this TTL every ttl/3 seconds (plus the
+    # longest legitimate batch or job while it works on one); `mnemos retrieve` and `health` read them
+    heartbeat_ttl_s: float = 30.0
+    # `mnemos reindex`: stored turns re-embedded and committed per transaction
+    reindex_batch_size: int = 256
     # `mnemos up` on a laptop: where embedded Redis/Postgres keep their files
     embedded_dir: str = ".mnemos"
     # bookkeeping, not a knob: names of the fields that from_env found in the environment
@@ -117,6 +124,14 @@ class Settings:
             raise SettingsError("session_weight, temporal_weight and temporal_slack_days must be finite")
         if not 1 <= self.default_k <= self.max_k:
             raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
+        # a loop renews its heartbeat between blocking reads (block_ms; the query worker's at least 1 s)
+        if not (math.isfinite(self.heartbeat_ttl_s) and self.heartbeat_ttl_s > max(1.0, self.block_ms / 1000)):
+            raise SettingsError(f"heartbeat_ttl_s must exceed 1 s and the block time ({self.block_ms} ms), "
+                                f"got {self.heartbeat_ttl_s}")
+        if self.reindex_batch_size < 1:
+            raise SettingsError(f"reindex_batch_size must be >= 1, got {self.reindex_batch_size}")
+        _check_redis_url(self.redis_url)
+        _check_database_url(self.database_url)
         if not self.stream_prefix or any(c.isspace() for c in self.stream_prefix):
             raise SettingsError(f"stream_prefix must be non-empty without spaces, got {self.stream_prefix!r}")
 
@@ -176,6 +191,37 @@ def prepare_offline_models() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _check_redis_url(url: str) -> None:
+    """Refuse a Redis URL redis-py cannot use (scheme, port), naming it with its password masked."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise SettingsError(f"MNEMOS_REDIS_URL={redact_url(url)!r} is not a Redis URL: it must start with "
+                            "redis://, rediss:// or unix://")
+    try:
+        parts.port  # noqa: B018 (parsing it is the check)
+    except ValueError:
+        raise SettingsError(f"MNEMOS_REDIS_URL={redact_url(url)!r} has a port that is not a number") from None
+
+
+def _check_database_url(url: str) -> None:
+    """Refuse a database URL libpq cannot parse: a URL with another scheme or a non-numeric port, or
+    text that is neither a URL nor ``key=value`` pairs (the message masks the password)."""
+    if "://" not in url:
+        if "=" not in url:
+            raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} is neither a postgresql:// URL nor "
+                                "key=value connection parameters")
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} must start with postgresql:// or postgres://")
+    hosts = parts.netloc.rsplit("@", 1)[-1]
+    for host in hosts.split(","):
+        tail = host.rsplit("]", 1)[-1]  # after an IPv6 literal
+        port = tail.rpartition(":")[2] if ":" in tail else ""
+        if port and not port.isdigit():
+            raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} has a port that is not a number")
+
+
 def _parse(name: str, type_name: str, raw: str) -> object:
     raw = raw.strip()
     optional = "None" in type_name
@@ -193,7 +239,7 @@ def _parse(name: str, type_name: str, raw: str) -> object:
         if type_name.startswith("float"):
             return float(raw)
     except ValueError as exc:
-        raise SettingsError(f"{ENV_VARS[name]}={raw!r} is not a valid {type_name}") from exc
+        raise SettingsError(f"{ENV_VARS[name]}={redact_url(raw)!r} is not a valid {type_name}") from exc
     return raw
 
 

@@ -10,6 +10,7 @@ and writes nothing, instead of another tenant's rows.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -18,9 +19,12 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from workers.errors import StoreError
+from workers.errors import DatabaseMissingError, StoreError
+from workers.redaction import redact, secrets_of
 
 log = logging.getLogger(__name__)
+
+_MISSING_DATABASE = re.compile(r'database "(?P<name>[^"]+)" does not exist')
 
 VECTOR_DTYPE = np.dtype("<f4")  # embeddings are stored as little-endian float32 bytes
 
@@ -49,6 +53,30 @@ def matrix_from_bytes(blob: bytes, rows: int, dim: int) -> np.ndarray:
     return flat.reshape(rows, dim).astype(np.float32)
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line (libpq's messages span several)."""
+    return " ".join(str(text).split())
+
+
+def probe(database_url: str, timeout_s: float = 5.0) -> None:
+    """Open and close one direct connection to ``database_url``.
+
+    Raises:
+        DatabaseMissingError: the server answered that the database does not exist.
+        StoreError: any other failure, with libpq's reason in the message (password masked);
+            transient when the server could not be reached or refused the login.
+    """
+    try:
+        psycopg.connect(database_url, connect_timeout=max(1, round(timeout_s))).close()
+    except psycopg.Error as exc:
+        reason = redact(one_line(str(exc)), secrets_of([database_url]))
+        missing = _MISSING_DATABASE.search(reason)
+        if missing:
+            raise DatabaseMissingError(missing.group("name")) from exc
+        raise StoreError(f"cannot connect to Postgres: {reason}",
+                         transient=isinstance(exc, psycopg.OperationalError)) from exc
+
+
 class Store:
     """A small pool of Postgres connections (psycopg 3) for one worker process.
 
@@ -75,11 +103,34 @@ class Store:
         )
 
     def open(self, wait: bool = True) -> Store:
-        """Open the pool; with ``wait`` block until one connection works (StoreError if not)."""
+        """Open the pool; with ``wait`` block until one connection works.
+
+        With ``wait``, one direct connection first tells a missing database or a malformed URL at
+        once; an unreachable server is waited for up to ``timeout_s``.
+
+        Raises:
+            DatabaseMissingError: the database does not exist (``mnemos migrate`` creates it).
+            StoreError: no connection within ``timeout_s`` (transient), or a URL libpq refuses; the
+                message holds libpq's own reason.
+        """
+        if wait:
+            try:
+                probe(self.database_url, min(self.timeout_s, 5.0))
+            except StoreError as exc:
+                if not exc.transient:
+                    raise
+                log.warning("%s; waiting up to %.1fs", exc, self.timeout_s)
         try:
             self._pool.open(wait=wait, timeout=self.timeout_s)
         except PoolTimeout as exc:
-            raise StoreError(f"cannot connect to Postgres within {self.timeout_s}s", transient=True) from exc
+            self._pool.close()
+            try:
+                probe(self.database_url, 2.0)
+                reason = "the pool got no working connection"
+            except StoreError as cause:
+                reason = str(cause).removeprefix("cannot connect to Postgres: ")
+            raise StoreError(f"cannot connect to Postgres within {self.timeout_s}s: {reason}",
+                             transient=True) from exc
         return self
 
     def close(self) -> None:

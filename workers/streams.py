@@ -22,11 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 
 from workers.errors import StoreError
 from workers.metrics import ServiceMetrics
+
+if TYPE_CHECKING:
+    from workers.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +238,12 @@ def is_transient(exc: BaseException) -> bool:
 
 def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]], list[str]],
                  stop: threading.Event, *, poison: Callable[[StreamMessage, Exception], None],
-                 trim_interval_s: float | None = None, max_backoff_s: float = 5.0) -> None:
+                 trim_interval_s: float | None = None, max_backoff_s: float = 5.0,
+                 heartbeat: Heartbeat | None = None) -> None:
     """Read, handle, acknowledge until ``stop`` is set.
+
+    ``heartbeat`` is renewed on every turn of the loop (idle) and before each batch (busy), so it
+    goes stale when the loop stops or hangs (see :mod:`workers.heartbeats`).
 
     ``handle`` returns the stream ids it committed; only those are acknowledged. Transient errors
     (Redis or Postgres unavailable) back off and replay the consumer's pending entries, so
@@ -248,11 +256,15 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
     ensured = False
     while not stop.is_set():
         try:
+            if heartbeat is not None:
+                heartbeat.idle()
             if not ensured:
                 consumer.ensure_group()
                 ensured = True
             batch = consumer.read()
             if batch:
+                if heartbeat is not None:
+                    heartbeat.busy()
                 consumer.ack(_handle_guarded(handle, batch, poison))
             if trim_interval_s and time.monotonic() >= next_trim:
                 removed = safe_trim(consumer.connection, consumer.stream)

@@ -17,6 +17,7 @@ from types import FrameType
 
 from workers.embedded import EmbeddedServices
 from workers.migrate import ensure_database, run_migrations
+from workers.redaction import redact_url
 from workers.settings import Settings, child_environment
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,8 @@ def run_up(settings: Settings, *, allow_embedded: bool = True) -> int:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    log.info("mnemos is up: redis %s, postgres %s; Ctrl-C stops it", settings.redis_url,
-             settings.database_url.split("@")[-1])
+    log.info("mnemos is up: redis %s, postgres %s; Ctrl-C stops it", redact_url(settings.redis_url),
+             redact_url(settings.database_url))
     code = 0
     while not stopping:
         if any(child.poll() is not None for child in children):

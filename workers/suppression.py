@@ -33,6 +33,7 @@ from api.schemas import Outcome as OutcomeMessage
 from mnemos.records import Outcome, PoolEntry
 from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas
 from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of
+from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import Store, vector_to_bytes, vectors_from_bytes
@@ -162,7 +163,8 @@ class SuppressionWorker:
             batch_size=s.outcome_batch_size, block_ms=s.block_ms, claim_idle_ms=s.claim_idle_ms,
             claim_interval_s=s.claim_interval_s, on_lost=self.on_lost)
 
-    def run(self, stop: threading.Event, name: str | None = None) -> None:
+    def run(self, stop: threading.Event, name: str | None = None, heartbeat: Heartbeat | None = None) -> None:
+        """Consume until ``stop`` is set (renewing ``heartbeat`` from the loop)."""
         log.info("suppression worker consuming %s as group %s", self.settings.outcomes_stream, GROUP)
         run_consumer(self.consumer(name), self.handle, stop, poison=self.poison,
-                     trim_interval_s=self.settings.trim_interval_s)
+                     trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat)

@@ -57,6 +57,10 @@ class TenantCache:
     def get(self, tenant_id: str) -> TenantState | None:
         return self._states.get(tenant_id)
 
+    def evict(self, tenant_id: str) -> None:
+        """Forget the tenant's state (its stored embeddings changed version); no-op when not cached."""
+        self._states.pop(tenant_id, None)
+
     def refresh(self, conn: psycopg.Connection, tenant_id: str, version: int) -> tuple[TenantState, bool]:
         """The tenant's state at ``version`` (read with ``conn``); True when anything was loaded."""
         state = self._states.get(tenant_id)

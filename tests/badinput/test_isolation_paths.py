@@ -33,6 +33,7 @@ from tests.badinput.harness import (
     suppression_worker,
     turn,
     turn_ids,
+    wait_for,
 )
 from tests.support import JOB_TTLS
 from workers.query import QueryService, build_worker
@@ -195,6 +196,7 @@ def test_the_same_request_id_from_two_tenants_never_returns_the_other_tenants_re
     worker = _spawn_query_worker(settings, tmp_path / "query.log")
     try:
         client = client_for(settings, redis_client)
+        assert wait_for(lambda: bool(client.query_workers()), 60.0), (tmp_path / "query.log").read_text()[-3000:]
         first = client.retrieve("alpha", "grey cat Pixel", k=5, request_id=request_id, timeout_s=30.0)
         assert first.tenant_id == "alpha" and {h.entry_id for h in first.hits} <= alpha
         second = client.retrieve("beta", "zeppelin Reykjavik", k=5, request_id=request_id, timeout_s=30.0)

@@ -309,6 +309,7 @@ def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succ
 
     asker = threading.Thread(target=ask)
     try:
+        assert wait_for(lambda: bool(client.query_workers()), 60.0), (tmp_path / "slow.log").read_text()[-3000:]
         asker.start()
         assert wait_for(marker.exists, 30.0), (tmp_path / "slow.log").read_text()[-3000:]
         os.kill(slow.pid, signal.SIGKILL)  # in the middle of the rerank

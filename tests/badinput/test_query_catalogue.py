@@ -97,7 +97,7 @@ def test_query_that_tokenizes_to_nothing(settings, redis_client, store, query: s
 
 def test_tenant_with_no_entries_answers_a_burst_of_queries_with_nothing(settings, redis_client, store) -> None:
     with store.tenant_tx("hollow") as conn:  # the tenant exists, but it has no entries
-        conn.execute("INSERT INTO tenants (tenant_id) VALUES ('hollow')")
+        conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES ('hollow', 1)")
     fake = FakeReranker()
     service = query_service(settings, redis_client, store, fake)
     for i in range(25):

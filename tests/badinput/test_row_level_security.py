@@ -110,7 +110,7 @@ def test_the_wrong_tenant_can_neither_change_nor_delete(app_conn: psycopg.Connec
 def test_the_wrong_tenant_cannot_insert_rows_of_another(app_conn: psycopg.Connection) -> None:
     scope(app_conn, TENANT_B)
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
-        app_conn.execute("INSERT INTO tenants (tenant_id) VALUES (%s)", ("tenant-injected",))
+        app_conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES (%s, 1)", ("tenant-injected",))
 
 
 def test_the_app_role_cannot_switch_the_policies_off(app_conn: psycopg.Connection) -> None:

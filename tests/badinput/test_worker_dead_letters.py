@@ -288,8 +288,8 @@ def test_redelivered_bad_message_is_recorded_once(settings, redis_client, store)
 def test_a_stored_embedding_of_the_wrong_size_does_not_wedge_the_group(settings, redis_client, store) -> None:
     """State the worker cannot use (e.g. written under another encoder) is a per-message failure,
     dead-lettered with the reason; it is not mistaken for an outage and retried forever."""
-    with psycopg.connect(settings.database_url) as conn:  # as the owner: a row from another encoder
-        conn.execute("INSERT INTO tenants (tenant_id) VALUES ('legacy')")
+    with psycopg.connect(settings.database_url) as conn:  # as the owner: a row from another encoder, mislabelled
+        conn.execute("INSERT INTO tenants (tenant_id, rendering_version, embedding_dim) VALUES ('legacy', 1, 64)")
         conn.execute("INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
                      " VALUES ('legacy', 'old', 's', 'user', 'from the old encoder', now(), %s)", (b"\0" * 16,))
     redis_client.xadd(settings.turns_stream, wire_fields(settings, redis_client, turn("legacy", "new", "a new turn")))

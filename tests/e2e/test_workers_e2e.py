@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from api.heartbeats import live_workers
 from tests.integration.factories import client_for, conversation_turns, turn
 from workers.settings import Settings
 from workers.store import Store
@@ -35,10 +36,15 @@ def e2e_settings(settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def running(e2e_settings: Settings) -> Iterator[list[subprocess.Popen]]:
+def running(e2e_settings: Settings, redis_client: redis.Redis) -> Iterator[list[subprocess.Popen]]:
     children = spawn_workers(e2e_settings)
-    yield children
-    stop_workers(children, timeout_s=10)
+    try:
+        for kind in ("ingest", "query", "suppression"):  # a client refuses at once while no query worker beats
+            _wait_for(lambda kind=kind: bool(live_workers(redis_client, e2e_settings.stream_prefix, kind)),
+                      what=f"the {kind} worker's heartbeat")
+        yield children
+    finally:
+        stop_workers(children, timeout_s=10)
 
 
 def _wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
@@ -124,7 +130,8 @@ def test_retrieve_times_out_with_a_typed_error_when_the_query_worker_is_killed(
     client = client_for(settings, redis_client)
     query = spawn_workers(settings, ("query",))
     try:
-        _wait_for(lambda: client.retrieve("x", "warm", k=1, timeout_s=5).hits == (), what="query worker")
+        _wait_for(lambda: bool(client.query_workers()), what="the query worker's heartbeat")
+        assert client.retrieve("x", "warm", k=1, timeout_s=30).hits == ()
     except Exception:
         stop_workers(query)
         raise

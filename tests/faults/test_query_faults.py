@@ -41,6 +41,7 @@ def test_a_query_worker_survives_a_redis_restart_during_a_job(fault_run: FaultRu
     seed_entries(fault_run, settings, ["solo"], per_tenant=6)
     worker = fault_run.workers("query", settings, 1)[0]
     worker.start()
+    fault_run.wait_for_query_worker(settings)
     client = fault_run.client(settings)
     try:
         assert client.retrieve("solo", "w1x1", k=3, timeout_s=30.0).hits
@@ -63,6 +64,7 @@ def test_a_retrieval_ends_in_time_when_redis_hangs(fault_run: FaultRun) -> None:
     seed_entries(fault_run, settings, ["solo"], per_tenant=3)
     worker = fault_run.workers("query", settings, 1)[0]
     worker.start()
+    fault_run.wait_for_query_worker(settings)
     plain = redis.Redis.from_url(settings.redis_url)  # no socket timeout, as a caller may well build it
     client = MnemosClient(plain, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name)
     ended: dict[str, object] = {}

@@ -93,11 +93,12 @@ def answered_by_worker(settings: Settings, connection: redis.Redis, service: Any
     from workers.query import build_worker
 
     queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
+    worker = build_worker(settings, connection, service, name=f"{settings.stream_prefix}-w{time.monotonic_ns()}")
+    worker.beats.idle()  # the client refuses at once when no query worker has a live heartbeat
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(call, *args, **kwargs)
         deadline = time.monotonic() + 10.0
         while queue.count == 0 and not future.done() and time.monotonic() < deadline:
             time.sleep(0.01)
-        build_worker(settings, connection, service, name=f"{settings.stream_prefix}-w{time.monotonic_ns()}"
-                     ).work(burst=True)
+        worker.work(burst=True)
         return future.result(timeout=15)

@@ -13,6 +13,8 @@ from api.errors import RetrievalTimeout
 from api.schemas import RetrievalRequest
 from tests.integration.factories import client_for, query_service
 from tests.support import delete_test_keys
+from workers.heartbeats import Heartbeat
+from workers.metrics import ServiceMetrics
 from workers.query import build_worker
 from workers.settings import Settings
 from workers.store import Store
@@ -34,6 +36,8 @@ def test_teardown_deletes_every_job_and_result_of_the_test_queue(settings: Setti
                  name=f"{settings.stream_prefix}-w").work(burst=True)
     assert failed.get_status() == "failed" and done.latest_result() is not None
     queued = queue.enqueue("workers.query.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "never run"})
+    Heartbeat(redis_client, settings, "query", "silent", metrics=ServiceMetrics(),
+              info={"queue": settings.queue_name}).idle()  # live, but takes no job
     with pytest.raises(RetrievalTimeout):  # its job is canceled
         client_for(settings, redis_client).retrieve("alice", "nobody answers", timeout_s=0.5)
     assert len(_jobs_with_origin(redis_client, settings.queue_name)) == 4

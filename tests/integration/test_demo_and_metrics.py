@@ -52,7 +52,8 @@ def test_each_worker_registers_its_own_families_and_the_shared_ones() -> None:
     everything = _families(ServiceMetrics())
     per_worker = {kind: _families(ServiceMetrics(worker=kind)) for kind in WORKERS}
     shared = {"mnemos_stream_length", "mnemos_stream_pending", "mnemos_stream_lag", "mnemos_queue_length",
-              "mnemos_worker_up", "mnemos_dead_letters"}
+              "mnemos_worker_up", "mnemos_dead_letters", "mnemos_worker_heartbeat_timestamp_seconds",
+              "mnemos_embedding_version_refusals"}
     for kind, names in per_worker.items():
         others = {n for n in names if n.startswith("mnemos_") and not n.startswith(f"mnemos_{kind}_")}
         assert others == shared, kind

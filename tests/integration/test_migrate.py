@@ -43,7 +43,7 @@ def test_failing_migration_rolls_back(database_url: str, tmp_path: Path) -> None
 def _seed_two_tenants(store: Store) -> None:
     for tenant in ("alice", "bob"):
         with store.tenant_tx(tenant) as conn:
-            conn.execute("INSERT INTO tenants (tenant_id) VALUES (%s)", (tenant,))
+            conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES (%s, 1)", (tenant,))
             conn.execute(
                 "INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
                 " VALUES (%s, 't1', 's1', 'user', 'same words', now(), '\\x00')",

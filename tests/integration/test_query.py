@@ -9,7 +9,7 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from api.errors import InvalidInputError, RetrievalFailed, RetrievalTimeout
+from api.errors import InvalidInputError, NoQueryWorker, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
 from api.schemas import Outcome, RetrievalRequest
 from tests.integration.factories import (
     client_for,
@@ -21,6 +21,8 @@ from tests.integration.factories import (
 )
 from tests.support import JOB_TTLS
 from workers.errors import OutsideQueryWorkerError
+from workers.heartbeats import Heartbeat
+from workers.metrics import ServiceMetrics
 from workers.query import build_worker, retrieval_job
 from workers.settings import Settings
 from workers.store import Store
@@ -97,8 +99,20 @@ def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_cl
         retrieval_job(request.to_payload())
 
 
-def test_client_times_out_with_a_typed_error_when_no_worker_runs(settings: Settings,
-                                                                 redis_client: redis.Redis) -> None:
+def test_client_refuses_at_once_when_no_query_worker_has_a_heartbeat(settings: Settings,
+                                                                     redis_client: redis.Redis) -> None:
+    client = client_for(settings, redis_client)
+    with pytest.raises(NoQueryWorker, match="mnemos worker query") as info:
+        client.retrieve("alice", "is anyone there", timeout_s=30.0)
+    assert isinstance(info.value, ServiceUnavailable) and info.value.queue_name == settings.queue_name
+    assert Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer).count == 0  # nothing sent
+
+
+def test_client_times_out_with_a_typed_error_when_no_worker_takes_the_job(settings: Settings,
+                                                                          redis_client: redis.Redis) -> None:
+    # a heartbeat that is live, but nothing takes jobs (a worker hung in its loop, say)
+    Heartbeat(redis_client, settings, "query", "silent", metrics=ServiceMetrics(),
+              info={"queue": settings.queue_name}).idle()
     client = client_for(settings, redis_client)
     started = time.monotonic()
     with pytest.raises(RetrievalTimeout) as info:

@@ -35,7 +35,9 @@ def test_defaults_follow_the_design() -> None:
 
 @pytest.mark.parametrize("env", [{"MNEMOS_POOL_SIZE": "thirty"}, {"MNEMOS_SUPPRESSION": "maybe"},
                                  {"MNEMOS_UPDATE_RULE": "linear"}, {"MNEMOS_POOL_SIZE": "0"},
-                                 {"MNEMOS_SESSION_TOP": "0"}, {"MNEMOS_TEMPORAL_WEIGHT": "nan"}])
+                                 {"MNEMOS_SESSION_TOP": "0"}, {"MNEMOS_TEMPORAL_WEIGHT": "nan"},
+                                 {"MNEMOS_HEARTBEAT_TTL_S": "0.5"}, {"MNEMOS_HEARTBEAT_TTL_S": "2", "MNEMOS_BLOCK_MS": "5000"},
+                                 {"MNEMOS_REINDEX_BATCH_SIZE": "0"}])
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.from_env(env)

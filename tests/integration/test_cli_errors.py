@@ -1,0 +1,258 @@
+"""Every CLI failure is one line on stderr with its exit code, and no configured password is ever printed.
+
+The commands run as subprocesses (``python -m workers``), so their stderr holds exactly what an
+operator sees: the log lines (timestamped) and, for a failed command, one ``Error: ...`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from click.testing import CliRunner
+from psycopg import sql
+
+from api.heartbeats import live_workers
+from tests.integration.factories import client_for, conversation_turns, drain, ingest_worker
+from tests.support import PG_ADMIN_URL, REDIS_URL
+from workers.cli import cli
+from workers.migrate import ensure_database
+from workers.settings import Settings, to_environment
+from workers.store import Store
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "pw-Ub3rS3cret"  # trust authentication and a password-less Redis accept and ignore it
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _with_password(url: str) -> str:
+    scheme, rest = url.split("://", 1)
+    user, _, host = rest.rpartition("@")
+    return f"{scheme}://{user}:{SECRET}@{host}" if user else f"{scheme}://:{SECRET}@{host}"
+
+
+def _env(settings: Settings, **extra: str) -> dict[str, str]:
+    return {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO), **extra}
+
+
+def _mnemos(settings: Settings, *args: str, stdin: str | None = None, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workers", *args], env=_env(settings, **extra), cwd=REPO,
+                          input=stdin, capture_output=True, text=True, timeout=120)
+
+
+def _one_error(out: subprocess.CompletedProcess) -> str:
+    """The single non-log line a failed command printed on stderr (it must be the only one)."""
+    lines = [line for line in out.stderr.splitlines() if line.strip() and not LOG_LINE.match(line)]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), out.stderr
+    return lines[0]
+
+
+def _one_worker_error(out: subprocess.CompletedProcess) -> str:
+    """A worker that cannot start logs exactly one ERROR line and no traceback."""
+    errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert not [line for line in out.stderr.splitlines() if line.strip() and not LOG_LINE.match(line)], out.stderr
+    return errors[0]
+
+
+@pytest.fixture
+def bare_settings(settings: Settings) -> Iterator[Settings]:
+    """Settings whose database exists but was never migrated."""
+    name = f"mnemos_test_{uuid.uuid4().hex[:12]}"
+    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    ensure_database(url)
+    yield settings.replace(database_url=url)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_an_unmigrated_database(bare_settings: Settings) -> None:
+    out = _mnemos(bare_settings, "worker", "ingest")
+    assert out.returncode == 2
+    assert "mnemos migrate" in _one_worker_error(out)
+    out = _mnemos(bare_settings, "reindex", "--no-progress")
+    assert out.returncode == 2 and "not up to date" in _one_error(out) and "mnemos migrate" in out.stderr
+    out = _mnemos(bare_settings, "health", "--no-models")
+    assert out.returncode == 1
+    assert [line for line in out.stdout.splitlines() if line.startswith("FAIL")] == [
+        "FAIL postgres: the database schema is not up to date (no migration was ever applied): run `mnemos migrate`"]
+
+
+def test_a_database_that_does_not_exist(settings: Settings) -> None:
+    missing = settings.replace(database_url=f"postgresql://postgres@127.0.0.1:5432/mnemos_test_{uuid.uuid4().hex[:12]}")
+    out = _mnemos(missing, "worker", "query")
+    assert out.returncode == 2
+    line = _one_worker_error(out)
+    assert "does not exist" in line and "mnemos migrate" in line
+    out = _mnemos(missing, "health", "--no-models")
+    assert out.returncode == 1 and "FAIL postgres: database" in out.stdout and "mnemos migrate" in out.stdout
+
+
+def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
+    drain(ingest_worker(settings, redis_client, store))  # dimension 64
+    other = settings.replace(fake_encoder_dim=32)
+    for kind in ("ingest", "query"):
+        out = _mnemos(other, "worker", kind)
+        assert out.returncode == 2
+        line = _one_worker_error(out)
+        assert "rendering 1, dimension 64 but this worker makes rendering 1, dimension 32" in line
+        assert "mnemos reindex" in line
+    out = _mnemos(other, "health")
+    assert out.returncode == 1 and "FAIL embeddings: stored embeddings of 1 tenant are" in out.stdout
+    out = _mnemos(other, "reindex", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "reindexed 1 tenant(s) to rendering 1, dimension 32: 8 turns embedded" in out.stdout
+    assert _mnemos(other, "health").returncode == 0
+
+
+def test_retrieve_without_a_query_worker_says_so_at_once(settings: Settings) -> None:
+    started = time.monotonic()
+    out = _mnemos(settings, "retrieve", "--tenant", "alice", "where is Pixel")
+    assert out.returncode == 1
+    assert "no query worker is running" in _one_error(out)
+    assert time.monotonic() - started < settings.retrieve_timeout_s  # it did not wait for a timeout
+
+
+def test_publish_to_an_unreachable_redis(settings: Settings) -> None:
+    url = f"redis://:{SECRET}@127.0.0.1:{_free_port()}/0"
+    line = '{"tenant_id": "a", "session_id": "s", "turn_id": "t", "role": "user", "text": "hi", ' \
+           '"occurred_at": "2024-01-01T00:00:00Z"}\n'
+    out = _mnemos(settings.replace(redis_url=url), "publish", stdin=line)
+    assert out.returncode == 1
+    assert "Connection refused" in _one_error(out)
+    assert SECRET not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("MNEMOS_REDIS_URL", f"redis//:{SECRET}@127.0.0.1/0"),
+    ("MNEMOS_REDIS_URL", f"redis://:{SECRET}@127.0.0.1:six/0"),
+    ("MNEMOS_DATABASE_URL", f"postgresql//postgres:{SECRET}@127.0.0.1/x"),
+    ("MNEMOS_DATABASE_URL", f"postgresql://postgres:{SECRET}@127.0.0.1:five/x"),
+    ("MNEMOS_DATABASE_URL", f"mysql://root:{SECRET}@127.0.0.1/x"),
+])
+def test_malformed_urls_are_one_line_without_the_password(variable: str, value: str) -> None:
+    for command in (["migrate"], ["health", "--no-models"], ["worker", "ingest"]):
+        result = CliRunner().invoke(cli, command, env={variable: value})
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"Error: {variable}="), result.output
+        assert SECRET not in result.output and "***" in lines[0]
+
+
+def test_migrate_an_unreachable_database(settings: Settings) -> None:
+    url = f"postgresql://postgres:{SECRET}@127.0.0.1:{_free_port()}/mnemos_nowhere"
+    out = _mnemos(settings.replace(database_url=url), "migrate")
+    assert out.returncode == 1
+    assert "Connection refused" in _one_error(out)
+    assert SECRET not in out.stdout + out.stderr
+    debug = _mnemos(settings.replace(database_url=url), "--debug", "migrate")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_no_configured_password_is_ever_printed(settings: Settings, redis_client: redis.Redis) -> None:
+    secret = settings.replace(redis_url=_with_password(REDIS_URL), database_url=_with_password(settings.database_url),
+                              heartbeat_ttl_s=3.0)
+    assert SECRET in secret.redis_url and SECRET in secret.database_url
+    outputs = []
+    outputs.append(_mnemos(secret, "--log-level", "DEBUG", "migrate"))
+    turn = ('{"tenant_id": "alice", "session_id": "s", "turn_id": "t1", "role": "user", "text": "my cat is grey", '
+            '"occurred_at": "2024-01-01T00:00:00Z"}\n')
+    outputs.append(_mnemos(secret, "--log-level", "DEBUG", "publish", stdin=turn))
+    outputs.append(_mnemos(secret, "--log-level", "DEBUG", "retrieve", "--tenant", "alice", "cat"))  # no worker
+    assert outputs[-1].returncode == 1
+    worker = subprocess.Popen([sys.executable, "-m", "workers", "--log-level", "DEBUG", "worker", "ingest"],
+                              env=_env(secret), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not live_workers(redis_client, secret.stream_prefix, "ingest") and time.monotonic() < deadline:
+            assert worker.poll() is None, worker.stdout.read() if worker.stdout else ""
+            time.sleep(0.2)
+        outputs.append(_mnemos(secret, "health"))
+        assert outputs[-1].returncode == 0, outputs[-1].stdout
+        assert "ingest workers: 1 live" in outputs[-1].stdout
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker_log, _ = worker.communicate(timeout=30)
+    assert worker.returncode == 0 and "redis://:***@" in worker_log
+    down = secret.replace(redis_url=f"redis://:{SECRET}@127.0.0.1:{_free_port()}/0",
+                          database_url=f"postgresql://postgres:{SECRET}@127.0.0.1:{_free_port()}/x")
+    outputs.append(_mnemos(down, "health", "--no-models"))
+    outputs.append(_mnemos(down, "worker", "suppression"))
+    outputs.append(_mnemos(down, "migrate"))
+    assert [o.returncode for o in outputs] == [0, 0, 1, 0, 1, 2, 1]
+    for out in outputs:
+        assert SECRET not in out.stdout + out.stderr, out.stdout + out.stderr
+    assert SECRET not in worker_log
+
+
+def test_a_benchmark_that_cannot_reach_its_database_is_one_line(settings: Settings, tmp_path: Path) -> None:
+    data = tmp_path / "locomo.json"
+    data.write_text(json.dumps([{
+        "sample_id": "conv-x", "qa": [{"question": "Who has a cat?", "answer": "Ann", "evidence": ["D1:1"],
+                                       "category": 4}],
+        "conversation": {"speaker_a": "Ann", "speaker_b": "Bo", "session_1_date_time": "1:56 pm on 8 May, 2023",
+                         "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I have a grey cat."},
+                                       {"speaker": "Bo", "dia_id": "D1:2", "text": "Lovely."}]}}]))
+    url = f"postgresql://postgres:{SECRET}@127.0.0.1:{_free_port()}/mnemos_nowhere"
+    out = _mnemos(settings.replace(database_url=url), "bench", "service", "--data", str(data), "--reranker", "fake")
+    assert out.returncode == 1
+    assert "Connection refused" in _one_error(out)
+    assert SECRET not in out.stdout + out.stderr
+
+
+def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+    client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
+    drain(ingest_worker(settings, redis_client, store))  # creates the tenant at dimension 64
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:  # many more rows, fast
+        conn.execute("INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
+                     " SELECT 'alice', 'bulk' || i, 's9', 'user', 'bulk turn number ' || i, now(), %s"
+                     " FROM generate_series(1, 3000) AS i", (b"\0" * 4 * 64,))
+
+    def staged() -> int:
+        with psycopg.connect(settings.database_url) as conn:
+            return int(conn.execute("SELECT count(*) FROM entries WHERE reindex_embedding IS NOT NULL").fetchone()[0])
+
+    other = settings.replace(fake_encoder_dim=32, reindex_batch_size=5)
+    child = subprocess.Popen([sys.executable, "-m", "workers", "reindex"], env=_env(other), cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while staged() < 50:
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.05)
+    child.kill()
+    child.communicate()
+    done = staged()
+    while True:  # a COMMIT sent just before the kill may still land
+        time.sleep(0.3)
+        if staged() == done:
+            break
+        done = staged()
+    with psycopg.connect(settings.database_url) as conn:
+        assert conn.execute("SELECT embedding_dim FROM tenants").fetchone() == (64,)  # not swapped yet
+    out = _mnemos(other, "reindex", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert f"{3008 - done} turns embedded, {done} already done by an earlier run" in out.stdout
+    with psycopg.connect(settings.database_url) as conn:
+        assert conn.execute("SELECT embedding_dim FROM tenants").fetchone() == (32,)
+        assert conn.execute("SELECT DISTINCT octet_length(embedding) FROM entries").fetchall() == [(128,)]

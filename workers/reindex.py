@@ -1,0 +1,198 @@
+"""``mnemos reindex``: re-embed every stored turn of stale tenants with the current rendering and encoder.
+
+A tenant is stale when its stored embeddings were made with another rendering
+(:mod:`mnemos.rendering`) or another encoder dimension than this configuration makes
+(:mod:`workers.store_state`). For each stale tenant:
+
+1. **Stage, in batches** (``reindex_batch_size`` rows, one transaction each, committed as they
+   go): every stored turn, canonical and alias rows alike, is rendered, embedded and written to
+   ``entries.reindex_embedding`` (with ``reindex_rendering`` and the truncation flag). The live
+   ``embedding`` column is untouched, so workers keep serving the tenant at its old version
+   meanwhile. A row already staged for this rendering and dimension is skipped: kill the command
+   and run it again, and it continues where it stopped.
+2. **Swap**, in one transaction under the tenant's ingest advisory lock
+   (:data:`workers.ingest.INGEST_LOCK_CLASS`, so no ingest write interleaves): stage the rows an
+   ingest worker wrote since step 1, move every staged embedding into ``embedding``, record the
+   tenant's new rendering and dimension, and bump its ``memory_version`` so query workers reload.
+   When the dimension changed, the tenant's query clusters, bootstrap buffer and suppression
+   scores are dropped (they live in the old embedding space; suppression bootstraps again).
+
+After the swap, workers of the old version refuse the tenant (ingest leaves its turns pending for
+a worker of the new version; a query worker fails the request with ``EmbeddingVersionError``).
+
+Dedupe decisions are not redone: a row stays the canonical entry or the alias it was stored as,
+even if the new embeddings would have decided otherwise (aliases keep their own turn and stay
+searchable, so nothing is lost either way).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+from tqdm import tqdm
+
+from mnemos.encoder import Encoder
+from mnemos.rendering import render_turn
+from workers.errors import ReindexError
+from workers.ingest import INGEST_LOCK_CLASS
+from workers.models import TruncationCounter
+from workers.settings import Settings
+from workers.store import Store, vector_to_bytes
+from workers.store_state import EmbeddingVersion, check_schema, current_version, read_tenant, tenant_versions
+from workers.suppression import SUPPRESSION_LOCK_CLASS
+
+log = logging.getLogger(__name__)
+
+# rows whose staged embedding is not one of the target version (%(rendering)s, %(bytes)s = 4 x dim)
+_TODO = ("(reindex_embedding IS NULL OR reindex_rendering IS DISTINCT FROM %(rendering)s"
+         " OR octet_length(reindex_embedding) <> %(bytes)s)")
+
+
+@dataclass
+class ReindexReport:
+    """What one run did: ``tenants`` moved to ``target``, turns ``embedded`` now, turns ``resumed``
+    (already staged by an earlier, interrupted run), ``current`` tenants that needed nothing."""
+
+    target: EmbeddingVersion
+    tenants: int = 0
+    embedded: int = 0
+    resumed: int = 0
+    current: int = 0
+
+
+class Reindexer:
+    """Re-embeds stale tenants of one store with one encoder (see the module docstring).
+
+    ``on_batch(n)`` is called after each committed batch with the number of batches so far (tests
+    interrupt a run there).
+    """
+
+    def __init__(self, settings: Settings, store: Store, encoder: Encoder, truncation: TruncationCounter, *,
+                 progress: bool = True, on_batch: Callable[[int], None] | None = None) -> None:
+        self.store = store
+        self.encoder = encoder
+        self.truncation = truncation
+        self.batch_size = settings.reindex_batch_size
+        self.target = current_version(encoder.dim)
+        self.progress = progress
+        self.on_batch = on_batch or (lambda _n: None)
+        self._batches = 0
+        assert self.target.dim is not None
+        self._params = {"rendering": self.target.rendering, "bytes": 4 * self.target.dim}
+
+    def run(self, tenant_id: str | None = None) -> ReindexReport:
+        """Reindex every stale tenant (or only ``tenant_id``).
+
+        Raises SchemaOutdatedError (not migrated), ReindexError (``tenant_id`` unknown), StoreError.
+        """
+        check_schema(self.store)
+        versions = tenant_versions(self.store)
+        if tenant_id is not None:
+            if tenant_id not in versions:
+                raise ReindexError(f"tenant {tenant_id!r} is not stored; nothing to reindex")
+            versions = {tenant_id: versions[tenant_id]}
+        report = ReindexReport(self.target)
+        stale = [t for t, v in versions.items() if (v.rendering, v.dim) != (self.target.rendering, self.target.dim)
+                 and v.dim is not None]
+        report.current = len(versions) - len(stale)
+        todo: dict[str, int] = {}
+        for tenant in stale:
+            total, left = self._counts(tenant)
+            todo[tenant] = left
+            report.resumed += total - left
+        with tqdm(total=sum(todo.values()), unit="turn", desc="reindex", disable=not self.progress) as bar:
+            for tenant in stale:
+                report.embedded += self._tenant(tenant, bar)
+                report.tenants += 1
+        return report
+
+    def _counts(self, tenant_id: str) -> tuple[int, int]:
+        with self.store.tenant_tx(tenant_id) as conn:
+            total, left = conn.execute(
+                f"SELECT count(*), count(*) FILTER (WHERE {_TODO}) FROM entries WHERE tenant_id = %(tenant)s",
+                {**self._params, "tenant": tenant_id}).fetchone()
+        return int(total), int(left)
+
+    def _tenant(self, tenant_id: str, bar: tqdm) -> int:
+        """Stage the tenant in committed batches, then swap under the ingest lock; returns rows embedded."""
+        with self.store.tenant_tx(tenant_id) as conn:
+            record = read_tenant(conn, tenant_id)
+        if record is None or record.embeddings.pair() == self.target.pair():
+            return 0  # another run finished it meanwhile
+        embedded, after = 0, 0
+        while True:
+            with self.store.tenant_tx(tenant_id) as conn:
+                done, after = self._stage_batch(conn, tenant_id, after)
+            if not done:
+                break
+            embedded += done
+            bar.update(done)
+            self._batches += 1
+            self.on_batch(self._batches)
+        with self.store.tenant_tx(tenant_id) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (INGEST_LOCK_CLASS, tenant_id))
+            while True:  # rows an ingest worker wrote while the batches ran
+                done, _ = self._stage_batch(conn, tenant_id, 0)
+                if not done:
+                    break
+                embedded += done
+                bar.update(done)
+            self._swap(conn, tenant_id)
+        log.info("reindexed a tenant: %d turns embedded as %s", embedded, self.target)
+        return embedded
+
+    def _stage_batch(self, conn: psycopg.Connection, tenant_id: str, after: int) -> tuple[int, int]:
+        """Embed up to ``batch_size`` not yet staged rows with ``entry_id > after``; returns (rows, last id)."""
+        rows = conn.execute(
+            "SELECT entry_id, role, text, metadata->>'image_caption' FROM entries"
+            f" WHERE tenant_id = %(tenant)s AND entry_id > %(after)s AND {_TODO} ORDER BY entry_id LIMIT %(limit)s",
+            {**self._params, "tenant": tenant_id, "after": after, "limit": self.batch_size}).fetchall()
+        if not rows:
+            return 0, after
+        self._stage(conn, tenant_id, rows)
+        return len(rows), int(rows[-1][0])
+
+    def _stage(self, conn: psycopg.Connection, tenant_id: str, rows: Sequence[tuple]) -> None:
+        rendered = [render_turn(r[1], r[2], r[3], version=self.target.rendering) for r in rows]
+        vectors = self.encoder.encode(rendered)
+        truncated = self.truncation.truncated(rendered)
+        with conn.cursor() as cur:
+            cur.executemany(
+                "UPDATE entries SET reindex_embedding = %s, reindex_rendering = %s, reindex_truncated = %s"
+                " WHERE tenant_id = %s AND entry_id = %s",
+                [(vector_to_bytes(v), self.target.rendering, cut, tenant_id, int(r[0]))
+                 for r, v, cut in zip(rows, vectors, truncated, strict=True)])
+
+    def _swap(self, conn: psycopg.Connection, tenant_id: str) -> None:
+        """Every row is staged for the target (under the lock): make the staged embeddings live."""
+        record = read_tenant(conn, tenant_id)
+        assert record is not None
+        conn.execute(
+            "UPDATE entries SET embedding = reindex_embedding, encoder_truncated = reindex_truncated,"
+            " reindex_embedding = NULL, reindex_rendering = NULL, reindex_truncated = NULL WHERE tenant_id = %s",
+            (tenant_id,))  # a row left unstaged would set embedding NULL: the NOT NULL constraint refuses it
+        if record.embeddings.dim != self.target.dim:  # clusters live in the old embedding space
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SUPPRESSION_LOCK_CLASS, tenant_id))
+            for table in ("suppression", "centroids", "query_buffer"):
+                conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (tenant_id,))  # noqa: S608 (fixed names)
+        conn.execute(
+            "UPDATE tenants SET rendering_version = %s, embedding_dim = %s, memory_version = memory_version + 1,"
+            " updated_at = now() WHERE tenant_id = %s", (self.target.rendering, self.target.dim, tenant_id))
+
+
+def run_reindex(settings: Settings, *, tenant_id: str | None = None, progress: bool = True,
+                encoder: Encoder | None = None, truncation: TruncationCounter | None = None,
+                on_batch: Callable[[int], None] | None = None) -> ReindexReport:
+    """Load the configured bi-encoder (unless given), open the store and reindex (see :class:`Reindexer`).
+
+    Raises ModelSetupError, DatabaseMissingError, SchemaOutdatedError, ReindexError, StoreError.
+    """
+    from workers.models import load_encoder, load_truncation_counter
+
+    encoder = encoder or load_encoder(settings)
+    truncation = truncation or load_truncation_counter(settings)
+    with Store(settings.database_url, settings.db_app_role) as store:
+        return Reindexer(settings, store, encoder, truncation, progress=progress, on_batch=on_batch).run(tenant_id)
