@@ -112,7 +112,7 @@ def run_loop_until(worker: IngestWorker | SuppressionWorker, until: Callable[[],
                         timeout_s)
     finally:
         stop.set()
-        thread.join(10)
+        thread.join(30)  # the loop ends after its current read or batch; a loaded 2-core machine needs headroom
     assert not thread.is_alive(), "consumer loop did not stop"
     if errors:
         raise AssertionError(f"consumer loop died: {errors[0]!r}") from errors[0]
