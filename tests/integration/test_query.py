@@ -149,3 +149,20 @@ def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings
                                                  minutes=30)])
     plain_service.answer(RetrievalRequest("carol", "tuna", k=3))
     assert len(state.index) == 8 and state.index.sessions.n_turns == 9 and "s3" in state.index.sessions
+
+
+def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redis_client: redis.Redis,
+                                                         store: Store) -> None:
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    service = query_service(settings.replace(rerank_cache_pairs=1000), redis_client, store)
+    inner = service.rerank_cache.inner
+    first = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    scored = inner.pairs_scored
+    assert scored > 0 and service.metrics.query_rerank_cache_hits._value.get() == 0
+    again = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    assert inner.pairs_scored == scored  # the model saw nothing new
+    assert service.metrics.query_rerank_cache_hits._value.get() == first.pool_size
+    assert [h.turn_id for h in again.hits] == [h.turn_id for h in first.hits]
+    assert [h.score for h in again.hits] == [h.score for h in first.hits]
+    uncached = query_service(settings.replace(rerank_cache_pairs=0), redis_client, store)
+    assert uncached.rerank_cache is None
