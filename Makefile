@@ -1,5 +1,8 @@
 # The README's two commands: `make run` (set up, then run the main job) and `make test`.
-DATA ?= ../shared/data/locomo/locomo10.json
+# DATA: a LoCoMo file; empty: ../shared/data/locomo/locomo10.json if present, else the cached download,
+# else `mnemos data fetch locomo` (see bench/fetch.py).
+DATA ?=
+LOCOMO_SHARED := ../shared/data/locomo/locomo10.json
 VENV := .venv
 BIN := $(VENV)/bin
 
@@ -11,21 +14,27 @@ $(BIN)/mnemos: pyproject.toml scripts/setup.sh
 
 setup: $(BIN)/mnemos
 
-# Main job: migrations, the three workers as processes, LoCoMo published turn by turn into the
-# stream, every question asked through the rq queue, quality and speed figures printed.
-RERANKER ?= models/locomo-fold-a
+# Main job: Redis/Postgres (embedded ones when none answers), migrations, the three workers as
+# processes, the LoCoMo conversations the shipped reranker never saw published turn by turn as two
+# tenants each, held-out suppression burn-in and evaluation through the rq queue, the in-process
+# replay, a table; JSON and PNG under .mnemos/results/. RERANKER=dir to use another cross-encoder,
+# RUN_ARGS="--limit 100" for a quick sample.
+RERANKER ?=
+RUN_ARGS ?=
 run: check-data setup
-	$(BIN)/mnemos bench service --data $(DATA) $(if $(wildcard $(RERANKER)/config.json),--reranker $(RERANKER),)
+	$(BIN)/mnemos --log-level WARNING bench service $(if $(DATA),--data $(DATA),) \
+		$(if $(RERANKER),--reranker $(RERANKER),) $(RUN_ARGS)
 
-# Fail before the install (minutes) when the data is not where DATA says.
+# Fail before the install (minutes) when DATA is given and is not a file.
 check-data:
-	@test -f "$(DATA)" || { echo "make: no LoCoMo file at $(DATA) (relative to $(CURDIR)); run: make run DATA=/path/to/locomo10.json" >&2; exit 2; }
+	@test -z "$(DATA)" || test -f "$(DATA)" || { echo "make: no LoCoMo file at $(DATA) (relative to $(CURDIR)); run: make run DATA=/path/to/locomo10.json, or leave DATA out to use the shared copy or download it" >&2; exit 2; }
 
-# Fine-tune a cross-encoder from the bundled MiniLM on LoCoMo conversations 1-5 (fold a);
-# `make run` then evaluates it on conversations 6-10, which it never saw.
+# Fine-tune a cross-encoder from the bundled MiniLM on LoCoMo conversations 1-5 (fold a) into
+# RERANKER_OUT; `make run RERANKER=models/locomo-fold-a` then evaluates it on conversations 6-10.
+RERANKER_OUT ?= models/locomo-fold-a
 reranker: check-data setup
-	$(BIN)/mnemos reranker train --data $(DATA) --conversations conv-26,conv-30,conv-41,conv-42,conv-43 \
-		--out $(RERANKER) --max-pairs 10000 --epochs 1 --seed 0
+	$(BIN)/mnemos reranker train --data $(or $(DATA),$(LOCOMO_SHARED)) \
+		--conversations conv-26,conv-30,conv-41,conv-42,conv-43 --out $(RERANKER_OUT) --max-pairs 10000 --epochs 1 --seed 0
 
 demo: setup
 	$(BIN)/mnemos demo

@@ -244,7 +244,9 @@ class Hit:
 
 @dataclass(frozen=True)
 class RetrievalResult:
-    """Ordered hits plus diagnostics: pool size, deep pass, cluster, seconds per stage, memory version."""
+    """Ordered hits plus diagnostics: pool size, deep pass, cluster, seconds per stage, memory version and
+    suppression version (how many outcomes of the tenant the suppression state it read had applied;
+    None from a worker older than migration 0005)."""
 
     request_id: str
     tenant_id: str
@@ -255,13 +257,15 @@ class RetrievalResult:
     top_rerank_score: float | None
     stage_seconds: Mapping[str, float]
     memory_version: int
+    suppression_version: int | None = None
     v: int = SCHEMA_VERSION
 
     def to_payload(self) -> dict[str, Any]:
         return {"v": self.v, "request_id": self.request_id, "tenant_id": self.tenant_id,
                 "hits": [h.to_payload() for h in self.hits], "pool_size": self.pool_size,
                 "deep_pass": self.deep_pass, "cluster": self.cluster, "top_rerank_score": self.top_rerank_score,
-                "stage_seconds": dict(self.stage_seconds), "memory_version": self.memory_version}
+                "stage_seconds": dict(self.stage_seconds), "memory_version": self.memory_version,
+                "suppression_version": self.suppression_version}
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> RetrievalResult:
@@ -270,7 +274,9 @@ class RetrievalResult:
             hits=tuple(Hit.from_payload(h) for h in data["hits"]), pool_size=int(data["pool_size"]),
             deep_pass=bool(data["deep_pass"]), cluster=data.get("cluster"),
             top_rerank_score=data.get("top_rerank_score"), stage_seconds=dict(data.get("stage_seconds", {})),
-            memory_version=int(data.get("memory_version", 0)), v=check_version(data.get("v")),
+            memory_version=int(data.get("memory_version", 0)),
+            suppression_version=None if data.get("suppression_version") is None else int(data["suppression_version"]),
+            v=check_version(data.get("v")),
         )
 
 

@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 
 __all__ = ["plot_ndcg"]
 
-_PROTOCOL_STYLE = {"heldout": ("tab:blue", "o"), "transductive": ("tab:orange", "s")}
+_PROTOCOL_STYLE = {"heldout": ("tab:blue", "o"), "transductive": ("tab:orange", "s"),
+                   "service": ("tab:blue", "o"), "in process": ("tab:green", "s")}
 
 
 def plot_ndcg(runs: Sequence[Mapping[str, Any]], path: str | Path, *, title: str = "", metric: str = "ndcg@10") -> Path:

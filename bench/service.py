@@ -1,25 +1,14 @@
-"""``mnemos bench service``: LoCoMo through the real service, scored against the in-process pipeline.
+"""The service harness of the benchmarks: a run's own database, streams and worker processes.
 
-Protocol:
-
-1. A fresh database ``mnemos_bench_<stamp>`` and stream prefix; the ingest, query and suppression
-   workers run as separate processes (``python -m workers worker ...``) with the bundled
-   bi-encoder and the given cross-encoder, suppression off and no deep pass, so the service runs
-   exactly the ``hybrid_rerank`` arm of ``mnemos bench quality`` (BM25 + dense, RRF, pool 30,
-   cross-encoder).
-2. Every turn of the evaluated conversations is published turn by turn to the stream, one
-   tenant per conversation; ingest throughput is turns over the seconds from the first XADD to
-   the last commit.
-3. Every question is asked through the rq queue, one at a time; latency is the client's wall
-   time. The share of time outside the models is ``1 - (query embedding + rerank seconds) /
-   end-to-end seconds``, with model seconds as measured inside the worker.
-4. The same questions run in-process (:func:`mnemos.pipeline.retrieve`, ``hybrid_rerank``
-   config, tenants built by :func:`bench.corpora.build_tenants`) with the same cross-encoder;
-   NDCG@10 / Recall@10 of both are reported side by side with the largest per-question gap.
+:func:`running_service` creates and migrates a fresh database ``mnemos_bench_<stamp>``, starts the
+ingest, query and suppression workers as processes (``python -m workers worker ...``) on a stream
+prefix and queue of the run's own, waits until they listen, and removes everything on exit.
+:func:`publish_tenants` publishes dataset conversations turn by turn, as an agent would, and waits
+until every turn is committed. ``mnemos bench service`` (the main job, :mod:`bench.mainjob`) and
+``mnemos bench speed`` (:mod:`bench.speed`) run on it.
 
 A reranker trained on some conversations (its ``mnemos_provenance.json``) is only evaluated on
-the others. Relevance is alias-aware: a gold turn folded into a canonical entry by dedupe counts
-when that entry is retrieved.
+the others (:func:`evaluated_conversations`).
 """
 
 from __future__ import annotations
@@ -28,12 +17,9 @@ import json
 import logging
 import os
 import platform
-import shlex
-import statistics
-import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,22 +33,19 @@ from psycopg import sql
 from rq import Worker
 
 from api.client import MnemosClient
-from api.schemas import RetrievalResult
 from bench.datasets import Conversation, load_locomo
 from bench.datasets import Turn as DatasetTurn
-from mnemos.evaluation import ndcg_at_k, recall_at_k
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.ingest import limits_of
 from workers.migrate import ensure_database, run_migrations
+from workers.models import cross_encoder_location, reranker_provenance
 from workers.queue_cleanup import delete_queue
-from workers.settings import FAKE_MODEL, Settings
+from workers.settings import Settings
 from workers.store import Store
 from workers.supervisor import WORKER_KINDS, spawn_workers, stop_workers
+from workers.suppression import GROUP as SUPPRESSION_GROUP
 
 log = logging.getLogger(__name__)
-
-PROVENANCE_FILE = "mnemos_provenance.json"
-DEFAULT_RERANK_CACHE = Path.home() / ".cache" / "mnemos" / "bench" / "rerank_scores.sqlite"
 
 
 # a running service ------------------------------------------------------------------------------
@@ -81,6 +64,30 @@ class ServiceRun:
         with self.store.tenant_tx(tenant_id) as conn:
             return int(conn.execute("SELECT count(*) FROM entries WHERE tenant_id = %s", (tenant_id,)).fetchone()[0])
 
+    def entry_turns(self, tenant_id: str) -> dict[int, str]:
+        """``{entry_id: turn_id}`` of every stored turn of a tenant (canonical entries and aliases)."""
+        with self.store.tenant_tx(tenant_id) as conn:
+            rows = conn.execute("SELECT entry_id, turn_id FROM entries WHERE tenant_id = %s", (tenant_id,)).fetchall()
+        return {int(e): t for e, t in rows}
+
+    def ledger(self, tenant_id: str) -> list[tuple[str, int | None, int | None]]:
+        """``(outcome_id, cluster, suppression_version)`` of every outcome the suppression worker applied
+        to a tenant, in the order it applied them (by the version each one produced)."""
+        with self.store.tenant_tx(tenant_id) as conn:
+            rows = conn.execute("SELECT outcome_id, cluster, suppression_version FROM applied_outcomes"
+                                " WHERE tenant_id = %s ORDER BY suppression_version, applied_at",
+                                (tenant_id,)).fetchall()
+        return [(str(o), None if c is None else int(c), None if v is None else int(v)) for o, c, v in rows]
+
+    def suppression_state(self, tenant_id: str) -> dict[str, Any]:
+        """The tenant's suppression version, stored scores and frozen centroids (None before bootstrap)."""
+        with self.store.tenant_tx(tenant_id) as conn:
+            versions = Store.versions(conn, tenant_id)
+            (scores,) = conn.execute("SELECT count(*) FROM suppression WHERE tenant_id = %s", (tenant_id,)).fetchone()
+            centroids = Store.centroids(conn, tenant_id)
+        return {"suppression_version": None if versions is None else versions[1], "scores": int(scores),
+                "centroids": centroids}
+
     def canonical_map(self, tenant_id: str) -> dict[str, str]:
         """``{turn_id: canonical turn_id}`` of a tenant, from Postgres."""
         with self.store.tenant_tx(tenant_id) as conn:
@@ -91,14 +98,26 @@ class ServiceRun:
         return dict(rows)
 
 
-def bench_settings(base: Settings, *, reranker: str | None, stamp: str) -> Settings:
-    """The service settings of one benchmark run: own database and prefix, hybrid_rerank knobs."""
-    url = psycopg.conninfo.make_conninfo(base.database_url, dbname=f"mnemos_bench_{stamp}")
+def run_database_url(base: Settings, stamp: str) -> str:
+    """The URL of a run's own database ``mnemos_bench_<stamp>`` on the server of ``base``."""
+    return psycopg.conninfo.make_conninfo(base.database_url, dbname=f"mnemos_bench_{stamp}")
+
+
+def isolated_settings(base: Settings, *, stamp: str, **changes: Any) -> Settings:
+    """``base`` with a run's own database, stream prefix and queue, and waits long enough for a
+    loaded machine; every retrieval knob stays as ``base`` has it unless ``changes`` say otherwise."""
     return base.replace(
-        database_url=url, stream_prefix=f"mnemos_bench_{stamp}", queue_name=f"mnemos_bench_{stamp}_retrievals",
-        cross_encoder=reranker, suppression=False, deep_threshold=None, metrics_enabled=False,
+        database_url=run_database_url(base, stamp), stream_prefix=f"mnemos_bench_{stamp}",
+        queue_name=f"mnemos_bench_{stamp}_retrievals",
         retrieve_timeout_s=max(base.retrieve_timeout_s, 120.0), job_timeout_s=max(base.job_timeout_s, 120),
-        claim_idle_ms=max(base.claim_idle_ms, 120_000))
+        claim_idle_ms=max(base.claim_idle_ms, 120_000), **changes)
+
+
+def bench_settings(base: Settings, *, reranker: str | None, stamp: str) -> Settings:
+    """Settings of a ``bench speed`` run: its own database and prefix, the ``hybrid_rerank`` knobs
+    (suppression off, no deep pass) and no metrics ports."""
+    return isolated_settings(base, stamp=stamp, cross_encoder=reranker, suppression=False, deep_threshold=None,
+                             metrics_enabled=False)
 
 
 def run_stamp() -> str:
@@ -117,15 +136,19 @@ def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> fl
 
 @contextmanager
 def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, keep: bool = False,
-                    ready_timeout_s: float = 300.0) -> Iterator[ServiceRun]:
-    """Create and migrate the run's database, start the workers, wait until they listen."""
+                    ready_timeout_s: float = 300.0, log_level: str | None = None) -> Iterator[ServiceRun]:
+    """Create and migrate the run's database, start the workers, wait until they listen.
+
+    ``log_level`` is the workers' (default: this process's). On exit the workers are stopped and,
+    unless ``keep``, the run's streams, queue and database are removed.
+    """
     ensure_database(settings.database_url)
     run_migrations(settings.database_url)
     connection = redis.Redis.from_url(settings.redis_url)
     client = MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                           limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
                           job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s)
-    children = spawn_workers(settings, tuple(kinds))
+    children = spawn_workers(settings, tuple(kinds), log_level=log_level)
     store = Store(settings.database_url, settings.db_app_role).open()
     run = ServiceRun(settings, client, store, connection, children)
     try:
@@ -134,6 +157,9 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
                   "the ingest worker")
         if "query" in kinds:
             _wait(lambda: bool(Worker.all(queue=client.queue)), ready_timeout_s, "the query worker")
+        if "suppression" in kinds:
+            _wait(lambda: _has_consumer(connection, settings.outcomes_stream, SUPPRESSION_GROUP), ready_timeout_s,
+                  "the suppression worker")
         yield run
     finally:
         stop_workers(children)
@@ -154,15 +180,31 @@ def _has_consumer(connection: redis.Redis, stream: str, group: str) -> bool:
         return False
 
 
-def _group_caught_up(connection: redis.Redis, stream: str, group: str) -> bool:
-    """True when ``group`` has been delivered the stream's last entry and acknowledged everything."""
+def _group_info(connection: redis.Redis, stream: str, group: str) -> dict | None:
     try:
-        last = connection.xinfo_stream(stream)["last-generated-id"]
         groups = {g["name"]: g for g in connection.xinfo_groups(stream)}
     except redis.ResponseError:
+        return None
+    return groups.get(group.encode()) or groups.get(group)
+
+
+def group_caught_up(connection: redis.Redis, stream: str, group: str) -> bool:
+    """True when ``group`` has been delivered the stream's last entry (no lag) and acknowledged
+    everything (no pending entry)."""
+    try:
+        last = connection.xinfo_stream(stream)["last-generated-id"]
+    except redis.ResponseError:
         return False
-    info = groups.get(group.encode()) or groups.get(group)
+    info = _group_info(connection, stream, group)
     return info is not None and info["pending"] == 0 and info["last-delivered-id"] == last
+
+
+def group_acknowledged(connection: redis.Redis, stream: str, group: str) -> int | None:
+    """Entries ``group`` has read and acknowledged (Redis >= 7 reports ``entries-read``; else None)."""
+    info = _group_info(connection, stream, group)
+    if info is None or info.get("entries-read") is None:
+        return None
+    return int(info["entries-read"]) - int(info["pending"])
 
 
 def _drop_database(url: str) -> None:
@@ -181,18 +223,37 @@ def turn_message(tenant_id: str, turn: DatasetTurn) -> dict[str, Any]:
     return message
 
 
-def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation],
-                          timeout_s: float = 3600.0) -> dict[str, float]:
-    """Publish every turn (tenant = conversation id), wait until all are stored; returns timings."""
-    turns = [turn_message(c.conversation_id, t) for c in conversations for t in c.turns]
-    expected = {c.conversation_id: len(c.turns) for c in conversations}
+def publish_tenants(run: ServiceRun, tenants: Sequence[tuple[str, Conversation]], timeout_s: float = 3600.0,
+                    progress: Callable[[int], None] | None = None) -> dict[str, float]:
+    """Publish every turn of each ``(tenant id, conversation)`` turn by turn, wait until all are stored.
+
+    ``progress(n)`` is called with the number of newly acknowledged turns while the ingest worker
+    catches up (every turn is acknowledged only after its commit). Returns ``turns``,
+    ``publish_seconds``, ``ingest_seconds`` (first XADD to the last commit) and ``ingest_turns_per_s``.
+    Raises ClickException when ingestion times out or stored fewer turns than were published.
+    """
+    turns = [turn_message(tenant_id, t) for tenant_id, c in tenants for t in c.turns]
+    expected = {tenant_id: len(c.turns) for tenant_id, c in tenants}
+    stream = run.settings.turns_stream
+    before = group_acknowledged(run.connection, stream, INGEST_GROUP) or 0
+    reported = 0
+
+    def caught_up() -> bool:
+        nonlocal reported
+        if progress is not None:
+            done = group_acknowledged(run.connection, stream, INGEST_GROUP)
+            if done is not None and done - before > reported:
+                progress(done - before - reported)
+                reported = done - before
+        return group_caught_up(run.connection, stream, INGEST_GROUP)
+
     started = time.monotonic()
     for turn in turns:  # turn by turn, as an agent would
         run.client.publish_turn(turn)
     published = time.monotonic()
-    # every turn is acknowledged only after its commit: one cheap Redis call per poll, not a count per tenant
-    done = _wait(lambda: _group_caught_up(run.connection, run.settings.turns_stream, INGEST_GROUP), timeout_s,
-                 "ingestion", 0.05)
+    done = _wait(caught_up, timeout_s, "ingestion", 0.05)
+    if progress is not None and reported < len(turns):
+        progress(len(turns) - reported)
     seconds = done - started
     stored = {t: run.stored(t) for t in expected}
     short = {t: (stored[t], n) for t, n in expected.items() if stored[t] < n}
@@ -202,29 +263,13 @@ def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation]
             "ingest_turns_per_s": len(turns) / seconds if seconds > 0 else float("nan")}
 
 
-# questions ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Asked:
-    """One question as the service answered it."""
-
-    key: str
-    conversation_id: str
-    latency_s: float
-    result: RetrievalResult
+def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation],
+                          timeout_s: float = 3600.0) -> dict[str, float]:
+    """:func:`publish_tenants` with one tenant per conversation, named after it."""
+    return publish_tenants(run, [(c.conversation_id, c) for c in conversations], timeout_s)
 
 
-def ask_questions(run: ServiceRun, questions: Sequence[Any], k: int = 30) -> list[Asked]:
-    """Ask each question through rq, one at a time (``questions`` are ``bench.engine.BenchQuestion``)."""
-    asked = []
-    for number, question in enumerate(questions, start=1):
-        started = time.perf_counter()
-        result = run.client.retrieve(question.conversation_id, question.text, k=k)
-        asked.append(Asked(question.key, question.conversation_id, time.perf_counter() - started, result))
-        if number % 50 == 0:
-            log.info("asked %d/%d questions", number, len(questions))
-    return asked
-
+# what the service recorded -----------------------------------------------------------------------
 
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
@@ -232,12 +277,15 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def evaluated_conversations(data: Path, reranker: str | None, limit_conversations: int | None,
                             all_conversations: bool) -> tuple[list[Conversation], list[str]]:
-    """LoCoMo conversations to evaluate: those the reranker was not trained on (unless overridden)."""
+    """LoCoMo conversations to evaluate: those the reranker was not trained on (unless overridden).
+
+    ``reranker`` is a cross-encoder setting (``"shipped"``, a directory, ``"fake"``, None); its
+    training conversations come from its ``mnemos_provenance.json``. Returns the conversations and
+    the training conversations. Raises ClickException when none is left.
+    """
     conversations = load_locomo(data)
-    trained: list[str] = []
-    if reranker and reranker != FAKE_MODEL and (Path(reranker) / PROVENANCE_FILE).is_file():
-        provenance = json.loads((Path(reranker) / PROVENANCE_FILE).read_text(encoding="utf-8"))
-        trained = list(provenance.get("training_conversations") or [])
+    location = cross_encoder_location(Settings(cross_encoder=reranker)) if reranker is not None else None
+    trained = list((reranker_provenance(location) or {}).get("training_conversations") or [])
     if not all_conversations:
         conversations = [c for c in conversations if c.conversation_id not in set(trained)]
     if limit_conversations is not None:
@@ -245,61 +293,6 @@ def evaluated_conversations(data: Path, reranker: str | None, limit_conversation
     if not conversations:
         raise click.ClickException("no conversation left to evaluate (all were used to train the reranker?)")
     return conversations, trained
-
-
-def load_models(settings: Settings):
-    """The bi-encoder and cross-encoder of ``settings`` for the in-process comparison."""
-    from workers.models import load_encoder, load_reranker
-
-    encoder = load_encoder(settings)
-    reranker = load_reranker(settings)
-    name = settings.cross_encoder
-    if reranker is not None and name not in (None, FAKE_MODEL) and Path(name).is_dir():
-        from bench.caches import PersistentReranker, model_identity
-
-        inner = reranker
-        reranker = PersistentReranker(model_identity(name), DEFAULT_RERANK_CACHE, load=lambda: inner)
-    return encoder, reranker
-
-
-def in_process_rankings(conversations: Sequence[Conversation], questions: Sequence[Any], encoder, reranker,
-                        k: int = 30) -> dict[str, tuple[list[int], frozenset[int]]]:
-    """``{question key: (ranked canonical entry ids, relevant canonical entry ids)}`` of hybrid_rerank."""
-    from bench.arms import BASELINE_ARM, arm_by_name
-    from bench.corpora import CorpusMode, build_tenants, rendered_texts
-    from mnemos.pipeline import retrieve
-
-    texts = rendered_texts([t for c in conversations for t in c.turns])
-    tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim)
-    config = arm_by_name(BASELINE_ARM).config
-    out = {}
-    for question in questions:
-        tenant = tenants[question.conversation_id]
-        vector = encoder.encode([question.text])[0]
-        result = retrieve(tenant.index, question.text, vector, k=k, config=config, reranker=reranker)
-        out[question.key] = ([h.entry_id for h in result.hits], tenant.relevant_entries(question.relevant_turns))
-    return out
-
-
-def service_rankings(run: ServiceRun, asked: Sequence[Asked], questions: Sequence[Any]
-                     ) -> dict[str, tuple[list[str], frozenset[str]]]:
-    """``{question key: (ranked canonical turn ids, relevant canonical turn ids)}`` from the service."""
-    maps = {c: run.canonical_map(c) for c in {a.conversation_id for a in asked}}
-    by_key = {q.key: q for q in questions}
-    out = {}
-    for item in asked:
-        canonical = maps[item.conversation_id]
-        local = [t.split("/", 1)[1] for t in by_key[item.key].relevant_turns]
-        relevant = frozenset(canonical[t] for t in local if t in canonical)
-        out[item.key] = ([h.turn_id for h in item.result.hits], relevant)
-    return out
-
-
-def mean_metrics(rankings: dict[str, tuple[list, frozenset]]) -> dict[str, float]:
-    ndcg = [ndcg_at_k(r, rel, 10) for r, rel in rankings.values()]
-    recall = [recall_at_k(r, rel, 10) for r, rel in rankings.values()]
-    return {"ndcg@10": statistics.fmean(ndcg) if ndcg else float("nan"),
-            "recall@10": statistics.fmean(recall) if recall else float("nan")}
 
 
 def machine() -> dict[str, Any]:
@@ -319,101 +312,3 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-@dataclass
-class FoldRun:
-    """The service and in-process rankings of one reranker on the conversations it was not trained on."""
-
-    reranker: str | None
-    trained: list[str]
-    conversations: list[str]
-    service: dict[str, tuple[list, frozenset]]
-    local: dict[str, tuple[list, frozenset]]
-    latencies: list[float]
-    model_seconds: float
-    ingest: dict[str, float]
-
-
-def run_fold(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
-             limit_conversations: int | None, all_conversations: bool, keep: bool, stamp: str) -> FoldRun:
-    from bench.engine import prepare_questions
-
-    run_settings = bench_settings(settings, reranker=reranker, stamp=stamp)
-    conversations, trained = evaluated_conversations(data, reranker, limit_conversations, all_conversations)
-    questions = prepare_questions(conversations, limit=limit)
-    click.echo(f"{len(conversations)} conversations, {sum(len(c.turns) for c in conversations)} turns, "
-               f"{len(questions)} questions; reranker {reranker} (trained on {trained or 'nothing listed'})")
-    with running_service(run_settings, keep=keep) as run:
-        ingest = publish_conversations(run, conversations)
-        click.echo(f"ingested {ingest['turns']} turns in {ingest['ingest_seconds']:.1f}s "
-                   f"({ingest['ingest_turns_per_s']:.1f} turns/s)")
-        asked = ask_questions(run, questions)
-        service = service_rankings(run, asked, questions)
-    encoder, in_reranker = load_models(run_settings)
-    local = in_process_rankings(conversations, questions, encoder, in_reranker)
-    model_s = sum(a.result.stage_seconds.get("encode", 0.0) + a.result.stage_seconds.get("rerank", 0.0)
-                  for a in asked)
-    return FoldRun(reranker, trained, [c.conversation_id for c in conversations], service, local,
-                   [a.latency_s for a in asked], model_s, ingest)
-
-
-def run_service_bench(settings: Settings, *, data: Path, rerankers: Sequence[str | None], limit: int | None,
-                      limit_conversations: int | None, all_conversations: bool, json_path: Path | None,
-                      keep: bool) -> int:
-    """One service run per reranker (each on the conversations it was not trained on), pooled."""
-    stamp = run_stamp()
-    folds = [run_fold(settings, data=data, reranker=r, limit=limit, limit_conversations=limit_conversations,
-                      all_conversations=all_conversations, keep=keep, stamp=f"{stamp}_{i}")
-             for i, r in enumerate(rerankers)]
-    service = {f"{i}:{k}": v for i, f in enumerate(folds) for k, v in f.service.items()}
-    local = {f"{i}:{k}": v for i, f in enumerate(folds) for k, v in f.local.items()}
-    latencies = [x for f in folds for x in f.latencies]
-    gaps = [abs(ndcg_at_k(*service[key], 10) - ndcg_at_k(*local[key], 10)) for key in service]
-    turns = sum(f.ingest["turns"] for f in folds)
-    ingest_s = sum(f.ingest["ingest_seconds"] for f in folds)
-    payload = {
-        "command": " ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]),
-        "machine": machine(), "data": str(data),
-        "n_questions": len(service), **mean_metrics(service),
-        "in_process_hybrid_rerank": {"n_questions": len(local), **mean_metrics(local)},
-        "max_abs_ndcg@10_gap_per_question": max(gaps) if gaps else 0.0,
-        "questions_with_different_ndcg@10": sum(g > 1e-9 for g in gaps),
-        "turns": turns, "ingest_seconds": ingest_s, "ingest_turns_per_s": turns / ingest_s if ingest_s else None,
-        "query_p50_s": percentile(latencies, 50), "query_p95_s": percentile(latencies, 95),
-        "share_outside_models": 1.0 - sum(f.model_seconds for f in folds) / sum(latencies) if latencies else None,
-        "folds": [{"reranker": f.reranker, "training_conversations": f.trained, "conversations": f.conversations,
-                   "n_questions": len(f.service), **mean_metrics(f.service),
-                   "in_process_hybrid_rerank": mean_metrics(f.local), **f.ingest,
-                   "query_p50_s": percentile(f.latencies, 50), "query_p95_s": percentile(f.latencies, 95)}
-                  for f in folds],
-        "settings": {"pool_size": settings.pool_size, "n_candidates": settings.n_candidates, "suppression": False,
-                     "deep_threshold": None, "bi_encoder": settings.bi_encoder},
-    }
-    click.echo(json.dumps({k: payload[k] for k in ("n_questions", "ndcg@10", "recall@10", "in_process_hybrid_rerank",
-                                                    "max_abs_ndcg@10_gap_per_question", "ingest_turns_per_s",
-                                                    "query_p50_s", "query_p95_s", "share_outside_models")}, indent=2))
-    if json_path is not None:
-        write_json(json_path, payload)
-        click.echo(f"wrote {json_path}")
-    return 0
-
-
-@click.command("service")
-@click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="LoCoMo JSON (locomo10.json)")
-@click.option("--reranker", "rerankers", multiple=True,
-              help="cross-encoder dir ('fake' for plumbing); repeat per fold; default: settings")
-@click.option("--limit", type=int, default=None, help="about this many questions per fold, spread over conversations")
-@click.option("--conversations", "limit_conversations", type=int, default=None, help="first N conversations only")
-@click.option("--all-conversations", is_flag=True, help="also evaluate conversations the reranker was trained on")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write the results here (e.g. bench/results/service.json)")
-@click.option("--keep", is_flag=True, help="keep the runs' databases and streams")
-@click.pass_context
-def service(ctx: click.Context, data: Path, rerankers: tuple[str, ...], limit: int | None,
-            limit_conversations: int | None, all_conversations: bool, json_path: Path | None, keep: bool) -> None:
-    """LoCoMo through the running service vs the in-process hybrid_rerank numbers."""
-    settings: Settings = ctx.find_root().obj
-    chosen: list[str | None] = list(rerankers) or [settings.cross_encoder]
-    sys.exit(run_service_bench(settings, data=data, rerankers=chosen, limit=limit,
-                               limit_conversations=limit_conversations, all_conversations=all_conversations,
-                               json_path=json_path, keep=keep))

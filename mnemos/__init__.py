@@ -45,7 +45,7 @@ from mnemos.filters import EntryFilter
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Entry, Hit, Outcome, PoolEntry, RetrievalResult, StageTimings, TurnFacts
-from mnemos.rerank import CachedReranker, CrossEncoderReranker, FakeReranker, Reranker
+from mnemos.rerank import CachedReranker, CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
 from mnemos.sessions import SessionIndex
 from mnemos.suppression import (
     UPDATE_RULES,
@@ -100,6 +100,7 @@ __all__ = [
     "CrossEncoderReranker",
     "CachedReranker",
     "FakeReranker",
+    "shipped_reranker_path",
     # pipeline
     "RetrievalConfig",
     "retrieve",

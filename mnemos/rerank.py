@@ -23,6 +23,21 @@ from mnemos.tokenizer import tokenize
 logger = logging.getLogger(__name__)
 
 
+def shipped_reranker_path() -> Path:
+    """Directory of the project's own cross-encoder, shipped inside the package: ``mnemos/shipped/reranker``.
+
+    A ``sentence_transformers.CrossEncoder`` directory with ``mnemos_provenance.json`` beside the
+    weights (``mnemos reranker train`` writes both; see :mod:`mnemos.training`). The path is
+    returned whether or not the weights are present; :func:`shipped_reranker_present` tells.
+    """
+    return Path(__file__).resolve().parent / "shipped" / "reranker"
+
+
+def shipped_reranker_present() -> bool:
+    """True when the shipped cross-encoder's weights are in the package (its ``config.json`` exists)."""
+    return (shipped_reranker_path() / "config.json").is_file()
+
+
 @runtime_checkable
 class Reranker(Protocol):
     """Scores (query, text) pairs; higher is more relevant."""

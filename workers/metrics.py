@@ -75,6 +75,9 @@ class ServiceMetrics:
                                          registry=r)
         self.query_pool_size = Histogram("mnemos_query_pool_size", "Entries reranked per retrieval",
                                          buckets=_POOL_BUCKETS, registry=r)
+        self.query_rerank_cache_hits = Counter(
+            "mnemos_query_rerank_cache_hits_total",
+            "(query, turn) pairs scored from the query worker's rerank cache instead of the model", registry=r)
         self.query_index_refreshes = Counter(
             "mnemos_query_index_refreshes_total", "Tenant index loads or incremental refreshes", registry=r)
         # suppression

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, bundled_bi_encoder_path
 from mnemos.errors import ModelLoadError
-from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker
+from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
+from mnemos.training import PROVENANCE_FILE
 from workers.errors import ModelSetupError
-from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, Settings
+from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, SHIPPED_RERANKER, Settings
 
 log = logging.getLogger(__name__)
 
@@ -111,20 +112,49 @@ def load_truncation_counter(settings: Settings) -> TruncationCounter:
     return TruncationCounter() if path is None else TruncationCounter.for_model_dir(path)
 
 
-def load_reranker(settings: Settings) -> Reranker | None:
-    """The cross-encoder of ``settings.cross_encoder``; None (with a warning) when unset.
+def cross_encoder_location(settings: Settings) -> str | None:
+    """Where the configured cross-encoder loads from: ``"fake"``, a directory or name, or None (no rerank).
 
-    The query worker, the health check with models and the service benchmarks load their reranker
-    here, so this is where a missing one is warned about (not when settings are read).
+    ``"shipped"`` (the default) is the project's own model inside the package
+    (:func:`mnemos.rerank.shipped_reranker_path`). Raises ModelSetupError when the shipped model was
+    asked for and its weights are not in this installation.
     """
     name = settings.cross_encoder
-    if name is None:
-        log.warning("MNEMOS_CROSS_ENCODER is not set: retrieval runs without a reranker (results are the fused order)")
+    if name != SHIPPED_RERANKER:
+        return name
+    path = shipped_reranker_path()
+    if not (path / "config.json").is_file():
+        raise ModelSetupError(f"the shipped cross-encoder is not in this installation ({path} has no config.json); "
+                              "set MNEMOS_CROSS_ENCODER to a model directory, or to none to run without a reranker")
+    return str(path)
+
+
+def reranker_provenance(location: str | None) -> dict | None:
+    """The ``mnemos_provenance.json`` beside a cross-encoder directory (``training_conversations``, ...);
+    None for the fake, a hub name or a directory without one."""
+    if location is None or location == FAKE_MODEL:
         return None
-    if name == FAKE_MODEL:
+    file = Path(location) / PROVENANCE_FILE
+    if not file.is_file():
+        return None
+    return json.loads(file.read_text(encoding="utf-8"))
+
+
+def load_reranker(settings: Settings) -> Reranker | None:
+    """The cross-encoder of ``settings.cross_encoder``; None (with a warning) when set to none.
+
+    The query worker, the health check with models and the service benchmarks load their reranker
+    here, so this is where a missing one is warned about (not when settings are read). Raises
+    ModelSetupError when the model cannot be loaded (the shipped one included, when absent).
+    """
+    location = cross_encoder_location(settings)
+    if location is None:
+        log.warning("MNEMOS_CROSS_ENCODER is none: retrieval runs without a reranker (results are the fused order)")
+        return None
+    if location == FAKE_MODEL:
         return FakeReranker()
     try:
-        return CrossEncoderReranker(name, max_length=settings.rerank_max_length,
+        return CrossEncoderReranker(location, max_length=settings.rerank_max_length,
                                     batch_size=settings.rerank_batch_size, device=resolve_device(settings.device))
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc

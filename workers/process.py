@@ -123,13 +123,20 @@ def run_ingest(settings: Settings) -> int:
 
 
 def run_suppression(settings: Settings) -> int:
-    return _run_stream_worker(
-        settings, "suppression", settings.suppression_metrics_port,
-        lambda connection, store, metrics: suppression.SuppressionWorker(settings, connection, store, metrics))
+    def build(connection: redis.Redis, store: Store, metrics: ServiceMetrics) -> suppression.SuppressionWorker:
+        worker = suppression.SuppressionWorker(settings, connection, store, metrics)
+        worker.warm_up()
+        return worker
+
+    return _run_stream_worker(settings, "suppression", settings.suppression_metrics_port, build)
 
 
-def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float = 5.0) -> int:
+def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float = 5.0,
+              rq_log_level: str = "WARNING") -> int:
     """Take retrieval jobs until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty).
+
+    rq's own loggers (``rq.worker``, ``rq.job``) log at ``rq_log_level``: at INFO they write two
+    lines per job, which drowns everything else in a benchmark of thousands of questions.
 
     rq's work loop quits on any unhandled error, a lost Redis connection included; the worker then
     starts a fresh rq worker around the same :class:`QueryService` (models and tenant indexes stay
@@ -151,7 +158,6 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
     metrics, sampler = _metrics(settings, settings.query_metrics_port, "query", connection)
     service = QueryService(settings, connection, store, encoder, reranker, metrics)
     service.warm_up()
-    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     backoff = 0.5
     try:
         while True:
@@ -159,7 +165,7 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
             try:
                 worker = build_worker(settings, connection, service)  # registers with Redis already
                 log.info("query worker %s taking jobs from queue %s", worker.name, settings.queue_name)
-                worker.work(burst=burst, with_scheduler=False, logging_level=level)
+                worker.work(burst=burst, with_scheduler=False, logging_level=rq_log_level)
                 stop = stop or worker.stop_signalled
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("query worker lost Redis: %s", exc)

@@ -6,8 +6,10 @@ itself (no fork per job), so tenant indexes and the models loaded at start survi
 function :func:`retrieval_job` finds the process's :class:`QueryService` through a context
 variable that :class:`QueryWorker` sets around each job, so it fails loudly anywhere else.
 
-Per request: embed the query; in one snapshot read the tenant's memory version, extend its index
-if the version moved, load its clusters and its suppression scores for the query's cluster; run
+Per request: embed the query; in one snapshot read the tenant's memory and suppression versions,
+extend its index if the memory version moved, load its clusters and its suppression scores for the
+query's cluster (the suppression version says which outcomes that state holds: it comes back in
+the result); run
 :func:`mnemos.pipeline.retrieve` (with the post-rerank features the settings switch on, the
 request's ``as_of`` and ``filters`` as its candidate filter and ``as_of`` as the reference time);
 XADD the outcome to ``<prefix>:outcomes``; return the result.
@@ -16,6 +18,11 @@ embeddings were made with another rendering or encoder dimension than this worke
 while this worker runs, say) fails the request with :class:`~workers.errors.EmbeddingVersionError`
 instead of mixing versions. The worker renews its heartbeat (:mod:`workers.heartbeats`) from rq's
 loop: on every dequeue wait (every ``heartbeat_ttl_s / 3`` seconds while idle) and before each job.
+
+The reranker is wrapped in a :class:`mnemos.rerank.CachedReranker` of ``rerank_cache_pairs``
+(query, rendered turn) scores, so a repeated question skips the model for the turns it already
+scored; hits are counted in ``mnemos_query_rerank_cache_hits_total``. A cached score is the one
+the model gave the pair the first time (batch composition can move the last float bits).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from mnemos.features import Feature, FeatureSetting
 from mnemos.filters import EntryFilter
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Outcome
-from mnemos.rerank import Reranker
+from mnemos.rerank import CachedReranker, Reranker
 from mnemos.suppression import SuppressionTable, UpdateRule
 from workers.errors import EmbeddingVersionError, OutsideQueryWorkerError
 from workers.heartbeats import Heartbeat
@@ -106,7 +113,11 @@ class QueryService:
         self.connection = connection
         self.store = store
         self.encoder = encoder
-        self.reranker = reranker
+        self.reranker: Reranker | None = reranker
+        self.rerank_cache: CachedReranker | None = None
+        if reranker is not None and settings.rerank_cache_pairs > 0:
+            self.rerank_cache = CachedReranker(reranker, max_entries=settings.rerank_cache_pairs)
+            self.reranker = self.rerank_cache
         self.metrics = metrics
         self.clock = clock
         self.limits = limits_of(settings)
@@ -144,7 +155,7 @@ class QueryService:
                 raise
             if tenant is None:
                 return self._empty(request, started)
-            version = tenant.memory_version
+            version, suppression_version = tenant.memory_version, tenant.suppression_version
             state, refreshed = self.cache.refresh(conn, tenant_id, version)
             clusters = TenantCache.load_clusters(conn, state, self.settings.clusters_k)
             cluster = None if clusters is None else clusters.assign(query_vector)
@@ -154,6 +165,7 @@ class QueryService:
                                     (tenant_id, cluster)).fetchall()
                 table = SuppressionTable({(int(e), cluster): float(s) for e, s in rows})
         refresh_s = self.clock() - refresh_started
+        hits_before = 0 if self.rerank_cache is None else self.rerank_cache.cache_hits
         # the knowledge time also anchors relative time expressions; without it they stay unresolved
         core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config,
                         reranker=self.reranker, suppression=table, cluster=cluster,
@@ -169,13 +181,15 @@ class QueryService:
                   "total": self.clock() - started,
                   "encode": encode_s}
         self.metrics.query_job("ok", stages, pool_size=core.pool_size, deep_pass=core.deep_pass, refreshed=refreshed)
+        if self.rerank_cache is not None and self.rerank_cache.cache_hits > hits_before:
+            self.metrics.query_rerank_cache_hits.inc(self.rerank_cache.cache_hits - hits_before)
         hits = tuple(schemas.Hit(h.entry_id, h.turn_id, h.session_id, h.role, h.text, h.occurred_at, float(h.score),
                                  h.rank, h.aliases) for h in core.hits)
         return schemas.RetrievalResult(
             request_id=request.request_id, tenant_id=tenant_id, hits=hits, pool_size=core.pool_size,
             deep_pass=core.deep_pass, cluster=core.cluster,
             top_rerank_score=None if core.top_rerank_score is None else float(core.top_rerank_score),
-            stage_seconds=stages, memory_version=version)
+            stage_seconds=stages, memory_version=version, suppression_version=suppression_version)
 
     def _empty(self, request: schemas.RetrievalRequest, started: float) -> schemas.RetrievalResult:
         stages = {"total": self.clock() - started}

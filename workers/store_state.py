@@ -58,6 +58,7 @@ class TenantRecord:
     tenant_id: str
     memory_version: int
     embeddings: EmbeddingVersion
+    suppression_version: int = 0
 
 
 # schema ---------------------------------------------------------------------------------------------
@@ -128,11 +129,12 @@ def check_store(store: Store, worker: EmbeddingVersion | None = None) -> None:
 
 def read_tenant(conn: psycopg.Connection, tenant_id: str) -> TenantRecord | None:
     """The tenant's row, or None for an unknown tenant (inside its ``tenant_tx``)."""
-    row = conn.execute("SELECT memory_version, rendering_version, embedding_dim FROM tenants WHERE tenant_id = %s",
-                       (tenant_id,)).fetchone()
+    row = conn.execute("SELECT memory_version, rendering_version, embedding_dim, suppression_version FROM tenants"
+                       " WHERE tenant_id = %s", (tenant_id,)).fetchone()
     if row is None:
         return None
-    return TenantRecord(tenant_id, int(row[0]), EmbeddingVersion(int(row[1]), None if row[2] is None else int(row[2])))
+    return TenantRecord(tenant_id, int(row[0]), EmbeddingVersion(int(row[1]), None if row[2] is None else int(row[2])),
+                        int(row[3]))
 
 
 def require_tenant_version(conn: psycopg.Connection, tenant_id: str, worker: EmbeddingVersion, *,
@@ -156,5 +158,5 @@ def require_tenant_version(conn: psycopg.Connection, tenant_id: str, worker: Emb
     if adopt and stored.dim is None:
         conn.execute("UPDATE tenants SET rendering_version = %s, embedding_dim = %s WHERE tenant_id = %s",
                      (worker.rendering, worker.dim, tenant_id))
-        record = TenantRecord(tenant_id, record.memory_version, worker)
+        record = TenantRecord(tenant_id, record.memory_version, worker, record.suppression_version)
     return record

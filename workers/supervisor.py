@@ -25,10 +25,15 @@ log = logging.getLogger(__name__)
 WORKER_KINDS = ("ingest", "query", "suppression")
 
 
-def spawn_workers(settings: Settings, kinds: tuple[str, ...] = WORKER_KINDS) -> list[subprocess.Popen]:
-    """Start one child process per kind with ``settings`` in its environment."""
+def spawn_workers(settings: Settings, kinds: tuple[str, ...] = WORKER_KINDS, *,
+                  log_level: str | None = None) -> list[subprocess.Popen]:
+    """Start one child process per kind with ``settings`` in its environment.
+
+    The children log at ``log_level`` (default: this process's level); rq's own per-job lines stay
+    at WARNING (``mnemos worker --rq-log-level``).
+    """
     env = child_environment(settings)
-    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    level = log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return [subprocess.Popen([sys.executable, "-m", "workers", "--log-level", level, "worker", kind], env=env)
             for kind in kinds]
 

@@ -12,6 +12,10 @@ Per outcome, in ONE transaction scoped to its tenant (seed 000 Algorithm 1, line
    when the buffer reaches ``bootstrap_factor x K`` embeddings, fit k-means
    (:class:`mnemos.suppression.QueryClusters`) and freeze the centroids.
 
+Every outcome applied (not a redelivery) also bumps the tenant's ``suppression_version`` in the
+same transaction and records the new version in its ledger row (migration 0005): a retrieval
+reports the version it read, and the ledger in version order replays the state it saw.
+
 Then COMMIT, and only then XACK. Outcomes produced before bootstrap carry cluster None: they only
 feed the buffer (no cue to suppress under yet); with K = 1 (global suppression) every outcome has
 cluster 0 from the first query.
@@ -64,6 +68,14 @@ class SuppressionWorker:
         self.rule = UpdateRule(settings.update_rule)
         self._bootstrapped = 0
 
+    def warm_up(self) -> None:
+        """Fit a tiny k-means once before taking outcomes, so the first tenant's bootstrap does not
+        wait seconds for scikit-learn to import while its queries go on unclustered."""
+        if self.settings.clusters_k > 1:
+            clusters = QueryClusters(k=2, bootstrap_factor=1, n_init=1)
+            for vector in np.eye(2, dtype=np.float32):
+                clusters.observe(vector)
+
     def handle(self, batch: list[StreamMessage]) -> list[str]:
         rejected: list[DeadLetter] = []
         for message in batch:
@@ -106,6 +118,7 @@ class SuppressionWorker:
                 self.metrics.outcome_applied(seconds=time.perf_counter() - started, entries_updated=0,
                                              duplicate=True)
                 return False
+            self._bump_version(conn, tenant_id, outcome.outcome_id)
             if deltas:
                 with conn.cursor() as cur:
                     cur.executemany(
@@ -121,6 +134,22 @@ class SuppressionWorker:
         self.metrics.outcome_applied(seconds=time.perf_counter() - started, entries_updated=len(deltas),
                                      duplicate=False)
         return True
+
+    @staticmethod
+    def _bump_version(conn: psycopg.Connection, tenant_id: str, outcome_id: str) -> int | None:
+        """Count this outcome in the tenant's suppression version and record the version in its ledger
+        row (same transaction); returns the new version (None if the tenant has no row).
+
+        The row lock of the UPDATE serialises concurrent workers of one tenant, so versions follow
+        commit order: replaying the ledger by version rebuilds the state each retrieval read.
+        """
+        row = conn.execute("UPDATE tenants SET suppression_version = suppression_version + 1 WHERE tenant_id = %s"
+                           " RETURNING suppression_version", (tenant_id,)).fetchone()
+        if row is None:
+            return None
+        conn.execute("UPDATE applied_outcomes SET suppression_version = %s WHERE tenant_id = %s AND outcome_id = %s",
+                     (row[0], tenant_id, outcome_id))
+        return int(row[0])
 
     def _buffer(self, conn: psycopg.Connection, tenant_id: str, outcome_id: str, embedding: np.ndarray) -> bool:
         """Append to the bootstrap buffer; fit and freeze the centroids when it is full. True if frozen now."""

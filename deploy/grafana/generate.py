@@ -235,11 +235,14 @@ QUERY = Dashboard(
         Row("Work per job", (
             Panel("Pool size", "Candidates reranked per retrieval (p50, p95).",
                   (Query(quantile(0.5, "mnemos_query_pool_size"), "p50"),
-                   Query(quantile(0.95, "mnemos_query_pool_size"), "p95")), width=8),
+                   Query(quantile(0.95, "mnemos_query_pool_size"), "p95")), width=6),
             Panel("Deep passes", "Retrievals per second that took the deep pass.",
-                  (Query(rate("mnemos_query_deep_passes_total"), "deep passes"),), unit="reqps", width=8),
+                  (Query(rate("mnemos_query_deep_passes_total"), "deep passes"),), unit="reqps", width=6),
             Panel("Index refreshes", "Tenant indexes rebuilt or extended from Postgres per second.",
-                  (Query(rate("mnemos_query_index_refreshes_total"), "refreshes"),), unit="reqps", width=8),
+                  (Query(rate("mnemos_query_index_refreshes_total"), "refreshes"),), unit="reqps", width=6),
+            Panel("Rerank cache hits", "(query, turn) pairs per second scored from the query worker's cache, "
+                  "not by the cross-encoder.",
+                  (Query(rate("mnemos_query_rerank_cache_hits_total"), "cache hits"),), unit="ops", width=6),
         )),
     ),
 )

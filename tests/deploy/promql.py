@@ -44,6 +44,7 @@ SPEC_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 # Exported by workers/metrics.py beyond SPEC.md's list (checked against the registry when it imports).
 CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_ingest_encoder_truncated_total": ("counter", ()),
+    "mnemos_query_rerank_cache_hits_total": ("counter", ()),
 }
 # Label values the code uses (SPEC.md, DESIGN.md); a matcher on another value selects nothing.
 LABEL_VALUES: dict[str, frozenset[str]] = {

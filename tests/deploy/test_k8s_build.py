@@ -248,5 +248,5 @@ def test_cli_has_the_commands_the_manifests_run():
         assert command in group.commands, f"`mnemos {command}` is not a command"
     health_options = {opt for p in group.commands["health"].params for opt in p.opts + p.secondary_opts}
     assert "--no-models" in health_options
-    (kind,) = [p for p in group.commands["worker"].params if isinstance(p.type, click.Choice)]
+    (kind,) = [p for p in group.commands["worker"].params if p.name == "kind"]
     assert set(kind.type.choices) == set(WORKERS)

@@ -1,4 +1,5 @@
-"""``bench service`` and ``bench speed`` end to end: real worker processes, fake models, a tiny LoCoMo file.
+"""``bench service`` (the main job) and ``bench speed`` end to end: real worker processes, fake models, a tiny
+LoCoMo file.
 
 Each benchmark creates its own database ``mnemos_bench_<stamp>`` and stream prefix and must drop
 them again. The stamp is the product's own (``time.strftime``) with a per-test token appended, so
@@ -17,10 +18,12 @@ import psycopg
 import pytest
 import redis
 
+import bench.mainjob
 import bench.service
 import bench.speed
 from bench.datasets import load_locomo
-from bench.service import run_service_bench
+from bench.engine import prepare_questions
+from bench.mainjob import run_main_job
 from bench.speed import run_speed_bench
 from tests.support import PG_ADMIN_URL
 from workers.queue_cleanup import delete_queue_jobs, queue_job_ids
@@ -97,8 +100,15 @@ def bench_runs(monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis) -> It
         runs.append(value)
         return value
 
-    monkeypatch.setattr(bench.service, "bench_settings", recording)
+    original_main = bench.mainjob.main_job_settings
+
+    def recording_main(base: Settings, *, reranker: str, stamp: str) -> Settings:
+        value = original_main(base, reranker=reranker, stamp=f"{stamp}_{token}")
+        runs.append(value)
+        return value
+
     monkeypatch.setattr(bench.speed, "bench_settings", recording)
+    monkeypatch.setattr(bench.mainjob, "main_job_settings", recording_main)
     yield runs
     # safety net only: the assertions below are about what the benchmarks themselves left behind
     for run in runs:
@@ -129,29 +139,64 @@ def _assert_nothing_left(runs: list[Settings], redis_client: redis.Redis) -> Non
         assert queue_job_ids(redis_client, run.queue_name) == set()  # rq:job:<id>, rq:results:<id>
 
 
-def test_service_bench_ranks_exactly_like_the_in_process_pipeline(
+def test_main_job_holds_out_suppression_and_replays_equal_in_process(
         settings: Settings, locomo: Path, tmp_path: Path, bench_runs: list[Settings],
         redis_client: redis.Redis) -> None:
-    out = tmp_path / "service.json"
-    code = run_service_bench(settings, data=locomo, rerankers=[FAKE_MODEL], limit=None, limit_conversations=None,
-                             all_conversations=False, json_path=out, keep=False)
-    assert code == 0
+    out, png = tmp_path / "service.json", tmp_path / "service.png"
+    lines: list[str] = []
+    code = run_main_job(settings, data=locomo, reranker=FAKE_MODEL, limit=None, limit_conversations=None,
+                        burnin_factor=10.0, seed=0, probes=2, sample_pairs=20, json_path=out, plot_path=png,
+                        keep=False, echo=lines.append)
     payload = json.loads(out.read_text(encoding="utf-8"))
-    assert payload["n_questions"] == 8
-    assert payload["in_process_hybrid_rerank"]["n_questions"] == 8
-    # suppression off, no deep pass: the service is exactly hybrid_rerank, question by question
-    assert payload["questions_with_different_ndcg@10"] == 0
-    assert payload["max_abs_ndcg@10_gap_per_question"] == pytest.approx(0.0, abs=1e-9)
-    assert payload["ndcg@10"] == pytest.approx(payload["in_process_hybrid_rerank"]["ndcg@10"], abs=1e-12)
-    assert payload["recall@10"] == pytest.approx(payload["in_process_hybrid_rerank"]["recall@10"], abs=1e-12)
+    assert code == 0, "\n".join(lines)
+    assert png.stat().st_size > 0
+    assert f"JSON: {out}" in lines
+    for key in ("reranker", "suppression", "features", "n_questions", "ndcg@10", "recall@10", "session_hit@1",
+                "in_process", "per_question_check"):
+        assert key in payload
+    assert payload["reranker"] == {"name": FAKE_MODEL, "path": FAKE_MODEL, "provenance": None}
+    assert payload["suppression"] is True and payload["features"] == []
+    assert payload["settings"]["clusters_k"] == settings.clusters_k  # the service's own K, not a special value
+
+    # held out: each question evaluated once, on the tenant whose burn-in drew only the other half
+    questions = {q.key: q for q in prepare_questions(load_locomo(locomo), seed=0)}
+    rows = payload["per_question"]
+    assert sorted(r["key"] for r in rows) == sorted(questions)
+    for row in rows:
+        question = questions[row["key"]]
+        assert row["tenant_id"] == question.conversation_id + (".b" if question.half == 0 else ".a")
+    tenants = {t["tenant_id"]: t for t in payload["tenants"]}
+    assert sorted(tenants) == ["conv-a.a", "conv-a.b", "conv-b.a", "conv-b.b"]
+    for tenant in tenants.values():
+        assert tenant["burn_in_queries"] == 20 and tenant["evaluated_questions"] == 2  # 10 x a half of 2
+        assert tenant["bootstrapped_before_evaluation"] is True  # K=2, factor 2: 4 outcomes bootstrap
+        assert tenant["outcomes_applied_before_evaluation"] == 20
+        assert tenant["outcomes_applied"] == 22
+    assert sum(t["suppression_scores_before_evaluation"] for t in tenants.values()) > 0  # learned in the burn-in
+    versions = {r["suppression_version"] for r in rows}  # the burn-in, and maybe the tenant's first evaluation answer
+    assert min(versions) == 20 and versions <= {20, 21}
+    assert all(r["cluster"] is not None for r in rows)
+
+    # the in-process replay gives the same NDCG@10 (and ranking) on every question
+    check = payload["per_question_check"]
+    assert check["passed"] is True and check["errors"] == []
+    assert check["questions"] == check["equal_ndcg@10"] == check["equal_rankings"] == check["equal_clusters"] == 8
+    assert check["equal_outcome_pools"] == check["requests_compared"] == 88  # 80 burn-in + 8 evaluation
+    assert payload["n_questions"] == 8 and payload["in_process"]["n_questions"] == 8
+    assert payload["ndcg@10"] == payload["in_process"]["ndcg@10"]
     assert 0.0 < payload["ndcg@10"] <= 1.0
-    assert payload["turns"] == 24
-    assert payload["ingest_turns_per_s"] > 0
-    assert payload["query_p50_s"] <= payload["query_p95_s"]
-    [fold] = payload["folds"]
-    assert fold["reranker"] == FAKE_MODEL and fold["conversations"] == ["conv-a", "conv-b"]
-    assert fold["n_questions"] == 8 and fold["turns"] == 24
-    assert payload["settings"]["suppression"] is False and payload["settings"]["deep_threshold"] is None
+    low, high = payload["ndcg@10_ci95"]
+    assert low <= payload["ndcg@10"] <= high
+    assert payload["in_process"]["recomputed_pairs"] == 20
+    assert payload["in_process"]["max_abs_logit_difference"] == 0.0  # the fake reranker is exact
+    assert set(payload["in_process"]["centroid_max_abs_difference"].values()) == {0.0}
+
+    assert payload["ingest"]["turns"] == 48 and payload["ingest"]["turns_per_s"] > 0
+    assert 0 < payload["query"]["p50_s"] <= payload["query"]["p95_s"] and payload["query"]["n"] == 8
+    assert payload["freshness"]["probes"] == 2 and payload["freshness"]["returned"] == 2
+    assert payload["rerank_cache"]["hits"] > 0  # repeated burn-in questions were answered from the cache
+    assert {"ingest", "burn-in", "evaluation", "in-process replay", "total"} <= set(payload["phases_s"])
+    assert any("in-process check PASSED" in line for line in lines)
     assert len(bench_runs) == 1
     _assert_nothing_left(bench_runs, redis_client)
 

@@ -202,3 +202,20 @@ def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
         alias_only = query_service_.answer(RetrievalRequest("pat", "actually", k=3)).hits
         assert alias_only[0].turn_id == "c1" and alias_only[0].aliases == ("c2",), name
         assert alias_only[0].text == "My sister lives in Lisbon with her husband and their cat.", name
+
+
+def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redis_client: redis.Redis,
+                                                         store: Store) -> None:
+    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    service = query_service(settings.replace(rerank_cache_pairs=1000), redis_client, store)
+    inner = service.rerank_cache.inner
+    first = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    scored = inner.pairs_scored
+    assert scored > 0 and service.metrics.query_rerank_cache_hits._value.get() == 0
+    again = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    assert inner.pairs_scored == scored  # the model saw nothing new
+    assert service.metrics.query_rerank_cache_hits._value.get() == first.pool_size
+    assert [h.turn_id for h in again.hits] == [h.turn_id for h in first.hits]
+    assert [h.score for h in again.hits] == [h.score for h in first.hits]
+    uncached = query_service(settings.replace(rerank_cache_pairs=0), redis_client, store)
+    assert uncached.rerank_cache is None

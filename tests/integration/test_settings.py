@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from workers.errors import SettingsError
-from workers.models import load_reranker
+from workers.errors import ModelSetupError, SettingsError
+from workers.models import cross_encoder_location, load_reranker, reranker_provenance
 from workers.settings import ENV_VARS, Settings, to_environment
 
 
@@ -30,7 +30,30 @@ def test_defaults_follow_the_design() -> None:
                                                                                            "rank_gap")
     assert (s.turns_stream, s.outcomes_stream, s.dead_letter_stream) == ("mnemos:turns", "mnemos:outcomes",
                                                                           "mnemos:turns:dead")
-    assert s.cross_encoder is None and s.from_environment == frozenset()
+    assert s.cross_encoder == "shipped" and s.from_environment == frozenset()
+    assert s.rerank_cache_pairs == 50_000
+
+
+def test_cross_encoder_none_means_no_reranker() -> None:
+    assert Settings.from_env({"MNEMOS_CROSS_ENCODER": "none"}).cross_encoder is None
+    assert Settings.from_env({"MNEMOS_CROSS_ENCODER": "/models/ce"}).cross_encoder == "/models/ce"
+    assert Settings.from_env({"MNEMOS_RERANK_CACHE_PAIRS": "0"}).rerank_cache_pairs == 0
+    with pytest.raises(SettingsError):
+        Settings.from_env({"MNEMOS_RERANK_CACHE_PAIRS": "-1"})
+
+
+def test_the_shipped_cross_encoder_resolves_inside_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import workers.models as models
+
+    monkeypatch.setattr(models, "shipped_reranker_path", lambda: tmp_path)
+    with pytest.raises(ModelSetupError, match="shipped cross-encoder is not in this installation"):
+        cross_encoder_location(Settings())
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    (tmp_path / "mnemos_provenance.json").write_text('{"training_conversations": ["conv-26"]}', encoding="utf-8")
+    assert cross_encoder_location(Settings()) == str(tmp_path)
+    assert reranker_provenance(str(tmp_path))["training_conversations"] == ["conv-26"]
+    assert cross_encoder_location(Settings(cross_encoder=None)) is None
+    assert reranker_provenance("fake") is None
 
 
 @pytest.mark.parametrize("env", [{"MNEMOS_POOL_SIZE": "thirty"}, {"MNEMOS_SUPPRESSION": "maybe"},
@@ -46,11 +69,11 @@ def test_bad_values_are_refused(env: dict[str, str]) -> None:
 def test_a_missing_cross_encoder_is_warned_when_the_reranker_is_loaded_not_when_settings_are_read(
         caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        settings = Settings.from_env({})
+        settings = Settings.from_env({"MNEMOS_CROSS_ENCODER": "none"})
     assert not caplog.records
     with caplog.at_level(logging.WARNING, logger="workers.models"):
         assert load_reranker(settings) is None
-    assert [r.getMessage() for r in caplog.records if "MNEMOS_CROSS_ENCODER is not set" in r.getMessage()]
+    assert [r.getMessage() for r in caplog.records if "MNEMOS_CROSS_ENCODER is none" in r.getMessage()]
 
 
 def test_subcommand_help_does_not_warn_about_the_reranker() -> None:

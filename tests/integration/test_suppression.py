@@ -135,3 +135,23 @@ def test_query_outcomes_become_suppression_rows(settings: Settings, redis_client
     assert scores and all(c == 0 for _, c in scores)
     with store.tenant_tx("alice") as conn:
         assert conn.execute("SELECT count(*) FROM applied_outcomes").fetchone() == (3,)
+
+
+def test_each_applied_outcome_bumps_the_suppression_version_once(settings: Settings, redis_client: redis.Redis,
+                                                                 store: Store) -> None:
+    ids = _entry_ids(settings, redis_client, store)  # clusters_k=2, bootstrap_factor=2: 4 embeddings bootstrap
+    worker = suppression_worker(settings, redis_client, store)
+    service = query_service(settings, redis_client, store)
+    assert service.answer(RetrievalRequest("alice", "grey cat")).suppression_version == 0
+    embedding = tuple(float(x) for x in np.eye(settings.fake_encoder_dim)[0])
+    assert worker.apply(_outcome("o1", ids[:5], None, embedding)) is True  # buffered only: still a new state
+    assert worker.apply(_outcome("o2", ids[:5], None, embedding)) is True
+    assert worker.apply(_outcome("o1", ids[:5], None, embedding)) is False  # a redelivery: no new version
+    assert worker.apply(_outcome("o3", ids[1:6], 0)) is True
+    with store.tenant_tx("alice") as conn:
+        assert Store.versions(conn, "alice") == (1, 3)
+        ledger = conn.execute("SELECT outcome_id, suppression_version FROM applied_outcomes"
+                              " ORDER BY suppression_version").fetchall()
+    assert ledger == [("o1", 1), ("o2", 2), ("o3", 3)]
+    # the query worker reads the version in the snapshot it reads the scores from
+    assert service.answer(RetrievalRequest("alice", "grey cat")).suppression_version == 3

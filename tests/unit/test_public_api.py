@@ -10,7 +10,7 @@ EXPECTED = {
     "distinguishing_tokens",
     "reciprocal_rank_fusion", "UpdateRule", "UPDATE_RULES", "uniform_delta", "rank_gap_delta",
     "outcome_deltas", "SuppressionTable", "QueryClusters",
-    "Reranker", "CrossEncoderReranker", "CachedReranker", "FakeReranker",
+    "Reranker", "CrossEncoderReranker", "CachedReranker", "FakeReranker", "shipped_reranker_path",
     "RetrievalConfig", "retrieve", "Feature", "FeatureSetting", "EntryFilter",
     "ndcg_at_k", "recall_at_k", "remap_relevant", "SessionMetrics", "session_metrics", "session_ranking", "Top1Behaviour", "top1_behaviour", "abstains",
     "BehaviourRates", "behaviour_rates",

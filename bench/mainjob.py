@@ -1,0 +1,452 @@
+"""``mnemos bench service`` (what ``make run`` runs): the whole system on LoCoMo, held out, replayed.
+
+Protocol:
+
+1. Services: Redis and Postgres at the configured URLs; when a URL was not configured and nothing
+   answers there, embedded ones are started (:mod:`workers.embedded`) and the run says so. The run
+   gets its own database, stream prefix and queue; the ingest, query and suppression workers run as
+   processes with the service's settings as they are (reranker, deep pass, suppression, K,
+   bootstrap, post-rerank features): only names, ports and timeouts are the run's own.
+2. Data: the conversations the reranker never trained on (its ``mnemos_provenance.json``). Each
+   one is published turn by turn as two tenants, ``<conversation>.a`` and ``<conversation>.b``.
+3. Held-out suppression: the conversation's questions are split in halves A and B by the quality
+   bench's seeded split (:func:`bench.engine.prepare_questions`). On ``.a`` a burn-in asks half-A
+   questions through the queue (drawn with replacement, seeded as the quality bench's per-tenant
+   held-out runs, ``burnin_factor`` x the half's size); ``.b`` mirrors it with half B. When the
+   suppression worker has applied every burn-in outcome (its group has no lag and nothing
+   pending), ``.a`` is asked the labelled half-B questions and ``.b`` the half-A ones, one at a
+   time, and scored. The service keeps learning while it is evaluated, so an evaluation question
+   sees outcomes of the burn-in and of the evaluation questions asked before it on its tenant,
+   never its own; no question is scored by state its own half fed.
+4. Freshness: XADD to committed-and-retrievable, probed on the first tenant afterwards
+   (:func:`bench.speed.freshness`).
+5. In-process replay (:mod:`bench.replay`): the same requests through :func:`mnemos.pipeline.retrieve`
+   on tenants built by :func:`bench.corpora.build_tenants`, each at the suppression state version
+   the service recorded, with the cross-encoder logits of the service's outcomes; NDCG@10 must be
+   equal on every question. A seeded sample of those logits is recomputed with the real model.
+
+Headline metrics are over LoCoMo categories 1-4; category 5 is reported apart
+(:mod:`bench.mainjob_report`). Relevance is alias-aware.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import redis
+from tqdm import tqdm
+
+from api.schemas import Outcome as OutcomeMessage
+from api.schemas import RetrievalResult
+from bench.datasets import Conversation
+from bench.engine import BenchQuestion, prepare_questions, stable_seed
+from bench.fetch import DataFetchError, locate_locomo
+from bench.replay import Replayed, ReplayRequest, SuppressionReplica, recompute_sample, replay_tenant
+from bench.service import (
+    ServiceRun,
+    group_caught_up,
+    isolated_settings,
+    publish_tenants,
+    run_stamp,
+    running_service,
+)
+from workers.embedded import EmbeddedServices
+from workers.errors import EmbeddedServicesError, ModelSetupError
+from workers.models import cross_encoder_location, reranker_provenance
+from workers.settings import Settings, quiet_model_loading
+from workers.suppression import GROUP as SUPPRESSION_GROUP
+
+log = logging.getLogger(__name__)
+
+TENANT_SUFFIXES = (".a", ".b")
+"""Tenant ``<conversation>.a`` burns in half A and is evaluated on half B; ``.b`` the other way round."""
+
+
+# the plan ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TenantPlan:
+    """One service tenant: its conversation, the half it burns in on, its draws and its evaluation."""
+
+    tenant_id: str
+    conversation: Conversation
+    burn_half: int
+    burn_in: tuple[BenchQuestion, ...]
+    evaluate: tuple[BenchQuestion, ...]
+
+
+def heldout_plan(conversations: Sequence[Conversation], questions: Sequence[BenchQuestion], *,
+                 burnin_factor: float, seed: int) -> list[TenantPlan]:
+    """Two tenants per conversation (``.a`` burns in half A, evaluates half B; ``.b`` mirrors it).
+
+    Burn-in draws are with replacement from every question of the half (labelled or not),
+    ``round(burnin_factor x half size)`` of them, from the quality bench's seed for the per-tenant
+    held-out run of that half; evaluation asks the labelled questions of the other half.
+    """
+    plans = []
+    for conversation in conversations:
+        members = [q for q in questions if q.conversation_id == conversation.conversation_id]
+        halves = [[q for q in members if q.half == h] for h in (0, 1)]
+        for half, suffix in enumerate(TENANT_SUFFIXES):
+            burn = halves[half]
+            rng = np.random.default_rng(stable_seed(seed, "burn", "per_tenant", "heldout",
+                                                    conversation.conversation_id, half))
+            steps = round(burnin_factor * len(burn)) if burn else 0
+            draws = tuple(burn[int(rng.integers(len(burn)))] for _ in range(steps))
+            evaluate = tuple(q for q in halves[1 - half] if q.labelled)
+            plans.append(TenantPlan(conversation.conversation_id + suffix, conversation, half, draws, evaluate))
+    return plans
+
+
+# asking ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Asked:
+    """One question as the service answered it (``phase``: ``"burn-in"`` or ``"evaluation"``)."""
+
+    tenant_id: str
+    question: BenchQuestion
+    phase: str
+    latency_s: float
+    result: RetrievalResult
+
+
+def progress_bar(total: int, description: str, unit: str) -> tqdm:
+    """One phase's bar on stderr: redrawn every second on a terminal, a line every 15 s in a log."""
+    interactive = sys.stderr.isatty()
+    return tqdm(total=total, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                mininterval=1.0 if interactive else 15.0, leave=True)
+
+
+def ask(run: ServiceRun, plans: Sequence[TenantPlan], phase: str, collector: OutcomeCollector,
+        k: int = 10) -> list[Asked]:
+    """Ask every plan's burn-in draws or evaluation questions through rq, one at a time, with a bar
+    showing the running median latency."""
+    work = [(p.tenant_id, q) for p in plans for q in (p.burn_in if phase == "burn-in" else p.evaluate)]
+    asked: list[Asked] = []
+    latencies: list[float] = []
+    with progress_bar(len(work), phase, "q") as bar:
+        for number, (tenant_id, question) in enumerate(work, start=1):
+            started = time.perf_counter()
+            result = run.client.retrieve(tenant_id, question.text, k=k)
+            latencies.append(time.perf_counter() - started)
+            asked.append(Asked(tenant_id, question, phase, latencies[-1], result))
+            if number % 25 == 0 or number == len(work):
+                bar.set_postfix_str(f"p50 {1000 * statistics.median(latencies):.0f} ms", refresh=False)
+                collector.drain()
+            bar.update(1)
+    return asked
+
+
+class OutcomeCollector:
+    """Reads every outcome of the run through a consumer group of its own on the outcomes stream.
+
+    The group is created at the stream's start before the first question, so the workers' trimming
+    (never below what every group acknowledged) keeps each outcome until it was read here.
+    """
+
+    GROUP = "bench-replay"
+
+    def __init__(self, connection: redis.Redis, stream: str) -> None:
+        self.connection = connection
+        self.stream = stream
+        self.outcomes: dict[str, OutcomeMessage] = {}
+        try:
+            connection.xgroup_create(stream, self.GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def drain(self) -> int:
+        """Read and acknowledge everything new (no blocking); returns how many outcomes were read."""
+        read = 0
+        while True:
+            batches = self.connection.xreadgroup(self.GROUP, "bench", {self.stream: ">"}, count=500)
+            entries = [entry for _stream, items in batches or [] for entry in items]
+            if not entries:
+                return read
+            for _raw_id, fields in entries:
+                message = OutcomeMessage.from_stream_fields(fields)
+                self.outcomes[message.outcome_id] = message
+            self.connection.xack(self.stream, self.GROUP, *[raw_id for raw_id, _ in entries])
+            read += len(entries)
+
+
+# the run -----------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape_counter(port: int, name: str) -> float | None:
+    """The value of counter ``name`` (without ``_total``) on a worker's /metrics; None if unreachable."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode("utf-8")
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return sum(s.value for s in family.samples if s.name == name + "_total")
+    return None
+
+
+@dataclass
+class ServiceRecord:
+    """Everything the replay and the report need from the service, read before it is torn down."""
+
+    settings: Settings
+    plans: list[TenantPlan]
+    asked: list[Asked]
+    outcomes: dict[str, OutcomeMessage]
+    ledgers: dict[str, list[str]]
+    entry_turns: dict[str, dict[int, str]]
+    canonical: dict[str, dict[str, str]]
+    tenants: list[dict[str, Any]]
+    centroids: dict[str, np.ndarray | None]
+    ingest: dict[str, float]
+    freshness_s: list[float]
+    freshness_returned: int
+    rerank_cache_hits: float | None
+    phases_s: dict[str, float]
+
+
+def run_service_phases(settings: Settings, plans: list[TenantPlan], *, probes: int, keep: bool) -> ServiceRecord:
+    """Ingest, burn-in, suppression catch-up, evaluation and freshness through the worker processes."""
+    from bench.speed import freshness
+
+    phases: dict[str, float] = {}
+    clock = time.monotonic()
+    with running_service(settings, keep=keep, log_level="WARNING") as run:
+        phases["start workers"] = time.monotonic() - clock
+        collector = OutcomeCollector(run.connection, settings.outcomes_stream)
+        clock = time.monotonic()
+        total = sum(len(p.conversation.turns) for p in plans)
+        with progress_bar(total, "ingest", "turn") as bar:
+            ingest = publish_tenants(run, [(p.tenant_id, p.conversation) for p in plans], progress=bar.update)
+        phases["ingest"] = time.monotonic() - clock
+        clock = time.monotonic()
+        asked = ask(run, plans, "burn-in", collector)
+        phases["burn-in"] = time.monotonic() - clock
+        clock = time.monotonic()
+        _wait_for_suppression(run)
+        phases["suppression catch-up"] = time.monotonic() - clock
+        before = {p.tenant_id: run.suppression_state(p.tenant_id) for p in plans}
+        clock = time.monotonic()
+        asked += ask(run, plans, "evaluation", collector)
+        phases["evaluation"] = time.monotonic() - clock
+        _wait_for_suppression(run)
+        collector.drain()
+        ledgers = {p.tenant_id: [o for o, _c, _v in run.ledger(p.tenant_id)] for p in plans}
+        entry_turns = {p.tenant_id: run.entry_turns(p.tenant_id) for p in plans}
+        canonical = {p.tenant_id: run.canonical_map(p.tenant_id) for p in plans}
+        after = {p.tenant_id: run.suppression_state(p.tenant_id) for p in plans}
+        clock = time.monotonic()
+        fresh, returned = freshness(run, plans[0].tenant_id, probes) if probes else ([], 0)
+        phases["freshness"] = time.monotonic() - clock
+        hits = scrape_counter(settings.query_metrics_port, "mnemos_query_rerank_cache_hits")
+    tenants = [{"tenant_id": p.tenant_id, "conversation": p.conversation.conversation_id,
+                "burn_in_half": "AB"[p.burn_half], "evaluated_half": "AB"[1 - p.burn_half],
+                "burn_in_queries": len(p.burn_in), "distinct_burn_in_questions": len({q.key for q in p.burn_in}),
+                "evaluated_questions": len(p.evaluate),
+                "bootstrapped_before_evaluation": before[p.tenant_id]["centroids"] is not None,
+                "clusters": None if after[p.tenant_id]["centroids"] is None else len(after[p.tenant_id]["centroids"]),
+                "outcomes_applied_before_evaluation": before[p.tenant_id]["suppression_version"],
+                "outcomes_applied": after[p.tenant_id]["suppression_version"],
+                "suppression_scores_before_evaluation": before[p.tenant_id]["scores"]} for p in plans]
+    centroids = {p.tenant_id: after[p.tenant_id]["centroids"] for p in plans}
+    return ServiceRecord(settings, plans, asked, collector.outcomes, ledgers, entry_turns, canonical, tenants,
+                         centroids, ingest, fresh, returned, hits, phases)
+
+
+def _wait_for_suppression(run: ServiceRun, timeout_s: float = 600.0) -> None:
+    started = time.monotonic()
+    while not group_caught_up(run.connection, run.settings.outcomes_stream, SUPPRESSION_GROUP):
+        if time.monotonic() - started > timeout_s:
+            raise click.ClickException(f"the suppression worker did not catch up within {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
+def main_job_settings(base: Settings, *, reranker: str, stamp: str) -> Settings:
+    """The service's own settings with the run's database, prefix, queue and free metrics ports."""
+    return isolated_settings(base, stamp=stamp, cross_encoder=reranker, metrics_enabled=True,
+                             ingest_metrics_port=free_port(), query_metrics_port=free_port(),
+                             suppression_metrics_port=free_port())
+
+
+# the replay --------------------------------------------------------------------------------------
+
+@dataclass
+class ReplayRecord:
+    """The in-process replay of every request (:mod:`bench.replay`) and what was checked on the way."""
+
+    replayed: dict[str, Replayed]
+    canonical: dict[str, dict[str, str]]
+    centroid_max_abs_difference: dict[str, float | None]
+    logit_check: dict[str, float | int]
+
+
+def replay_in_process(record: ServiceRecord, *, sample_pairs: int, seed: int) -> ReplayRecord:
+    """Replay the record's requests in process (same encoder, index build, pipeline and suppression
+    code), then recompute ``sample_pairs`` of the service's logits with the real model."""
+    from bench.corpora import CorpusMode, build_tenants, rendered_texts
+    from mnemos.rendering import render_turn
+    from mnemos.suppression import UpdateRule
+    from workers.models import load_encoder, load_reranker
+    from workers.query import retrieval_config
+
+    settings = record.settings
+    conversations = list({p.conversation.conversation_id: p.conversation for p in record.plans}.values())
+    encoder = load_encoder(settings)
+    texts = rendered_texts([t for c in conversations for t in c.turns])
+    tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim,
+                            dedupe_threshold=settings.dedupe_threshold)
+    rendered = {c.conversation_id: {t.turn_id: render_turn(t.role, t.text, t.image_caption) for t in c.turns}
+                for c in conversations}
+    vectors: dict[str, np.ndarray] = {}
+
+    def query_vector(text: str) -> np.ndarray:
+        if text not in vectors:
+            vectors[text] = encoder.encode([text])[0]
+        return vectors[text]
+
+    config = retrieval_config(settings, rerank=True)
+    pairs: list[tuple[str, str, float]] = []
+    replayed: dict[str, Replayed] = {}
+    centroids: dict[str, float | None] = {}
+    with progress_bar(len(record.asked), "in-process replay", "q") as bar:
+        for plan in record.plans:
+            conversation = plan.conversation.conversation_id
+            requests = []
+            for asked in (a for a in record.asked if a.tenant_id == plan.tenant_id):
+                outcome = record.outcomes.get(asked.result.request_id)
+                logits: dict[str, float] = {}
+                for row in outcome.pool if outcome is not None else ():
+                    text = rendered[conversation][record.entry_turns[plan.tenant_id][row.entry_id]]
+                    logits[text] = row.rerank_score
+                    pairs.append((asked.question.text, text, row.rerank_score))
+                if asked.result.suppression_version is None:
+                    raise click.ClickException("the query worker reports no suppression_version (migration 0005)")
+                requests.append(ReplayRequest(asked.result.request_id, conversation, asked.question.text,
+                                              asked.result.suppression_version, logits))
+            replica = SuppressionReplica(settings.clusters_k, settings.bootstrap_factor,
+                                         UpdateRule(settings.update_rule), settings.eta)
+            replayed.update(replay_tenant(tenants[conversation], requests, record.ledgers[plan.tenant_id],
+                                          config=config, replica=replica, query_vector=query_vector,
+                                          suppression=settings.suppression))
+            service_centroids = record.centroids[plan.tenant_id]
+            ours = replica.clusters.centroids
+            centroids[plan.tenant_id] = (float(np.max(np.abs(service_centroids - ours)))
+                                         if service_centroids is not None and ours is not None
+                                         and service_centroids.shape == ours.shape else None)
+            bar.update(len(requests))
+    canonical = {}  # per conversation: turn id -> the turn id of its canonical entry, in process
+    for conversation, tenant in tenants.items():
+        prefix = len(conversation) + 1
+        canonical[conversation] = {gid[prefix:]: tenant.index.entry(eid).turn_id[prefix:]
+                                   for gid, eid in tenant.canonical.items()}
+    reranker = load_reranker(settings)
+    assert reranker is not None
+    check = recompute_sample(pairs, reranker, sample_pairs, seed)
+    return ReplayRecord(replayed, canonical, centroids, {**check, "pairs_recorded": len(pairs)})
+
+
+def run_main_job(settings: Settings, *, data: Path | None, reranker: str | None, limit: int | None,
+                 limit_conversations: int | None, burnin_factor: float, seed: int, probes: int, sample_pairs: int,
+                 json_path: Path | None, plot_path: Path | None, keep: bool,
+                 echo: Callable[[str], None] = click.echo) -> int:
+    """The main job; returns 0 when the in-process replay matched the service on every question,
+    1 when it did not, 2 when the run could not start (no reranker, no data, no services)."""
+    from bench.mainjob_report import build_report, write_outputs
+    from bench.service import evaluated_conversations
+
+    started = time.monotonic()
+    quiet_model_loading()
+    reranker = reranker if reranker is not None else settings.cross_encoder
+    if reranker is None:
+        echo("error: the main job needs a reranker (MNEMOS_CROSS_ENCODER is none); give --reranker DIR")
+        return 2
+    embedded = EmbeddedServices(settings)  # referenced to the end: its servers stop when it is collected
+    try:
+        location = cross_encoder_location(settings.replace(cross_encoder=reranker))
+        data_path = locate_locomo(data, Path(settings.data_dir), echo=echo)
+        base = embedded.start()
+    except (ModelSetupError, EmbeddedServicesError, DataFetchError) as exc:
+        hint = "; give the file with --data (make run DATA=...)" if isinstance(exc, DataFetchError) else ""
+        echo(f"error: {exc}{hint}")
+        return 2
+    for line in embedded.started:
+        echo(line)
+    stamp = run_stamp()
+    run_settings = main_job_settings(base, reranker=reranker, stamp=stamp)
+    conversations, trained = evaluated_conversations(data_path, reranker, limit_conversations, False)
+    questions = prepare_questions(conversations, seed=seed, limit=limit)
+    plans = heldout_plan(conversations, questions, burnin_factor=burnin_factor, seed=seed)
+    echo(f"reranker: {reranker} ({location}); trained on {', '.join(trained) or 'nothing listed'}")
+    echo(f"evaluating {len(conversations)} conversations it never trained on "
+         f"({', '.join(c.conversation_id for c in conversations)}): {sum(len(p.evaluate) for p in plans)} questions, "
+         f"{sum(len(c.turns) for c in conversations)} turns published twice (tenants .a and .b), "
+         f"{sum(len(p.burn_in) for p in plans)} burn-in queries")
+    setup_s = time.monotonic() - started
+    record = run_service_phases(run_settings, plans, probes=probes, keep=keep)
+    record.phases_s = {"setup": setup_s, **record.phases_s}
+    clock = time.monotonic()
+    replay = replay_in_process(record, sample_pairs=sample_pairs, seed=seed)
+    record.phases_s["in-process replay"] = time.monotonic() - clock
+    report = build_report(record, replay, data_path=data_path,
+                          reranker={"name": reranker, "path": location, "provenance": reranker_provenance(location)},
+                          trained=trained, burnin_factor=burnin_factor, seed=seed,
+                          command=" ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]), started=started)
+    json_path = json_path or Path(settings.embedded_dir) / "results" / f"service-{stamp}.json"
+    plot_path = plot_path or json_path.with_suffix(".png")
+    write_outputs(report, json_path, plot_path, echo=echo)
+    return 0 if report.payload["per_question_check"]["passed"] else 1
+
+
+@click.command("service")
+@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="LoCoMo JSON; default: ../shared/data/locomo/locomo10.json if present, else the cached "
+                   "download, else download it (mnemos data fetch locomo)")
+@click.option("--reranker", default=None, help="cross-encoder: 'shipped', a dir, 'fake'; default: MNEMOS_CROSS_ENCODER")
+@click.option("--limit", type=click.IntRange(min=2), default=None,
+              help="about this many questions, spread over the conversations (a quick sample)")
+@click.option("--conversations", "limit_conversations", type=click.IntRange(min=1), default=None,
+              help="only the first N evaluated conversations")
+@click.option("--burnin-factor", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="burn-in draws per question of the burn-in half (as mnemos bench quality)")
+@click.option("--seed", type=int, default=0, show_default=True, help="question split and burn-in draws")
+@click.option("--probes", type=click.IntRange(min=0), default=20, show_default=True, help="freshness probes")
+@click.option("--sample-pairs", type=click.IntRange(min=0), default=200, show_default=True,
+              help="service logits recomputed with the real model")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="results JSON (default .mnemos/results/service-<stamp>.json; committed: bench/results/service.json)")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG of NDCG@10 per LoCoMo category (default: the JSON path with .png)")
+@click.option("--keep", is_flag=True, help="keep the run's database and streams")
+@click.pass_context
+def service(ctx: click.Context, data: Path | None, reranker: str | None, limit: int | None,
+            limit_conversations: int | None, burnin_factor: float, seed: int, probes: int, sample_pairs: int,
+            json_path: Path | None, plot_path: Path | None, keep: bool) -> None:
+    """The main job: LoCoMo through the whole service (held-out suppression), replayed in process."""
+    settings: Settings = ctx.find_root().obj
+    sys.exit(run_main_job(settings, data=data, reranker=reranker, limit=limit, limit_conversations=limit_conversations,
+                          burnin_factor=burnin_factor, seed=seed, probes=probes, sample_pairs=sample_pairs,
+                          json_path=json_path, plot_path=plot_path, keep=keep))
