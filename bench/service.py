@@ -144,7 +144,9 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
     """
     ensure_database(settings.database_url)
     run_migrations(settings.database_url)
-    connection = redis.Redis.from_url(settings.redis_url)
+    from workers.connections import redis_client  # the workers' socket timeout and TLS settings
+
+    connection = redis_client(settings)
     client = MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                           limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
                           job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s)

@@ -21,6 +21,7 @@ Nothing here reads the environment, a clock it was not handed, or another tenant
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -101,6 +102,26 @@ class RetrievalConfig:
     def deep_enabled(self) -> bool:
         """True when a deep pass can happen (a threshold is set and the deep pool is wider)."""
         return self.deep_threshold is not None and self.deep_pool_size > self.pool_size
+
+    def for_k(self, k: int) -> RetrievalConfig:
+        """This configuration with its depths raised to serve ``k`` hits: each retriever read at
+        least ``k`` deep, a pool of at least ``k`` and a deep pool at least as wide as the pool.
+
+        :func:`retrieve` returns at most the pool's size in hits (all fused candidates without a
+        reranker), so a service that promises ``min(k, allowed entries)`` hits retrieves with
+        ``config.for_k(k)``. For ``k`` within ``n_candidates`` and ``pool_size`` (the default k = 10
+        against 30 and 30) the configuration itself is returned: same candidates, same pool.
+
+        Raises:
+            InvalidParameterError: if ``k < 1``.
+        """
+        if k < 1:
+            raise InvalidParameterError(f"k must be >= 1, got {k}")
+        if k <= self.n_candidates and k <= self.pool_size:
+            return self
+        pool_size = max(self.pool_size, k)
+        return dataclasses.replace(self, n_candidates=max(self.n_candidates, k), pool_size=pool_size,
+                                   deep_pool_size=max(self.deep_pool_size, pool_size))
 
 
 class _Stopwatch:
@@ -186,7 +207,8 @@ def retrieve(
         query_embedding: ``(dim,)`` (or ``(1, dim)``) float32 unit vector of the query; may be
             None only when ``config.use_dense`` is False.
         k: number of hits wanted (>= 1). With reranking, hits come from the pool, so at most
-            the pool's size.
+            the pool's size; without, from the fused candidates. ``config.for_k(k)`` raises the
+            depths so that ``min(k, allowed entries)`` hits come back (the query worker uses it).
         config: pipeline knobs (default :class:`RetrievalConfig`).
         reranker: cross-encoder; None (or ``config.rerank`` False) returns the fused order.
         suppression: the tenant's suppression scores; ignored when ``config.suppression`` is

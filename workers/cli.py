@@ -153,8 +153,8 @@ def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> Non
 
 def _client(settings: Settings):
     from api.client import MnemosClient
+    from workers.connections import redis_client
     from workers.ingest import limits_of
-    from workers.process import redis_client
 
     return MnemosClient(redis_client(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from api.heartbeats import KINDS, WorkerBeat, worker_beats
+from workers.connections import redis_client
 from workers.errors import EmbeddingVersionError, ModelSetupError, StoreError, StoreStateError
 from workers.migrate import discover
 from workers.models import load_encoder, load_reranker
@@ -37,7 +38,7 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
         ok = ok and passed
         echo(redact(f"{'ok  ' if passed else 'FAIL'} {name}: {' '.join(detail.split())}", secrets))
 
-    connection = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=3, socket_timeout=3)
+    connection = redis_client(settings, socket_connect_timeout=3, socket_timeout=3, health_check_interval=0)
     redis_ok = True
     try:
         connection.ping()
@@ -48,7 +49,8 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
 
     store: Store | None = None
     try:
-        store = Store(settings.database_url, settings.db_app_role, max_size=1, timeout_s=3.0).open()
+        store = Store(settings.database_url, settings.db_app_role, max_size=1, timeout_s=3.0,
+                      statement_timeout_s=settings.db_statement_timeout_s).open()
         check_schema(store)
         report("postgres", True, f"{redact_url(settings.database_url)}: migrated to {discover()[-1].version}")
     except (StoreError, StoreStateError) as exc:

@@ -4,6 +4,7 @@ Layout and readers are in :mod:`api.heartbeats` (clients read them too). The loo
 :meth:`Heartbeat.idle` on every turn (it writes at most every ``ttl/3`` seconds) and
 :meth:`Heartbeat.busy` before a batch or a job, which extends the record's TTL by the longest
 legitimate batch or job, so a worker busy with a slow one stays live and a stuck one does not.
+The same bounds drive this process's :class:`~workers.liveness.Liveness` (the pod's liveness probe).
 A worker that stops (killed, hung, or paused) stops renewing, and its record expires after the TTL;
 a clean stop deletes it at once. ``mnemos_worker_heartbeat_timestamp_seconds{worker=<kind>}`` is set
 on every beat, before Redis is written, so it also ticks while Redis is down.
@@ -22,6 +23,7 @@ from typing import Any
 import redis
 
 from api.heartbeats import KINDS, SEEN_HISTORY_S, heartbeat_key, seen_key
+from workers.liveness import Liveness
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings
 
@@ -40,6 +42,8 @@ class Heartbeat:
         busy_s: how long one batch or job may legitimately take (seconds), added to the TTL by
             :meth:`busy`.
         info: extra fields of the record (``queue``, ``rendering``, ``dim``).
+        liveness: this process's :class:`~workers.liveness.Liveness`, extended on every beat by the
+            same bound as the record's TTL (``/livez`` fails once the loop overruns it).
 
     Raises:
         ValueError: unknown ``kind``.
@@ -47,7 +51,8 @@ class Heartbeat:
 
     def __init__(self, connection: redis.Redis, settings: Settings, kind: str, name: str, *,
                  metrics: ServiceMetrics, busy_s: float = 0.0, info: Mapping[str, Any] | None = None,
-                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 liveness: Liveness | None = None, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.connection = connection
@@ -64,9 +69,12 @@ class Heartbeat:
         self.monotonic = monotonic
         self._next = 0.0  # monotonic time of the next idle write
         self._busy = False  # the last record written was a busy one (with the longer TTL)
+        self.liveness = liveness
 
     def idle(self) -> None:
         """The loop is alive and waiting: renew the record if ``interval_s`` passed or it was busy."""
+        if self.liveness is not None:
+            self.liveness.extend(self.ttl_s)
         if not self._busy and self.monotonic() < self._next:
             self.metrics.heartbeat(self.kind, self.clock())
             return
@@ -74,6 +82,8 @@ class Heartbeat:
 
     def busy(self) -> None:
         """The loop starts a batch or job: renew the record with ``ttl_s + busy_s``."""
+        if self.liveness is not None:
+            self.liveness.extend(self.ttl_s + self.busy_s)
         self._write(busy=True)
 
     def stop(self) -> None:

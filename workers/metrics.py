@@ -7,15 +7,26 @@ tenant id, a turn id or text. Durations are seconds, counters end in ``_total``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from api.errors import Reason
+from workers.liveness import Liveness
 
 log = logging.getLogger(__name__)
 
 STAGES = ("refresh", "bm25", "dense", "fusion", "suppression", "rerank", "features", "total")
+JOB_STATUSES = ("ok", "error")
+LIVENESS_PATH = "/livez"
 _FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# what a client waits: queueing can reach the client's own timeout (30 s by default) and beyond
+_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _POOL_BUCKETS = (0, 5, 10, 20, 30, 50, 75, 100, 150, 200)
 
@@ -80,6 +91,21 @@ class ServiceMetrics:
             "(query, turn) pairs scored from the query worker's rerank cache instead of the model", registry=r)
         self.query_index_refreshes = Counter(
             "mnemos_query_index_refreshes_total", "Tenant index loads or incremental refreshes", registry=r)
+        self.query_queue_wait = Histogram(
+            "mnemos_query_queue_wait_seconds", "Seconds from a retrieval job's enqueue to its start (queueing)",
+            buckets=_WAIT_BUCKETS, registry=r)
+        self.query_end_to_end = Histogram(
+            "mnemos_query_end_to_end_seconds",
+            "Seconds from a retrieval job's enqueue to its end, ok or error (queueing plus work: what a client "
+            "waits)", buckets=_WAIT_BUCKETS, registry=r)
+        self.query_jobs_expired = Counter(
+            "mnemos_query_jobs_expired_total",
+            "Retrieval jobs that left the queue unanswered: expired before a worker took them, or cancelled "
+            "by a client that gave up waiting", registry=r)
+        self.query_jobs_recovered = Counter(
+            "mnemos_query_jobs_recovered_total",
+            "Retrieval jobs put back in the queue after a worker stopped between dequeuing and starting them",
+            registry=r)
         # suppression
         r = own("suppression")
         self.suppression_applied = Counter(
@@ -112,6 +138,13 @@ class ServiceMetrics:
             "mnemos_embedding_version_refusals_total",
             "Turns (ingest) or requests (query) refused because their tenant's stored embeddings were made "
             "with another rendering or encoder dimension", ["worker"], registry=r)
+        # every label value a rule or dashboard divides by or alerts on exists at 0 from the start: a
+        # labelled counter first created at 1 reads as no increase, so the first event would not alert
+        for reason in Reason:
+            self.dead_letters.labels(reason=reason.value)
+            self.ingest_rejected.labels(reason=reason.value)
+        for status in JOB_STATUSES:
+            self.query_jobs.labels(status=status)
 
     # observers ----------------------------------------------------------------------------------
 
@@ -156,6 +189,22 @@ class ServiceMetrics:
             self.suppression_applied.inc()
             self.suppression_entries_updated.inc(entries_updated)
 
+    def job_timing(self, *, queue_wait_s: float | None = None, end_to_end_s: float | None = None) -> None:
+        """A retrieval job's time in the queue (at its start) or from enqueue to its end (seconds,
+        clamped at 0: the enqueue time comes from the client's clock)."""
+        if queue_wait_s is not None:
+            self.query_queue_wait.observe(max(0.0, queue_wait_s))
+        if end_to_end_s is not None:
+            self.query_end_to_end.observe(max(0.0, end_to_end_s))
+
+    def jobs_expired(self, n: int = 1) -> None:
+        if n:
+            self.query_jobs_expired.inc(n)
+
+    def jobs_recovered(self, n: int = 1) -> None:
+        if n:
+            self.query_jobs_recovered.inc(n)
+
     def heartbeat(self, worker: str, unix_s: float) -> None:
         self.worker_heartbeat.labels(worker=worker).set(unix_s)
 
@@ -167,10 +216,14 @@ class ServiceMetrics:
         self.stream_pending.labels(stream=stream, group=group).set(pending)
         if lag is not None:
             self.stream_lag.labels(stream=stream, group=group).set(lag)
+        else:  # Redis cannot tell the lag now (a trimmed or deleted entry, Redis < 7): unknown, not the old value
+            with contextlib.suppress(KeyError):
+                self.stream_lag.remove(stream, group)
 
 
-def serve(metrics: ServiceMetrics, port: int, worker: str) -> bool:
-    """Serve ``/metrics`` on ``port`` (all interfaces) and mark ``worker`` up; True when serving.
+def serve(metrics: ServiceMetrics, port: int, worker: str, liveness: Liveness | None = None) -> bool:
+    """Serve ``/metrics`` (and :data:`LIVENESS_PATH`) on ``port`` (all interfaces) and mark ``worker``
+    up; True when serving.
 
     A port already in use (another worker of the same kind on this host, e.g. ``mnemos demo``
     next to ``mnemos up``) is logged as a warning and the worker runs on without a metrics
@@ -178,11 +231,41 @@ def serve(metrics: ServiceMetrics, port: int, worker: str) -> bool:
     """
     metrics.worker_up.labels(worker=worker).set(1)
     try:
-        start_http_server(port, registry=metrics.registry)
+        start_server(metrics, port, liveness)
     except OSError as exc:
         log.warning("the %s worker serves no metrics: cannot listen on port %d (%s); set "
                     "MNEMOS_%s_METRICS_PORT to a free port or MNEMOS_METRICS_ENABLED=false", worker, port,
                     exc.strerror or exc, worker.upper())
         return False
-    log.info("metrics of the %s worker on :%d/metrics", worker, port)
+    log.info("metrics of the %s worker on :%d/metrics, liveness on :%d%s", worker, port, port, LIVENESS_PATH)
     return True
+
+
+def start_server(metrics: ServiceMetrics, port: int, liveness: Liveness | None = None) -> WSGIServer:
+    """Start the HTTP server of ``metrics`` on ``port`` in a daemon thread and return it (``shutdown()``
+    stops it). ``GET /livez`` answers 200 while ``liveness`` says the work loop advances and 503 once
+    it is overdue (always 200 without one); every other path serves the metrics.
+
+    Raises OSError when the port cannot be bound.
+    """
+    app = _app(make_wsgi_app(metrics.registry), liveness)
+    server = make_server("0.0.0.0", port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="mnemos-metrics", daemon=True).start()
+    return server
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        """Scrapes and probes are not worth a log line each."""
+
+
+def _app(metrics_app: Callable, liveness: Liveness | None) -> Callable:
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != LIVENESS_PATH:
+            return metrics_app(environ, start_response)
+        ok, text = (True, "no work loop to watch") if liveness is None else liveness.report()
+        start_response("200 OK" if ok else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8")])
+        return [(text + "\n").encode()]
+
+    return app

@@ -7,7 +7,8 @@ start (the database missing or not migrated, stored embeddings of another render
 dimension than this worker's, a model that does not load, Postgres unreachable). SIGTERM and
 SIGINT stop the stream workers after the current batch; rq handles them itself for the query
 worker (warm shutdown after the current job). Every loop renews a heartbeat
-(:mod:`workers.heartbeats`).
+(:mod:`workers.heartbeats`), which also keeps the process's :class:`~workers.liveness.Liveness`
+(``GET /livez`` on the metrics port) passing while the loop advances.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from typing import Protocol
 import redis
 
 from workers import ingest, suppression
+from workers.connections import redis_client
 from workers.errors import ModelSetupError, StoreError, StoreStateError
 from workers.heartbeats import Heartbeat
+from workers.liveness import Liveness
 from workers.metrics import ServiceMetrics, serve
 from workers.models import limit_blas_threads, load_encoder, load_reranker, load_truncation_counter
 from workers.redaction import redact_url
@@ -36,10 +39,6 @@ from workers.streams import StreamSampler, consumer_name
 log = logging.getLogger(__name__)
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_keepalive=True)
-
-
 def open_checked_store(settings: Settings, kind: str, version: EmbeddingVersion | None = None) -> Store:
     """The worker's store, once the database exists, is migrated and (with ``version``) holds only
     embeddings of that version.
@@ -49,7 +48,8 @@ def open_checked_store(settings: Settings, kind: str, version: EmbeddingVersion 
     """
     log.info("%s worker: redis %s, postgres %s%s", kind, redact_url(settings.redis_url),
              redact_url(settings.database_url), "" if version is None else f", embeds {version}")
-    store = Store(settings.database_url, settings.db_app_role).open()
+    store = Store(settings.database_url, settings.db_app_role,
+                  statement_timeout_s=settings.db_statement_timeout_s).open()
     try:
         check_store(store, version)
     except BaseException:
@@ -58,11 +58,11 @@ def open_checked_store(settings: Settings, kind: str, version: EmbeddingVersion 
     return store
 
 
-def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis) -> tuple[ServiceMetrics,
-                                                                                             StreamSampler]:
+def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis,
+             liveness: Liveness) -> tuple[ServiceMetrics, StreamSampler]:
     metrics = ServiceMetrics(worker=worker)
     if settings.metrics_enabled:
-        serve(metrics, port, worker)
+        serve(metrics, port, worker, liveness)
     streams = [(settings.turns_stream, ingest.GROUP), (settings.outcomes_stream, suppression.GROUP)]
     sampler = StreamSampler(connection, metrics, streams, [settings.queue_name], settings.sample_interval_s)
     return metrics, sampler.start()
@@ -92,12 +92,13 @@ def _run_stream_worker(settings: Settings, kind: str, port: int,
         log.error("%s worker cannot start: %s", kind, exc)
         return 2
     connection = redis_client(settings)
-    metrics, sampler = _metrics(settings, port, kind, connection)
+    liveness = Liveness(settings.heartbeat_ttl_s)
+    metrics, sampler = _metrics(settings, port, kind, connection, liveness)
     stop = threading.Event()
     _stop_on_signals(stop)
     name = consumer_name(kind)
     heartbeat = Heartbeat(connection, settings, kind, name, metrics=metrics, busy_s=settings.claim_idle_ms / 1000,
-                          info=info)
+                          info=info, liveness=liveness)
     try:
         build(connection, store, metrics).run(stop, name=name, heartbeat=heartbeat)
     finally:
@@ -155,15 +156,17 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
         log.error("query worker cannot start: %s", exc)
         return 2
     connection = redis_client(settings)
-    metrics, sampler = _metrics(settings, settings.query_metrics_port, "query", connection)
+    liveness = Liveness(settings.heartbeat_ttl_s)
+    metrics, sampler = _metrics(settings, settings.query_metrics_port, "query", connection, liveness)
     service = QueryService(settings, connection, store, encoder, reranker, metrics)
     service.warm_up()
     backoff = 0.5
     try:
         while True:
             stop, began = burst, time.monotonic()
+            liveness.extend(settings.heartbeat_ttl_s)  # starting (again) is progress: the worker beats from here on
             try:
-                worker = build_worker(settings, connection, service)  # registers with Redis already
+                worker = build_worker(settings, connection, service, liveness=liveness)
                 log.info("query worker %s taking jobs from queue %s", worker.name, settings.queue_name)
                 worker.work(burst=burst, with_scheduler=False, logging_level=rq_log_level)
                 stop = stop or worker.stop_signalled

@@ -31,6 +31,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,8 @@ from mnemos.suppression import SuppressionTable, UpdateRule
 from workers.errors import EmbeddingVersionError, OutsideQueryWorkerError
 from workers.heartbeats import Heartbeat
 from workers.ingest import limits_of
+from workers.intermediate import sweep
+from workers.liveness import Liveness
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import Store
@@ -167,7 +170,7 @@ class QueryService:
         refresh_s = self.clock() - refresh_started
         hits_before = 0 if self.rerank_cache is None else self.rerank_cache.cache_hits
         # the knowledge time also anchors relative time expressions; without it they stay unresolved
-        core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config,
+        core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config.for_k(request.k),
                         reranker=self.reranker, suppression=table, cluster=cluster,
                         outcome_id=request.request_id, clock=self.clock, reference_time=request.as_of,
                         allowed=entry_filter(request))
@@ -217,29 +220,62 @@ def retrieval_job(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 class QueryWorker(SimpleWorker):
-    """An rq SimpleWorker bound to a :class:`QueryService` (jobs run in this process, no fork)."""
+    """An rq SimpleWorker bound to a :class:`QueryService` (jobs run in this process, no fork).
 
-    def __init__(self, *args: Any, service: QueryService, **kwargs: Any) -> None:
+    Beyond rq's loop it caps every job at ``job_timeout_s`` (a job enqueued without a timeout would
+    otherwise get rq's 180 s), observes each job's queue wait and end-to-end time, and sweeps the
+    queue's intermediate list at start and then every few seconds (:mod:`workers.intermediate`):
+    stranded jobs go back in the queue, expired ones are counted.
+    """
+
+    def __init__(self, *args: Any, service: QueryService, liveness: Liveness | None = None,
+                 clock: Callable[[], float] = time.time, **kwargs: Any) -> None:
         kwargs.setdefault("serializer", JSONSerializer)
-        # read by rq's __init__ already (it sizes the connection's socket timeout from it)
-        self._dequeue_timeout_s = max(1, int(service.settings.heartbeat_ttl_s / 3))
+        # read by rq's __init__ already (it sizes the connection's socket timeout from them)
+        self._dequeue_timeout_s = service.settings.dequeue_wait_s
+        self._socket_timeout_s = service.settings.redis_socket_timeout_s
         super().__init__(*args, **kwargs)
         self.service = service
+        self.clock = clock
         self.stop_signalled = False  # SIGTERM/SIGINT seen: the process should end, not restart the loop
         settings = service.settings
         self.beats = Heartbeat(self.connection, settings, "query", self.name, metrics=service.metrics,
-                               busy_s=settings.job_timeout_s,
+                               busy_s=settings.job_timeout_s, liveness=liveness,
                                info={"queue": settings.queue_name, "rendering": service.version.rendering,
                                      "dim": service.version.dim})
+        self._next_sweep = 0.0  # monotonic time of the next intermediate-list sweep
 
     @property
     def dequeue_timeout(self) -> int:
         """Seconds one blocking dequeue waits: short enough that an idle worker renews its heartbeat."""
         return self._dequeue_timeout_s
 
+    @property
+    def connection_timeout(self) -> int:
+        """rq raises the connection's socket timeout to this when lower: ours already exceeds the dequeue wait."""
+        return int(self._socket_timeout_s)
+
     def register_birth(self) -> None:
         self.beats.idle()  # alive before rq lists it, so a client never sees a listed worker without a heartbeat
         super().register_birth()
+        self.sweep_intermediate()
+
+    def sweep_intermediate(self, *, force: bool = True) -> None:
+        """Recover stranded jobs and count expired ones (:func:`workers.intermediate.sweep`); with
+        ``force`` False at most every ``min(intermediate_grace_s, dequeue wait)`` seconds. Redis errors
+        are logged: the next sweep retries."""
+        settings = self.service.settings
+        if not force and time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + min(settings.intermediate_grace_s, self.dequeue_timeout)
+        for queue in self.queues:
+            try:
+                report = sweep(queue, grace_s=settings.intermediate_grace_s, clock=self.clock)
+            except redis.RedisError as exc:
+                log.warning("could not sweep %s: %s", queue.intermediate_queue_key, exc)
+                continue
+            self.service.metrics.jobs_expired(report.expired)
+            self.service.metrics.jobs_recovered(len(report.requeued))
 
     def register_death(self) -> None:
         self.beats.stop()
@@ -250,6 +286,7 @@ class QueryWorker(SimpleWorker):
         super().heartbeat(timeout, pipeline)
         if pipeline is None:  # with a pipeline rq is preparing a job: execute_job beat busy already
             self.beats.idle()
+            self.sweep_intermediate(force=False)
 
     def request_stop(self, signum: int, frame: Any) -> None:
         self.stop_signalled = True
@@ -257,14 +294,29 @@ class QueryWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         self.beats.busy()
+        limit = self.service.settings.job_timeout_s
+        if job.timeout is None or job.timeout <= 0 or job.timeout > limit:  # rq: None = 180 s, -1 = never
+            job.timeout = limit
+        enqueued = _unix_s(job.enqueued_at)
+        if enqueued is not None:
+            self.service.metrics.job_timing(queue_wait_s=self.clock() - enqueued)
         token = _SERVICE.set(self.service)
         try:
             super().execute_job(job, queue)
         finally:
             _SERVICE.reset(token)
+            if enqueued is not None:
+                self.service.metrics.job_timing(end_to_end_s=self.clock() - enqueued)
 
 
-def build_worker(settings: Settings, connection: redis.Redis, service: QueryService, name: str | None = None
-                 ) -> QueryWorker:
+def _unix_s(moment: datetime | None) -> float | None:
+    """Unix seconds of an rq timestamp (rq writes UTC; a naive one is read as UTC)."""
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def build_worker(settings: Settings, connection: redis.Redis, service: QueryService, name: str | None = None,
+                 liveness: Liveness | None = None) -> QueryWorker:
     queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
-    return QueryWorker([queue], connection=connection, service=service, name=name)
+    return QueryWorker([queue], connection=connection, service=service, name=name, liveness=liveness)

@@ -21,7 +21,8 @@ from urllib.parse import unquote
 MASK = "***"
 MIN_LITERAL_SECRET = 4  # shorter secrets are masked in URL and key=value form only, not everywhere
 
-_URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*:/*[^\s/@:]*:)(?P<secret>[^\s@]*)(?=@)")
+# the password runs to the LAST '@' of the authority: redis-py (like urllib) accepts an unencoded '@' in it
+_URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*:/*[^\s/@:]*:)(?P<secret>\S*?)(?=@[^\s@/?#]*(?:[/?#\s]|$))")
 _KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s'\"]+)", re.IGNORECASE)
 
 
@@ -55,12 +56,12 @@ def secrets_of(urls: Iterable[str]) -> tuple[str, ...]:
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with URL and ``password=`` secrets masked, and every literal secret of at least
     :data:`MIN_LITERAL_SECRET` characters replaced by ``***``."""
-    text = _URL_USERINFO.sub(lambda m: m.group("head") + MASK, text)
-    text = _KV_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    # literal secrets first: a pattern could otherwise cut a secret in two and leave its tail readable
     for secret in sorted(set(secrets), key=len, reverse=True):
         if len(secret) >= MIN_LITERAL_SECRET:
             text = text.replace(secret, MASK)
-    return text
+    text = _URL_USERINFO.sub(lambda m: m.group("head") + MASK, text)
+    return _KV_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
 
 
 def redact_url(url: str) -> str:

@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from workers.errors import SettingsError
 from workers.redaction import redact_url
@@ -106,6 +106,15 @@ class Settings:
     embedded_dir: str = ".mnemos"
     # where `mnemos data fetch` stores downloaded data sets (checked by sha256); `~` is expanded
     data_dir: str = "~/.cache/mnemos/data"
+    # operating safely (timeouts, TLS, stranded jobs): every Redis client's socket timeout, longer than
+    # any blocking read (the stream block time and the query worker's dequeue wait) and shorter than the
+    # heartbeat TTL, so a hung connection fails a read instead of stalling the loop; a CA bundle for
+    # rediss:// (TLS); Postgres' statement_timeout in the workers and `health` (None: off); how long a
+    # job may sit in rq's intermediate list, not started, before a query worker puts it back in the queue
+    redis_socket_timeout_s: float = 15.0
+    redis_ca_file: str | None = None
+    db_statement_timeout_s: float | None = 30.0
+    intermediate_grace_s: float = 5.0
     # bookkeeping, not a knob: names of the fields that from_env found in the environment
     from_environment: frozenset[str] = frozenset()
 
@@ -138,10 +147,45 @@ class Settings:
             raise SettingsError(f"reindex_batch_size must be >= 1, got {self.reindex_batch_size}")
         _check_redis_url(self.redis_url)
         _check_database_url(self.database_url)
+        self._check_operating_limits()
         if not self.stream_prefix or any(c.isspace() for c in self.stream_prefix):
             raise SettingsError(f"stream_prefix must be non-empty without spaces, got {self.stream_prefix!r}")
 
+    def _check_operating_limits(self) -> None:
+        """Socket timeout above every blocking read, TLS settings that fit the URL, positive timeouts."""
+        timeout_s = self.redis_socket_timeout_s
+        url_timeout = parse_qs(urlsplit(self.redis_url).query).get("socket_timeout")
+        if url_timeout:  # redis-py lets the URL's own socket_timeout win over the client's argument
+            try:
+                timeout_s = float(url_timeout[-1])
+            except ValueError:
+                raise SettingsError(f"MNEMOS_REDIS_URL={redact_url(self.redis_url)!r} has a socket_timeout that is "
+                                    "not a number") from None
+        source = "the socket_timeout of MNEMOS_REDIS_URL" if url_timeout else "MNEMOS_REDIS_SOCKET_TIMEOUT_S"
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise SettingsError(f"{source} must be a positive number of seconds, got {timeout_s}")
+        for what, blocking_s in ((f"MNEMOS_BLOCK_MS ({self.block_ms} ms, the stream workers' blocking read)",
+                                  self.block_ms / 1000),
+                                 (f"the query worker's dequeue wait ({self.dequeue_wait_s} s, a third of "
+                                  "MNEMOS_HEARTBEAT_TTL_S)", float(self.dequeue_wait_s))):
+            if timeout_s <= blocking_s:
+                raise SettingsError(f"{source} ({timeout_s:g} s) must exceed {what}: an idle blocking read "
+                                    "would otherwise time out as if Redis were down")
+        if self.redis_ca_file is not None and urlsplit(self.redis_url).scheme != "rediss":
+            raise SettingsError("MNEMOS_REDIS_CA_FILE is set but MNEMOS_REDIS_URL is not a rediss:// (TLS) URL")
+        if self.db_statement_timeout_s is not None and not (math.isfinite(self.db_statement_timeout_s)
+                                                            and self.db_statement_timeout_s > 0):
+            raise SettingsError(f"db_statement_timeout_s must be positive or none, got {self.db_statement_timeout_s}")
+        if not (math.isfinite(self.intermediate_grace_s) and self.intermediate_grace_s > 0):
+            raise SettingsError(f"intermediate_grace_s must be positive, got {self.intermediate_grace_s}")
+
     # derived names -------------------------------------------------------------------------
+    @property
+    def dequeue_wait_s(self) -> int:
+        """Seconds one blocking rq dequeue of a query worker waits (a third of the heartbeat TTL, >= 1):
+        short enough that an idle worker renews its heartbeat; rq takes whole seconds."""
+        return max(1, int(self.heartbeat_ttl_s / 3))
+
     @property
     def turns_stream(self) -> str:
         return f"{self.stream_prefix}:turns"
@@ -220,6 +264,9 @@ def _check_database_url(url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} must start with postgresql:// or postgres://")
+    if parts.netloc.count("@") > 1:  # libpq ends the password at the first '@' and prints the rest as the host
+        raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} has an '@' in its user or password: "
+                            "percent-encode it as %40")
     hosts = parts.netloc.rsplit("@", 1)[-1]
     for host in hosts.split(","):
         tail = host.rsplit("]", 1)[-1]  # after an IPv6 literal

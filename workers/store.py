@@ -85,13 +85,17 @@ class Store:
         app_role: role to ``SET ROLE`` to on connect ("" keeps the login role).
         max_size: connections in the pool (workers are single-threaded: 2 is plenty).
         timeout_s: seconds to wait for a connection before StoreError.
+        statement_timeout_s: Postgres ``statement_timeout`` of every connection (seconds; None: the
+            server's). A statement over it is cancelled and raises a transient StoreError, so a hung
+            query or lock wait cannot stall a worker's loop.
     """
 
     def __init__(self, database_url: str, app_role: str = "mnemos_app", *, max_size: int = 2,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, statement_timeout_s: float | None = None) -> None:
         self.database_url = database_url
         self.app_role = app_role
         self.timeout_s = timeout_s
+        self.statement_timeout_s = statement_timeout_s
         self._pool = ConnectionPool(
             database_url,
             min_size=1,
@@ -145,6 +149,9 @@ class Store:
     def _configure(self, conn: psycopg.Connection) -> None:
         if self.app_role:
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.app_role)))
+        if self.statement_timeout_s is not None:
+            conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                         (f"{max(1, round(self.statement_timeout_s * 1000))}ms",))
         conn.commit()
 
     @contextmanager

@@ -9,7 +9,8 @@ and commit the JSON beside it; tests/deploy fails when the two drift apart, and 
 expression parses and names only metrics that workers/metrics.py registers.
 
 Every panel queries the raw metrics (not the recording rules of deploy/prometheus), so the
-dashboards work before the rules are loaded. Replicas of a worker export the same stream and queue
+dashboards work before the rules are loaded, and every query selects the dashboard's namespace
+variable (one environment at a time: a dev and a prod namespace are never added together). Replicas of a worker export the same stream and queue
 gauges, so those are combined with max; counters and histograms are summed across replicas.
 """
 
@@ -25,7 +26,7 @@ SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
 COLUMNS = 24
-ERROR = '{status="error"}'
+ERROR = 'status="error"'
 
 
 @dataclass(frozen=True)
@@ -65,37 +66,46 @@ class Dashboard:
     tags: tuple[str, ...] = field(default=("mnemos",))
 
 
+NAMESPACE = 'namespace="$namespace"'
+NAMESPACE_QUERY = "label_values(mnemos_worker_up, namespace)"
+
+
+def sel(matchers: str = "") -> str:
+    """A label selector that always holds the dashboard's namespace (plus ``matchers``, e.g. 'stage="total"')."""
+    return "{" + ", ".join(m for m in (NAMESPACE, matchers) if m) + "}"
+
+
 def quantile(q: float, metric: str, by: str = "", selector: str = "") -> str:
     """histogram_quantile over a Prometheus histogram's _bucket series, summed across replicas."""
     group = f"le, {by}" if by else "le"
-    return f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{selector}[{RATE}])))"
+    return f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{sel(selector)}[{RATE}])))"
 
 
 def rate(metric: str, by: str = "", selector: str = "") -> str:
     """Per-second rate of a counter, summed across replicas (optionally kept per label)."""
     head = f"sum by ({by}) " if by else "sum"
-    return f"{head}(rate({metric}{selector}[{RATE}]))"
+    return f"{head}(rate({metric}{sel(selector)}[{RATE}]))"
 
 
 def _workers_up(worker: str) -> Panel:
     return Panel(
         f"{worker.capitalize()} workers up",
         f"Replicas of the {worker} worker reporting mnemos_worker_up.",
-        (Query(f'sum(mnemos_worker_up{{worker="{worker}"}})', "up"),),
+        (Query("sum(mnemos_worker_up" + sel(f'worker="{worker}"') + ")", "up"),),
         kind="stat", width=6, height=4,
     )
 
 
 def _stream_panels(group: str, what: str) -> tuple[Panel, ...]:
-    sel = f'{{group="{group}"}}'
+    group_sel = sel(f'group="{group}"')
     return (
         Panel(
             f"{what} stream backlog",
             f"Consumer group {group}: lag = entries not yet delivered to any consumer, pending = "
             "delivered but not acknowledged, length = entries kept in the stream.",
-            (Query(f"max by (stream) (mnemos_stream_lag{sel})", "lag {{stream}}"),
-             Query(f"max by (stream) (mnemos_stream_pending{sel})", "pending {{stream}}"),
-             Query(f"max by (stream) (mnemos_stream_length{sel})", "length {{stream}}")),
+            (Query(f"max by (stream) (mnemos_stream_lag{group_sel})", "lag {{stream}}"),
+             Query(f"max by (stream) (mnemos_stream_pending{group_sel})", "pending {{stream}}"),
+             Query(f"max by (stream) (mnemos_stream_length{group_sel})", "length {{stream}}")),
         ),
     )
 
@@ -112,10 +122,10 @@ OVERVIEW = Dashboard(
             Panel("Retrievals", "Retrieval jobs finished per second (ok and error).",
                   (Query(rate("mnemos_query_jobs_total"), "jobs/s"),), unit="reqps", kind="stat", width=6, height=4),
             Panel("Retrieval p95", "95th percentile of a retrieval job's total time.",
-                  (Query(quantile(0.95, "mnemos_query_stage_seconds", selector='{stage="total"}'), "p95"),),
+                  (Query(quantile(0.95, "mnemos_query_stage_seconds", selector='stage="total"'), "p95"),),
                   unit="s", kind="stat", width=6, height=4),
             Panel("Workers up", "Replicas reporting mnemos_worker_up, per worker.",
-                  (Query("sum by (worker) (mnemos_worker_up)", "{{worker}}"),), kind="stat", width=6, height=4),
+                  (Query(f"sum by (worker) (mnemos_worker_up{sel()})", "{{worker}}"),), kind="stat", width=6, height=4),
         )),
         Row("Traffic", (
             Panel("Turns", "Turns read, indexed as new entries, and folded into an existing entry as duplicates.",
@@ -125,6 +135,19 @@ OVERVIEW = Dashboard(
             Panel("Retrievals by status", "Retrieval jobs per second, by outcome.",
                   (Query(rate("mnemos_query_jobs_total", by="status"), "{{status}}"),), unit="reqps"),
         )),
+        Row("What clients wait", (
+            Panel("Retrieval end to end", "Seconds from a retrieval's enqueue to its end (queue wait plus work), "
+                  "p50 and p95: what a client waits. The p95 alert reads this.",
+                  (Query(quantile(0.5, "mnemos_query_end_to_end_seconds"), "p50"),
+                   Query(quantile(0.95, "mnemos_query_end_to_end_seconds"), "p95")), unit="s", width=8),
+            Panel("Heartbeat age", "Seconds since each worker kind last renewed its heartbeat: it grows when "
+                  "every loop of that kind is stuck (their /livez fails) or its pods are gone.",
+                  (Query(f"time() - max by (worker) (mnemos_worker_heartbeat_timestamp_seconds{sel()})",
+                         "{{worker}}"),), unit="s", width=8),
+            Panel("Expired retrievals", "Retrieval jobs per second that left the queue unanswered (expired, or "
+                  "given up by their client); they count as errors in the error alert.",
+                  (Query(rate("mnemos_query_jobs_expired_total"), "expired"),), unit="reqps", width=8),
+        )),
         Row("Latency per stage", (
             Panel("p50 per stage", "Median seconds spent in each retrieval stage.",
                   (Query(quantile(0.5, "mnemos_query_stage_seconds", by="stage"), "{{stage}}"),), unit="s"),
@@ -133,18 +156,18 @@ OVERVIEW = Dashboard(
         )),
         Row("Backlog", (
             Panel("Stream lag", "Entries not yet delivered, per stream and consumer group.",
-                  (Query("max by (stream, group) (mnemos_stream_lag)", "{{stream}} / {{group}}"),), width=8),
+                  (Query(f"max by (stream, group) (mnemos_stream_lag{sel()})", "{{stream}} / {{group}}"),), width=8),
             Panel("Pending entries", "Entries delivered but not acknowledged, per stream and consumer group.",
-                  (Query("max by (stream, group) (mnemos_stream_pending)", "{{stream}} / {{group}}"),), width=8),
+                  (Query(f"max by (stream, group) (mnemos_stream_pending{sel()})", "{{stream}} / {{group}}"),), width=8),
             Panel("Retrieval queue", "rq jobs waiting for a query worker.",
-                  (Query("max by (queue) (mnemos_queue_length)", "{{queue}}"),), width=8),
+                  (Query(f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),), width=8),
         )),
         Row("Errors", (
             Panel("Failed retrievals", "Retrieval jobs per second that ended with status error.",
                   (Query(rate("mnemos_query_jobs_total", selector=ERROR), "errors"),), unit="reqps",
                   width=8),
             Panel("Dead letters", "Messages moved to a dead-letter stream per interval, by reason.",
-                  (Query(f"sum by (reason) (increase(mnemos_dead_letters_total[{RATE}]))", "{{reason}}"),), width=8),
+                  (Query(f"sum by (reason) (increase(mnemos_dead_letters_total{sel()}[{RATE}]))", "{{reason}}"),), width=8),
             Panel("Rejected turns", "Published turns that failed validation, per second, by reason.",
                   (Query(rate("mnemos_ingest_turns_rejected_total", by="reason"), "{{reason}}"),), unit="reqps",
                   width=8),
@@ -197,7 +220,7 @@ INGEST = Dashboard(
         Row("Backlog and failures", (
             *_stream_panels("ingest", "Turns"),
             Panel("Dead letters", "Messages moved to the dead-letter stream per interval, by reason.",
-                  (Query(f"sum by (reason) (increase(mnemos_dead_letters_total[{RATE}]))", "{{reason}}"),)),
+                  (Query(f"sum by (reason) (increase(mnemos_dead_letters_total{sel()}[{RATE}]))", "{{reason}}"),)),
         )),
     ),
 )
@@ -216,11 +239,25 @@ QUERY = Dashboard(
                   (Query(f"{rate('mnemos_query_deep_passes_total')} / {rate('mnemos_query_jobs_total')}",
                          "deep passes"),), unit="percentunit", kind="stat", width=6, height=4),
             Panel("Queue", "rq jobs waiting for a query worker.",
-                  (Query("max by (queue) (mnemos_queue_length)", "{{queue}}"),), kind="stat", width=6, height=4),
+                  (Query(f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),), kind="stat", width=6, height=4),
             Panel("Jobs by status", "Retrieval jobs finished per second.",
                   (Query(rate("mnemos_query_jobs_total", by="status"), "{{status}}"),), unit="reqps"),
             Panel("Queue length", "rq jobs waiting for a query worker (KEDA scales on this list).",
-                  (Query("max by (queue) (mnemos_queue_length)", "{{queue}}"),)),
+                  (Query(f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),)),
+        )),
+        Row("Queueing", (
+            Panel("Queue wait", "Seconds from enqueue to the job's start (p50, p95): long waits mean too few "
+                  "query workers.",
+                  (Query(quantile(0.5, "mnemos_query_queue_wait_seconds"), "p50"),
+                   Query(quantile(0.95, "mnemos_query_queue_wait_seconds"), "p95")), unit="s", width=8),
+            Panel("End to end", "Seconds from enqueue to the job's end (p50, p95): queue wait plus work.",
+                  (Query(quantile(0.5, "mnemos_query_end_to_end_seconds"), "p50"),
+                   Query(quantile(0.95, "mnemos_query_end_to_end_seconds"), "p95")), unit="s", width=8),
+            Panel("Expired and recovered jobs", "Jobs per second that expired in the queue or were given up by "
+                  "their client, and jobs put back in the queue after a worker stopped between dequeuing and "
+                  "starting them.",
+                  (Query(rate("mnemos_query_jobs_expired_total"), "expired"),
+                   Query(rate("mnemos_query_jobs_recovered_total"), "recovered")), unit="reqps", width=8),
         )),
         Row("Latency", (
             Panel("p50 per stage", "Median seconds per retrieval stage.",
@@ -228,8 +265,8 @@ QUERY = Dashboard(
             Panel("p95 per stage", "95th percentile seconds per retrieval stage.",
                   (Query(quantile(0.95, "mnemos_query_stage_seconds", by="stage"), "{{stage}}"),), unit="s", width=8),
             Panel("Mean per stage", "Mean seconds per retrieval stage (sum over count).",
-                  (Query(f"sum by (stage) (rate(mnemos_query_stage_seconds_sum[{RATE}])) / "
-                         f"sum by (stage) (rate(mnemos_query_stage_seconds_count[{RATE}]))", "{{stage}}"),),
+                  (Query(f"sum by (stage) (rate(mnemos_query_stage_seconds_sum{sel()}[{RATE}])) / "
+                         f"sum by (stage) (rate(mnemos_query_stage_seconds_count{sel()}[{RATE}]))", "{{stage}}"),),
                   unit="s", width=8),
         )),
         Row("Work per job", (
@@ -255,7 +292,7 @@ SUPPRESSION = Dashboard(
         Row("Outcomes", (
             _workers_up("suppression"),
             Panel("Bootstrapped tenants", "Tenants whose query clusters are fitted and frozen.",
-                  (Query("max(mnemos_suppression_bootstrapped_tenants)", "tenants"),), kind="stat", width=6,
+                  (Query(f"max(mnemos_suppression_bootstrapped_tenants{sel()})", "tenants"),), kind="stat", width=6,
                   height=4),
             Panel("Applied", "Outcomes applied per second.",
                   (Query(rate("mnemos_suppression_outcomes_applied_total"), "applied/s"),), unit="reqps", kind="stat",
@@ -344,9 +381,15 @@ def render(dashboard: Dashboard) -> dict:
         "annotations": {"list": []},
         "links": [{"title": "Mnemos", "type": "dashboards", "tags": ["mnemos"], "asDropdown": True,
                    "includeVars": True, "keepTime": True}],
-        "templating": {"list": [{"name": "datasource", "label": "Data source", "type": "datasource",
-                                 "query": "prometheus", "current": {}, "hide": 0, "refresh": 1,
-                                 "includeAll": False, "multi": False, "options": [], "regex": ""}]},
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0, "refresh": 1, "includeAll": False, "multi": False, "options": [], "regex": ""},
+            # one environment at a time: every query of every panel selects namespace="$namespace"
+            {"name": "namespace", "label": "Namespace", "type": "query", "datasource": DATASOURCE,
+             "definition": NAMESPACE_QUERY, "query": {"query": NAMESPACE_QUERY, "refId": "namespace"},
+             "current": {}, "hide": 0, "refresh": 2, "sort": 1, "includeAll": False, "multi": False,
+             "options": [], "regex": ""},
+        ]},
         "panels": panels,
     }
 

@@ -45,6 +45,11 @@ SPEC_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_ingest_encoder_truncated_total": ("counter", ()),
     "mnemos_query_rerank_cache_hits_total": ("counter", ()),
+    "mnemos_worker_heartbeat_timestamp_seconds": ("gauge", ("worker",)),
+    "mnemos_query_queue_wait_seconds": ("histogram", ()),
+    "mnemos_query_end_to_end_seconds": ("histogram", ()),
+    "mnemos_query_jobs_expired_total": ("counter", ()),
+    "mnemos_query_jobs_recovered_total": ("counter", ()),
 }
 # Label values the code uses (SPEC.md, DESIGN.md); a matcher on another value selects nothing.
 LABEL_VALUES: dict[str, frozenset[str]] = {
@@ -59,6 +64,7 @@ TARGET_LABELS = frozenset({"job", "instance", "pod", "namespace", "container", "
                            "component", "le"})
 # Grafana's built-in variables, replaced by plain values before parsing.
 GRAFANA_VARIABLES = {
+    "$namespace": "mnemos",  # the dashboards' namespace selector
     "$__rate_interval": "5m",
     "${__rate_interval}": "5m",
     "$__interval": "1m",
@@ -104,12 +110,14 @@ def series_of_registry(registry) -> set[str]:
 
 
 def family_of(series: str) -> str:
-    """The SPEC.md metric a series belongs to (``x_bucket`` -> ``x``); the series itself otherwise."""
-    if series in SPEC_METRICS:
+    """The SPEC.md (or CODE_EXTRA_METRICS) metric a series belongs to (``x_bucket`` -> ``x``); the series
+    itself otherwise."""
+    known = {**SPEC_METRICS, **CODE_EXTRA_METRICS}
+    if series in known:
         return series
     for suffix in HISTOGRAM_SUFFIXES:
         base = series.removesuffix(suffix)
-        if base != series and SPEC_METRICS.get(base, ("",))[0] == "histogram":
+        if base != series and known.get(base, ("",))[0] == "histogram":
             return base
     return series
 

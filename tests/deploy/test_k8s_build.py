@@ -9,11 +9,14 @@ queue the workers use, the ports are the metrics ports, grace periods outlast th
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from tests.deploy import manifests
 from tests.deploy.manifests import DEPLOY, K8S, K8S_VERSIONS, WORKERS
+from workers.metrics import LIVENESS_PATH
 from workers.settings import ENV_VARS, Settings
 
 DEV = K8S / "overlays" / "dev"
@@ -153,7 +156,9 @@ def test_worker_deployment_is_production_shaped(dev, worker):
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert probe in container, f"{worker} has no {probe}"
     assert container["readinessProbe"]["exec"]["command"] == ["mnemos", "health", "--no-models"]
-    assert container["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert container["livenessProbe"]["httpGet"] == {"path": LIVENESS_PATH, "port": "metrics"}, \
+        "the loop's own liveness, not the metrics thread"
+    assert "replicas" not in spec, "KEDA owns the replica count"
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(port)
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -222,7 +227,7 @@ def test_stream_names_follow_the_prefix_of_the_settings():
 
 
 def test_migration_job(dev):
-    job = manifests.by_kind(dev, "Job")["mnemos-migrate"]
+    job = manifests.by_kind(dev, "Job")["mnemos-migrate-dev"]  # named after the image tag
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["args"] == ["migrate"]
@@ -250,3 +255,64 @@ def test_cli_has_the_commands_the_manifests_run():
     assert "--no-models" in health_options
     (kind,) = [p for p in group.commands["worker"].params if p.name == "kind"]
     assert set(kind.type.choices) == set(WORKERS)
+
+
+def _overlay(tmp_path, kustomize, body: dict) -> list[dict]:
+    """Render a kustomization written to ``tmp_path`` (paths in ``body`` relative to deploy/k8s)."""
+    def rel(part: str) -> str:
+        return os.path.relpath(K8S / part, tmp_path)
+
+    spec = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", **body}
+    spec["resources"] = [rel(r) for r in body.get("resources", [])]
+    spec["components"] = [rel(c) for c in body.get("components", [])]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(spec))
+    return kustomize(tmp_path)
+
+
+def _keda_index(index: str) -> dict:
+    return {"name": "mnemos-keda", "options": {"disableNameSuffixHash": True, "annotations": {
+        "config.kubernetes.io/local-config": "true"}}, "literals": [f"REDIS_DATABASE_INDEX={index}"]}
+
+
+def test_a_new_image_tag_makes_a_new_migration_job(kustomize, tmp_path):
+    """A Job's pod template is immutable: the same name with a new image could not be applied."""
+    replacements = manifests.kustomization(DEV)["replacements"]
+    docs = _overlay(tmp_path, kustomize, {"resources": ["base"], "replacements": replacements,
+                                          "images": [{"name": "mnemos", "newName": "mnemos", "newTag": "1.2.3-rc1"}]})
+    (job,) = manifests.by_kind(docs, "Job").values()
+    assert job["metadata"]["name"] == "mnemos-migrate-1.2.3-rc1"
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "mnemos:1.2.3-rc1"
+    assert "mnemos-migrate-0.1.0" in manifests.by_kind(kustomize(K8S / "base"), "Job")
+
+
+def test_keda_watches_the_database_of_the_redis_url(dev, kustomize, tmp_path):
+    secret = _dev_generator("secretGenerator", "mnemos-connections")
+    database = urlsplit(secret["MNEMOS_REDIS_URL"]).path.strip("/") or "0"
+    indexes = {t["metadata"]["databaseIndex"] for so in manifests.by_kind(dev, "ScaledObject").values()
+               for t in so["spec"]["triggers"]}
+    assert indexes == {database}
+    assert "mnemos-keda" not in manifests.by_kind(dev, "ConfigMap"), "local-config: never applied"
+    docs = _overlay(tmp_path, kustomize, {"resources": ["base"], "components": ["components/keda"],
+                                          "configMapGenerator": [_keda_index("3")]})
+    assert {t["metadata"]["databaseIndex"] for so in manifests.by_kind(docs, "ScaledObject").values()
+            for t in so["spec"]["triggers"]} == {"3"}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_redis_tls_component(kustomize, tmp_path, version):
+    docs = _overlay(tmp_path, kustomize, {"resources": ["base"],
+                                          "components": ["components/keda", "components/redis-tls"],
+                                          "configMapGenerator": [_keda_index("0")]})
+    for doc in docs:
+        assert not manifests.validation_errors(doc, version), manifests.describe(doc)
+    for worker in WORKERS:
+        deployment = manifests.by_kind(docs, "Deployment")[f"mnemos-{worker}"]
+        container = _container(deployment)
+        (ca,) = [e["value"] for e in container["env"] if e["name"] == "MNEMOS_REDIS_CA_FILE"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "redis-tls"]
+        assert ca == f"{mount['mountPath']}/ca.crt"
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["redis-tls"]["secret"]["secretName"] == "mnemos-redis-tls"
+        Settings.from_env({"MNEMOS_REDIS_URL": "rediss://:pw@redis:6380/0", "MNEMOS_REDIS_CA_FILE": ca})
+    auth = manifests.by_kind(docs, "TriggerAuthentication")["mnemos-redis"]
+    assert {"tls": "tls", "ca": "ca.crt"}.items() <= {r["parameter"]: r["key"] for r in auth["spec"]["secretTargetRef"]}.items()

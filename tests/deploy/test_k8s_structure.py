@@ -112,6 +112,8 @@ def _targets(patch: dict, directory) -> list[tuple[str | None, str | None, str |
                          ids=_rel)
 def test_patches_target_existing_resources(directory):
     docs = manifests.collect_resources(directory)
+    if manifests.kustomization(directory)["kind"] == "Component":  # patches what the overlay brings
+        docs += manifests.collect_resources(K8S / "base") + manifests.collect_resources(K8S / "components" / "keda")
     for patch in manifests.kustomization(directory)["patches"]:
         for group, kind, name in _targets(patch, directory):
             matches = [
@@ -152,7 +154,29 @@ def test_every_worker_has_deployment_service_pdb_and_autoscaler():
         assert name in manifests.by_kind(base, "PodDisruptionBudget")
         assert manifests.by_kind(keda, "ScaledObject")[name]["spec"]["scaleTargetRef"]["name"] == name
         assert manifests.by_kind(hpa, "HorizontalPodAutoscaler")[name]["spec"]["scaleTargetRef"]["name"] == name
-    assert "mnemos-migrate" in manifests.by_kind(base, "Job")
+    assert list(manifests.by_kind(base, "Job")) == ["mnemos-migrate-image"]  # renamed after the image tag
+
+
+def test_no_deployment_sets_replicas():
+    """KEDA (or the HPA) owns the replica count: a `replicas` in the manifest resets it on every apply."""
+    for doc in manifests.collect_resources(K8S / "base"):
+        if doc["kind"] == "Deployment":
+            assert "replicas" not in doc["spec"], manifests.describe(doc)
+
+
+def test_no_scaled_object_hard_codes_a_database_index():
+    """Every trigger's databaseIndex is a placeholder the overlay's ConfigMap mnemos-keda replaces
+    (test_k8s_build renders it with another index)."""
+    spec = manifests.kustomization(K8S / "components" / "keda")
+    (replacement,) = spec["replacements"]
+    assert replacement["source"] == {"kind": "ConfigMap", "name": "mnemos-keda",
+                                     "fieldPath": "data.REDIS_DATABASE_INDEX"}
+    (target,) = replacement["targets"]
+    assert target["select"]["kind"] == "ScaledObject" and "name" not in target["select"]
+    assert target["fieldPaths"] == ["spec.triggers.*.metadata.databaseIndex"]
+    for doc in manifests.collect_resources(K8S / "components" / "keda"):
+        for trigger in doc.get("spec", {}).get("triggers", []):
+            assert "databaseIndex" in trigger["metadata"], "a placeholder keeps the replaced value a string"
 
 
 # --- the validators really reject mistakes --------------------------------------------------------

@@ -256,3 +256,38 @@ def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_cli
     with psycopg.connect(settings.database_url) as conn:
         assert conn.execute("SELECT embedding_dim FROM tenants").fetchone() == (32,)
         assert conn.execute("SELECT DISTINCT octet_length(embedding) FROM entries").fetchall() == [(128,)]
+
+
+def _probe_command() -> list[str]:
+    """The readiness probe the manifests run in every worker pod (``mnemos health ...``), as a module call."""
+    import yaml
+
+    commands = set()
+    for worker in ("ingest", "query", "suppression"):
+        doc = yaml.safe_load((REPO / "deploy" / "k8s" / "base" / f"deployment-{worker}.yaml").read_text())
+        commands.add(tuple(doc["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]))
+    (command,) = commands
+    assert command[0] == "mnemos"
+    return list(command[1:])
+
+
+AT_SECRET = "Ub3r@S3cr3t-pw"  # an unencoded '@': redis-py takes the password up to the host's '@'
+
+
+@pytest.mark.parametrize(("redis_url", "database_url", "code"), [
+    (f"redis://:{AT_SECRET}@127.0.0.1:{{r}}/0", f"postgresql://postgres:{SECRET}@127.0.0.1:{{p}}/x", 1),
+    (f"rediss://default:{AT_SECRET}@127.0.0.1:{{r}}/0", f"host=127.0.0.1 port={{p}} password={SECRET} dbname=x", 1),
+    (f"redis://127.0.0.1:{{r}}/0?password={SECRET}", f"postgresql://127.0.0.1:{{p}}/x?password={SECRET}", 1),
+    (REDIS_URL, f"postgresql://postgres:{AT_SECRET}@127.0.0.1:{{p}}/x", 2),  # libpq would cut at the first '@'
+])
+def test_the_readiness_probe_never_prints_a_password(redis_url: str, database_url: str, code: int) -> None:
+    """kubelet copies a failed probe's output into pod events: no part of a configured password may be in it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO),
+           "MNEMOS_REDIS_URL": redis_url.format(r=_free_port()), "MNEMOS_DATABASE_URL": database_url.format(p=_free_port())}
+    out = subprocess.run([sys.executable, "-m", "workers", *_probe_command()], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == code, out.stdout + out.stderr
+    printed = out.stdout + out.stderr
+    for fragment in (SECRET, AT_SECRET, *AT_SECRET.split("@")):
+        assert fragment not in printed, printed
+    assert "***" in printed

@@ -60,7 +60,13 @@ def test_the_shipped_cross_encoder_resolves_inside_the_package(monkeypatch: pyte
                                  {"MNEMOS_UPDATE_RULE": "linear"}, {"MNEMOS_POOL_SIZE": "0"},
                                  {"MNEMOS_SESSION_TOP": "0"}, {"MNEMOS_TEMPORAL_WEIGHT": "nan"},
                                  {"MNEMOS_HEARTBEAT_TTL_S": "0.5"}, {"MNEMOS_HEARTBEAT_TTL_S": "2", "MNEMOS_BLOCK_MS": "5000"},
-                                 {"MNEMOS_REINDEX_BATCH_SIZE": "0"}])
+                                 {"MNEMOS_REINDEX_BATCH_SIZE": "0"},
+                                 {"MNEMOS_HEARTBEAT_TTL_S": "60"},  # a 20 s dequeue wait against a 15 s socket timeout
+                                 {"MNEMOS_REDIS_URL": "redis://h:6379/0?socket_timeout=0.5"},
+                                 {"MNEMOS_REDIS_URL": "redis://h:6379/0?socket_timeout=soon"},
+                                 {"MNEMOS_REDIS_SOCKET_TIMEOUT_S": "0"}, {"MNEMOS_REDIS_CA_FILE": "/etc/ca.pem"},
+                                 {"MNEMOS_DB_STATEMENT_TIMEOUT_S": "0"}, {"MNEMOS_INTERMEDIATE_GRACE_S": "-1"},
+                                 {"MNEMOS_DATABASE_URL": "postgresql://u:pa@ss@h/db"}])
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.from_env(env)
@@ -81,3 +87,15 @@ def test_subcommand_help_does_not_warn_about_the_reranker() -> None:
     out = subprocess.run([sys.executable, "-m", "workers", "worker", "--help"], capture_output=True, text=True, env=env,
                          timeout=120, check=True)
     assert "MNEMOS_CROSS_ENCODER" not in out.stderr + out.stdout
+
+
+def test_the_socket_timeout_must_exceed_every_blocking_read() -> None:
+    assert Settings.from_env({"MNEMOS_BLOCK_MS": "8000"}).redis_socket_timeout_s == 15.0  # the setup fits
+    with pytest.raises(SettingsError, match=r"MNEMOS_REDIS_SOCKET_TIMEOUT_S \(15 s\) must exceed MNEMOS_BLOCK_MS"):
+        Settings.from_env({"MNEMOS_BLOCK_MS": "20000", "MNEMOS_HEARTBEAT_TTL_S": "30"})
+    with pytest.raises(SettingsError, match="dequeue wait"):
+        Settings.from_env({"MNEMOS_HEARTBEAT_TTL_S": "90"})
+    assert Settings.from_env({"MNEMOS_HEARTBEAT_TTL_S": "90", "MNEMOS_REDIS_SOCKET_TIMEOUT_S": "45"}).dequeue_wait_s == 30
+    tls = Settings.from_env({"MNEMOS_REDIS_URL": "rediss://:pw@redis.example:6380/2",
+                             "MNEMOS_REDIS_CA_FILE": "/etc/mnemos/redis-tls/ca.crt"})
+    assert tls.redis_ca_file == "/etc/mnemos/redis-tls/ca.crt"
