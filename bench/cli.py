@@ -26,11 +26,12 @@ from typing import Any
 
 import click
 
+from workers.models import PROVENANCE_FILE
+
 __all__ = ["bench", "parse_fold_spec", "run_quality_command"]
 
 logger = logging.getLogger(__name__)
 
-PROVENANCE_FILE = "mnemos_provenance.json"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mnemos" / "bench"
 
 

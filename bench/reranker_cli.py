@@ -1,4 +1,4 @@
-"""``mnemos reranker``: train the project's own cross-encoder (``mnemos.training_pairs``, ``mnemos.training``).
+"""``mnemos reranker``: train the project's own cross-encoder (:mod:`bench.training`).
 
 Exposes one click group, ``reranker``; the root CLI (``workers/cli.py``) registers it. Commands
 are thin: parse options, call a ``run_*`` function that returns an exit code.
@@ -66,8 +66,9 @@ def run_train(
     import torch
 
     from bench.datasets import DatasetError, load_locomo
-    from mnemos import training, training_pairs
-    from mnemos.errors import TrainingDataError
+    from bench.training import cross_encoder as training
+    from bench.training import pairs as training_pairs
+    from bench.training.errors import TrainingDataError
     from mnemos.rendering import RENDERING_VERSION
 
     if threads:
@@ -165,7 +166,7 @@ def _store_fp16(model_dir: Path) -> None:
     import torch
     from sentence_transformers.cross_encoder import CrossEncoder
 
-    from mnemos.training import PROVENANCE_FILE
+    from workers.models import PROVENANCE_FILE
 
     model = CrossEncoder(str(model_dir), device="cpu", activation_fn=torch.nn.Identity())
     model.model.half()
@@ -200,9 +201,9 @@ def run_check(
     from sentence_transformers.cross_encoder import CrossEncoder
 
     from bench.datasets import load_locomo
+    from bench.training.pairs import turn_passages
     from mnemos.tokenizer import tokenize
-    from mnemos.training import PROVENANCE_FILE
-    from mnemos.training_pairs import turn_passages
+    from workers.models import PROVENANCE_FILE
 
     torch.set_num_threads(threads)
     try:
