@@ -12,7 +12,7 @@ import json
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from api.errors import InvalidInputError, Reason
 
@@ -35,6 +35,33 @@ class Limits:
     max_future_skew_s: float = 86_400.0
     max_k: int = 100
     max_filter_values: int = 1024
+
+
+class LimitSettings(Protocol):
+    """What :func:`limits_of` reads: the same-named fields of the service's settings
+    (``workers.settings.Settings``; this package does not import it)."""
+
+    @property
+    def max_text_bytes(self) -> int: ...
+    @property
+    def max_query_bytes(self) -> int: ...
+    @property
+    def max_id_chars(self) -> int: ...
+    @property
+    def max_metadata_bytes(self) -> int: ...
+    @property
+    def max_future_skew_s(self) -> float: ...
+    @property
+    def max_k(self) -> int: ...
+
+
+def limits_of(settings: LimitSettings) -> Limits:
+    """The validation limits of a deployment's settings: the workers check what they receive with
+    them, and a client of that deployment (``mnemos publish``/``retrieve``) checks before sending.
+    ``max_filter_values`` keeps its default."""
+    return Limits(max_text_bytes=settings.max_text_bytes, max_query_bytes=settings.max_query_bytes,
+                  max_id_chars=settings.max_id_chars, max_metadata_bytes=settings.max_metadata_bytes,
+                  max_future_skew_s=settings.max_future_skew_s, max_k=settings.max_k)
 
 
 def check_version(value: Any) -> int:

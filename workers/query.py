@@ -42,6 +42,7 @@ from rq.worker import SimpleWorker
 
 from api import schemas
 from api.errors import InvalidInputError, Reason
+from api.validation import limits_of
 from mnemos.encoder import Encoder
 from mnemos.features import Feature, FeatureSetting
 from mnemos.filters import EntryFilter
@@ -51,7 +52,6 @@ from mnemos.rerank import CachedReranker, Reranker
 from mnemos.suppression import SuppressionTable, UpdateRule
 from workers.errors import EmbeddingVersionError, OutsideQueryWorkerError
 from workers.heartbeats import Heartbeat
-from workers.ingest import limits_of
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import Store
