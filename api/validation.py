@@ -222,10 +222,6 @@ def check_k(value: Any, limits: Limits) -> int:
     return value
 
 
-FILTER_KEYS = ("session_ids", "roles", "occurred_after")
-"""The keys a retrieval request's ``filters`` object may hold (every one optional)."""
-
-
 def check_id_list(value: Any, field: str, limits: Limits) -> tuple[str, ...]:
     """A non-empty JSON list of ids (each as :func:`check_id`), duplicates dropped, first order kept."""
     if isinstance(value, str) or not isinstance(value, list | tuple):
@@ -235,32 +231,3 @@ def check_id_list(value: Any, field: str, limits: Limits) -> tuple[str, ...]:
     if len(value) > limits.max_filter_values:
         raise InvalidInputError(Reason.BAD_FILTER, field, f"{len(value)} values, limit {limits.max_filter_values}")
     return tuple(dict.fromkeys(check_id(item, f"{field}[{i}]", limits) for i, item in enumerate(value)))
-
-
-def check_filters(value: Any, limits: Limits, as_of: datetime | None) -> dict[str, Any]:
-    """The checked ``filters`` object of a retrieval request: a dict of the keys present.
-
-    Keys (all optional): ``session_ids`` and ``roles`` (non-empty lists of ids), ``occurred_after``
-    (zone-aware ISO 8601, not later than ``as_of``). Values come back as tuples of str and a UTC
-    datetime. Anything else (not an object, an unknown key, a wrong type, an empty list, an empty
-    time range) is ``bad_filter``; bad ids and times keep their own reasons.
-    """
-    if not isinstance(value, dict):
-        raise InvalidInputError(Reason.BAD_FILTER, "filters", f"must be a JSON object, not {type(value).__name__}")
-    unknown = sorted(str(key) for key in value if key not in FILTER_KEYS)
-    if unknown:
-        raise InvalidInputError(Reason.BAD_FILTER, "filters",
-                                f"unknown key {unknown[0][:40]!r} (allowed: {', '.join(FILTER_KEYS)})")
-    checked: dict[str, Any] = {}
-    for key in ("session_ids", "roles"):
-        if key in value:
-            checked[key] = check_id_list(value[key], f"filters.{key}", limits)
-    if "occurred_after" in value:
-        if value["occurred_after"] is None:
-            raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after", "is null (leave the key out)")
-        after = check_zoned_time(value["occurred_after"], "filters.occurred_after")
-        if as_of is not None and after > as_of:
-            raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after",
-                                    f"{after.isoformat()} is later than as_of {as_of.isoformat()} (nothing can match)")
-        checked["occurred_after"] = after
-    return checked
