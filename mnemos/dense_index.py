@@ -74,7 +74,7 @@ class DenseIndex:
         """The stored ``(dim,)`` vector of ``entry_id`` (raises KeyError if absent)."""
         if int(entry_id) not in self._ids:
             raise KeyError(entry_id)
-        return self._index.reconstruct(int(entry_id))
+        return np.asarray(self._index.reconstruct(int(entry_id)), dtype=np.float32)
 
     def search(
         self, query_vectors: np.ndarray, n: int, allowed: np.ndarray | None = None
@@ -103,7 +103,9 @@ class DenseIndex:
             total = int(wanted.size)
             if total:
                 selector = faiss.IDSelectorBatch(wanted)  # bound to a name: faiss keeps a raw pointer
-                params = faiss.SearchParameters(sel=selector)
+                # faiss's Python wrapper takes the fields as keywords (and keeps the selector alive);
+                # the signature generated for its type information does not say so
+                params = faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]
         if n <= 0 or total == 0 or m == 0:
             return [[] for _ in range(m)]
         k = min(n, total)

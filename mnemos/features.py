@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import calendar
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from enum import StrEnum
@@ -330,10 +330,10 @@ def importance_adjustment(
     spread = rank.std()
     if spread == 0:
         return np.zeros(p, dtype=np.float64)
-    return weight * (rank - rank.mean()) / spread
+    return np.asarray(weight * (rank - rank.mean()) / spread, dtype=np.float64)
 
 
-FEATURE_FUNCTIONS = {
+FEATURE_FUNCTIONS: dict[Feature, Callable[..., np.ndarray]] = {
     Feature.SESSION: session_adjustment,
     Feature.TEMPORAL: temporal_adjustment,
     Feature.IMPORTANCE: importance_adjustment,
