@@ -1,4 +1,4 @@
-"""Wire schemas of the service (DESIGN.md "Contracts"), version ``v`` = 1.
+"""Wire schemas of the service (docs/architecture.md "Contracts"), version ``v`` = 1.
 
 * :class:`Turn`: one message of stream ``<prefix>:turns`` (flat string fields).
 * :class:`RetrievalRequest` with :class:`RetrievalFilters`: the JSON argument of an rq job on
@@ -319,7 +319,7 @@ class PoolRow:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One retrieval's suppression update as a stream message (seed 000 Algorithm 1 as data).
+    """One retrieval's suppression update as a stream message (Clustered Retrieval-Induced Forgetting, Algorithm 1, as data).
 
     ``query_embedding`` is sent while the tenant has no frozen centroids (the bootstrap buffer
     needs it) and omitted afterwards.

@@ -2,8 +2,8 @@
 
 ``IndexIDMap2(IndexFlatIP)`` keeps entry ids next to vectors and accepts adds at any time; a
 flat index has no training step, so an index grown by adds ranks exactly like one built in one
-go. On unit vectors the inner product is the cosine. Source: seed 000 §2.2 (FAISS inner
-product over all-MiniLM-L6-v2 vectors).
+go. On unit vectors the inner product is the cosine. Source: *Clustered Retrieval-Induced Forgetting* §2.2
+(FAISS inner product over all-MiniLM-L6-v2 vectors).
 
 Guards: faiss pads short result lists with id -1, and an empty index searched with many queries
 can return id 0; this wrapper never returns either, and returns empty lists for an empty index.

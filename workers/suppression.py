@@ -1,6 +1,7 @@
 """Suppression worker: stream ``<prefix>:outcomes`` (group ``suppression``) into suppression scores.
 
-Per outcome, in ONE transaction scoped to its tenant (seed 000 Algorithm 1, lines 9-12):
+Per outcome, in ONE transaction scoped to its tenant (*Clustered Retrieval-Induced Forgetting*, Algorithm 1,
+lines 9-12; docs/architecture.md "Suppression"):
 
 1. insert the ledger row ``applied_outcomes (tenant_id, outcome_id)`` with ``ON CONFLICT DO
    NOTHING``; if it already existed the outcome is a redelivery and nothing else happens;

@@ -160,7 +160,7 @@ def train_cross_encoder(
     model: the trained model scores each pool, and the ``calibration_percentile``-th percentile of
     the per-pool top logits is stored as ``deep_threshold`` in the provenance (a query whose best
     candidate scores below what 80% of training queries reach is one where a wider pool may help;
-    seed 004's k_shallow 30 / k_deep 100 rule, with a threshold in this model's own logit scale).
+    the lethe research journal's k_shallow 30 / k_deep 100 rule, with a threshold in this model's own logit scale).
 
     ``CrossEncoder(base, num_labels=1, max_length=128)`` from the bundled
     MiniLM weights (``base_model_path`` overrides; optionally cut to ``config.layers`` layers),

@@ -40,7 +40,7 @@ def test_expression_parses(rule):
 @pytest.mark.parametrize("rule", RULES, ids=_id)
 def test_expression_reads_only_spec_metrics(rule):
     bad = promql.unknown_series([str(rule["expr"])], promql.spec_series(), RECORDED)
-    assert not bad, f"{_id(rule)} reads series outside SPEC.md: {bad}"
+    assert not bad, f"{_id(rule)} reads series outside the metric contract: {bad}"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=_id)
