@@ -78,7 +78,7 @@ class OneLineErrors(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except click.ClickException as exc:
-            exc.message = redact(" ".join(exc.format_message().split()), _secrets(ctx))
+            exc.message = redact(" ".join(exc.message.split()), _secrets(ctx))  # format_message adds any prefix once
             raise
         except Exception as exc:
             if ctx.params.get("debug"):
