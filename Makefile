@@ -42,5 +42,8 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Static checks (CI runs them before the tests): ruff everywhere, mypy strict on mnemos/ and api/
+# ([tool.mypy] in pyproject.toml).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy

@@ -202,7 +202,8 @@ def job_id_for(tenant_id: str, request_id: str) -> str:
     return f"mnemos-{digest}"
 
 
-def _sid(value: bytes | str) -> str:
+def _sid(value: bytes | str | None) -> str:
+    """A stream entry id as text (redis-py types ids as possibly None; a read entry always has one)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -50,7 +50,7 @@ class WorkerBeat:
 def worker_beats(connection: redis.Redis, prefix: str, kind: str) -> list[WorkerBeat]:
     """Every worker of ``kind`` seen within :data:`SEEN_HISTORY_S`, live ones first, then by last
     heartbeat (newest first). Raises redis.RedisError when Redis fails."""
-    seen = connection.zrange(seen_key(prefix, kind), 0, -1, withscores=True)
+    seen = cast(list[tuple[bytes | str, float]], connection.zrange(seen_key(prefix, kind), 0, -1, withscores=True))
     if not seen:
         return []
     names = [n.decode() if isinstance(n, bytes) else str(n) for n, _ in seen]

@@ -1,4 +1,4 @@
-"""Wire schemas of the service (DESIGN.md "Contracts"), version ``v`` = 1.
+"""Wire schemas of the service (docs/architecture.md "Contracts"), version ``v`` = 1.
 
 * :class:`Turn`: one message of stream ``<prefix>:turns`` (flat string fields).
 * :class:`RetrievalRequest` with :class:`RetrievalFilters`: the JSON argument of an rq job on
@@ -16,7 +16,7 @@ import json
 import math
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,8 +25,8 @@ from api.validation import (
     IMAGE_CAPTION_KEY,
     SCHEMA_VERSION,
     Limits,
-    check_filters,
     check_id,
+    check_id_list,
     check_k,
     check_metadata,
     check_text,
@@ -136,12 +136,35 @@ class RetrievalFilters:
     @classmethod
     def parse(cls, value: Any, limits: Limits = DEFAULT_LIMITS, as_of: datetime | None = None
               ) -> RetrievalFilters | None:
-        """Validate a ``filters`` object (see :func:`api.validation.check_filters`); ``{}`` is None.
+        """Validate a ``filters`` JSON object into the record; ``{}`` is None (no restriction).
 
-        Raises InvalidInputError (``bad_filter``, or the id / timestamp reasons of a bad value).
+        Keys (all optional, :data:`FILTER_KEYS`): ``session_ids`` and ``roles`` (non-empty lists of
+        ids, duplicates dropped, first order kept), ``occurred_after`` (zone-aware ISO 8601, not
+        later than ``as_of``; UTC in the record).
+
+        Raises InvalidInputError: ``bad_filter`` for anything else (not an object, an unknown key,
+        a wrong type, an empty list, an empty time range); a bad id or time keeps its own reason.
         """
-        checked = check_filters(value, limits, as_of)
-        return cls(**checked) if checked else None
+        if not isinstance(value, dict):
+            raise InvalidInputError(Reason.BAD_FILTER, "filters", f"must be a JSON object, not {type(value).__name__}")
+        unknown = sorted(str(key) for key in value if key not in FILTER_KEYS)
+        if unknown:
+            raise InvalidInputError(Reason.BAD_FILTER, "filters",
+                                    f"unknown key {unknown[0][:40]!r} (allowed: {', '.join(FILTER_KEYS)})")
+        if not value:
+            return None
+        session_ids, roles = (None if key not in value else check_id_list(value[key], f"filters.{key}", limits)
+                              for key in ("session_ids", "roles"))
+        after = None
+        if "occurred_after" in value:
+            if value["occurred_after"] is None:
+                raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after", "is null (leave the key out)")
+            after = check_zoned_time(value["occurred_after"], "filters.occurred_after")
+            if as_of is not None and after > as_of:
+                raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after",
+                                        f"{after.isoformat()} is later than as_of {as_of.isoformat()} "
+                                        "(nothing can match)")
+        return cls(session_ids=session_ids, roles=roles, occurred_after=after)
 
     def to_payload(self) -> dict[str, Any]:
         """The JSON object, with only the keys that restrict something."""
@@ -153,6 +176,10 @@ class RetrievalFilters:
         if self.occurred_after is not None:
             out["occurred_after"] = self.occurred_after.isoformat()
         return out
+
+
+FILTER_KEYS = tuple(f.name for f in fields(RetrievalFilters))
+"""The keys a retrieval request's ``filters`` object may hold (every one optional): the record's fields."""
 
 
 @dataclass(frozen=True)
@@ -292,7 +319,7 @@ class PoolRow:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One retrieval's suppression update as a stream message (seed 000 Algorithm 1 as data).
+    """One retrieval's suppression update as a stream message (Clustered Retrieval-Induced Forgetting, Algorithm 1, as data).
 
     ``query_embedding`` is sent while the tenant has no frozen centroids (the bootstrap buffer
     needs it) and omitted afterwards.

@@ -12,7 +12,7 @@ import json
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from api.errors import InvalidInputError, Reason
 
@@ -35,6 +35,33 @@ class Limits:
     max_future_skew_s: float = 86_400.0
     max_k: int = 100
     max_filter_values: int = 1024
+
+
+class LimitSettings(Protocol):
+    """What :func:`limits_of` reads: the same-named fields of the service's settings
+    (``workers.settings.Settings``; this package does not import it)."""
+
+    @property
+    def max_text_bytes(self) -> int: ...
+    @property
+    def max_query_bytes(self) -> int: ...
+    @property
+    def max_id_chars(self) -> int: ...
+    @property
+    def max_metadata_bytes(self) -> int: ...
+    @property
+    def max_future_skew_s(self) -> float: ...
+    @property
+    def max_k(self) -> int: ...
+
+
+def limits_of(settings: LimitSettings) -> Limits:
+    """The validation limits of a deployment's settings: the workers check what they receive with
+    them, and a client of that deployment (``mnemos publish``/``retrieve``) checks before sending.
+    ``max_filter_values`` keeps its default."""
+    return Limits(max_text_bytes=settings.max_text_bytes, max_query_bytes=settings.max_query_bytes,
+                  max_id_chars=settings.max_id_chars, max_metadata_bytes=settings.max_metadata_bytes,
+                  max_future_skew_s=settings.max_future_skew_s, max_k=settings.max_k)
 
 
 def check_version(value: Any) -> int:
@@ -195,10 +222,6 @@ def check_k(value: Any, limits: Limits) -> int:
     return value
 
 
-FILTER_KEYS = ("session_ids", "roles", "occurred_after")
-"""The keys a retrieval request's ``filters`` object may hold (every one optional)."""
-
-
 def check_id_list(value: Any, field: str, limits: Limits) -> tuple[str, ...]:
     """A non-empty JSON list of ids (each as :func:`check_id`), duplicates dropped, first order kept."""
     if isinstance(value, str) or not isinstance(value, list | tuple):
@@ -208,32 +231,3 @@ def check_id_list(value: Any, field: str, limits: Limits) -> tuple[str, ...]:
     if len(value) > limits.max_filter_values:
         raise InvalidInputError(Reason.BAD_FILTER, field, f"{len(value)} values, limit {limits.max_filter_values}")
     return tuple(dict.fromkeys(check_id(item, f"{field}[{i}]", limits) for i, item in enumerate(value)))
-
-
-def check_filters(value: Any, limits: Limits, as_of: datetime | None) -> dict[str, Any]:
-    """The checked ``filters`` object of a retrieval request: a dict of the keys present.
-
-    Keys (all optional): ``session_ids`` and ``roles`` (non-empty lists of ids), ``occurred_after``
-    (zone-aware ISO 8601, not later than ``as_of``). Values come back as tuples of str and a UTC
-    datetime. Anything else (not an object, an unknown key, a wrong type, an empty list, an empty
-    time range) is ``bad_filter``; bad ids and times keep their own reasons.
-    """
-    if not isinstance(value, dict):
-        raise InvalidInputError(Reason.BAD_FILTER, "filters", f"must be a JSON object, not {type(value).__name__}")
-    unknown = sorted(str(key) for key in value if key not in FILTER_KEYS)
-    if unknown:
-        raise InvalidInputError(Reason.BAD_FILTER, "filters",
-                                f"unknown key {unknown[0][:40]!r} (allowed: {', '.join(FILTER_KEYS)})")
-    checked: dict[str, Any] = {}
-    for key in ("session_ids", "roles"):
-        if key in value:
-            checked[key] = check_id_list(value[key], f"filters.{key}", limits)
-    if "occurred_after" in value:
-        if value["occurred_after"] is None:
-            raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after", "is null (leave the key out)")
-        after = check_zoned_time(value["occurred_after"], "filters.occurred_after")
-        if as_of is not None and after > as_of:
-            raise InvalidInputError(Reason.BAD_FILTER, "filters.occurred_after",
-                                    f"{after.isoformat()} is later than as_of {as_of.isoformat()} (nothing can match)")
-        checked["occurred_after"] = after
-    return checked

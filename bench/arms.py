@@ -1,11 +1,12 @@
 """The benchmark's arms, and the candidate features of ``mnemos_full`` as pure functions.
 
 An arm is a :class:`~mnemos.pipeline.RetrievalConfig` plus, for the suppression arms, how the
-suppression state is kept (update rule, clustered or global). ``mnemos_full`` is the seed's best
-arm (``+clustered_rif_gap``, seed 000 Table 2) plus whichever candidate features the held-out
+suppression state is kept (update rule, clustered or global). ``mnemos_full`` is the best arm of
+*Clustered Retrieval-Induced Forgetting* (``+clustered_rif_gap``, §5.1) plus whichever candidate features the held-out
 development split supports (``bench.quality`` runs that selection); the candidates come from
-seed 003 (session-then-utterance retrieval, explicit temporal match, Personalized-PageRank
-importance, §3.2.3) and seed 004 (adaptive deep pass, k_shallow 30 / k_deep 100).
+*AssoMem* (session-then-utterance retrieval, explicit temporal match, Personalized-PageRank
+importance, §3.2.3) and the lethe research journal (adaptive deep pass, k_shallow 30 / k_deep 100);
+see docs/architecture.md "Sources".
 
 Every candidate except the deep pass re-scores the reranked pool after the cross-encoder:
 ``final = rerank_logit + sum(feature adjustments)``, then a stable re-sort. They never change
@@ -57,7 +58,7 @@ __all__ = [
 ]
 
 BASELINE_ARM = "hybrid_rerank"
-"""The seed's baseline: BM25 + dense, RRF, cross-encoder, no suppression (seed 000 §4.3)."""
+"""The baseline of *Clustered Retrieval-Induced Forgetting* (§4.3): BM25 + dense, RRF, cross-encoder, no suppression."""
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,8 @@ a fallback: the engine uses each reranker fold's calibrated threshold from its p
 def arm_by_name(name: str, *, deep_pass: bool = False) -> Arm:
     """The arm called ``name``; ``deep_pass`` swaps ``mnemos_full``'s config for :data:`DEEP_CONFIG`.
 
-    Global RIF uses the rank-gap rule: seed 000's post-submission table reports global RIF with
-    rank-gap, the rule the service ships.
+    Global RIF uses the rank-gap rule: the post-submission notes of *Clustered Retrieval-Induced Forgetting* report
+    global RIF with rank-gap, the rule the service ships.
 
     Raises:
         KeyError: for an unknown arm name (the message lists the known ones).

@@ -1,7 +1,7 @@
 """``mnemos bench``: the benchmark command group; ``quality`` lives here.
 
-The root CLI (``workers/cli.py``) registers :data:`bench`; the service builder adds its
-``service`` and ``speed`` commands to the same group. Commands are thin: parse options, call a
+:mod:`bench.commands` adds the ``service``, ``speed`` and ``faults`` commands to :data:`bench`
+and offers the group to the root CLI as an entry-point plugin. Commands are thin: parse options, call a
 ``run_*`` function that returns an exit code.
 
 Example (the committed LoCoMo run)::
@@ -17,7 +17,6 @@ import gzip
 import hashlib
 import json
 import logging
-import os
 import shlex
 import sys
 import time
@@ -26,11 +25,12 @@ from typing import Any
 
 import click
 
+from workers.models import PROVENANCE_FILE
+
 __all__ = ["bench", "parse_fold_spec", "run_quality_command"]
 
 logger = logging.getLogger(__name__)
 
-PROVENANCE_FILE = "mnemos_provenance.json"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mnemos" / "bench"
 
 
@@ -189,9 +189,6 @@ def run_quality_command(
 
     Returns 0 on success, 2 on unusable input (message on stderr).
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import faiss
     import torch
 
@@ -346,7 +343,6 @@ def bench() -> None:
               help="Other reranker folds measured beside the main ones, quality and time per pool (repeatable).")
 def quality(**kwargs: Any) -> None:
     """Retrieval quality of every arm on identical questions (see bench/quality.py)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     command = "mnemos bench quality " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("quality") + 1:]) \
         if "quality" in sys.argv else "mnemos bench quality"
     sys.exit(
@@ -365,7 +361,3 @@ def quality(**kwargs: Any) -> None:
             compare_rerankers=list(kwargs["compare_rerankers"]),
         )
     )
-
-
-if __name__ == "__main__":  # pragma: no cover
-    bench()

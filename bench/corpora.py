@@ -37,7 +37,7 @@ class CorpusMode(StrEnum):
     PER_TENANT = "per_tenant"
     """Each conversation is its own tenant (the service's unit of isolation)."""
     POOLED = "pooled"
-    """Every conversation in one index, as seed 000 evaluates LongMemEval S."""
+    """Every conversation in one index, as *Clustered Retrieval-Induced Forgetting* (§4.1) evaluates LongMemEval S."""
 
 
 def global_id(conversation_id: str, local_id: str) -> str:

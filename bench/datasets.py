@@ -2,7 +2,7 @@
 
 Both loaders turn a JSON file into :class:`Conversation` records whose turns carry stable ids
 (the ids a retrieval run returns) and whose questions name the turn ids that hold their
-evidence. Nothing here ranks or scores; ``bench.quality`` and ``mnemos.training_pairs`` consume it.
+evidence. Nothing here ranks or scores; ``bench.quality`` and ``bench.training.pairs`` consume it.
 
 Sources:
 - LoCoMo: Maharana et al., ACL 2024 (arXiv:2402.17753), ``data/locomo10.json``; schema, counts and

@@ -33,7 +33,7 @@ from bench.fault_run import (
 )
 from mnemos.suppression import UpdateRule, outcome_deltas
 from workers.settings import Settings
-from workers.suppression import core_outcome
+from workers.wire import outcome_record
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
             worker.terminate()
     expected: dict[tuple[str, int, int], float] = {}
     for outcome in outcomes:
-        for (entry, cluster), delta in outcome_deltas(core_outcome(outcome), UpdateRule.RANK_GAP,
+        for (entry, cluster), delta in outcome_deltas(outcome_record(outcome), UpdateRule.RANK_GAP,
                                                       settings.eta).items():
             key = (outcome.tenant_id, entry, cluster)
             expected[key] = expected.get(key, 0.0) + delta

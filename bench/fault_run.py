@@ -25,8 +25,8 @@ import redis
 
 from api.client import MnemosClient
 from api.errors import ServiceUnavailable
+from api.validation import limits_of
 from bench.fault_servers import PostgresCluster, RedisServer, WorkerProcess
-from workers.ingest import limits_of
 from workers.migrate import ensure_database, run_migrations
 from workers.settings import FAKE_MODEL, Settings, to_environment
 

@@ -1,6 +1,7 @@
 """Fault-injection runner: real worker processes, private Redis and Postgres, faults, then a count.
 
-Promises 1, 2 and 5 of issue 4, checked from the ids:
+The promises of docs/architecture.md "Invariants" (exactly once, tenant isolation, a typed end to
+every request), checked from the ids:
 
 * **turns**: uniquely identified turns of several tenants (some near-duplicates that must become
   aliases, some exact re-sends, a few malformed ones that must become dead letters) are published
@@ -14,15 +15,13 @@ Promises 1, 2 and 5 of issue 4, checked from the ids:
 * **queries**: the same faults against ``mnemos worker query`` processes while clients ask; every
   request must end within its timeout with a result or a typed error, and a retry must succeed.
 
-``python -m bench.faults --turns 5000 --outcomes 2000 --kills 8`` runs a longer version and can
+``mnemos bench faults --turns 5000 --outcomes 2000 --kills 8`` runs a longer version and can
 write the figures as Markdown (``--markdown bench/results/faults.md``). Fake models (hashing
 encoder), loopback only, everything in one temporary directory.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import shlex
 import shutil
@@ -31,11 +30,14 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
+
+import click
 
 from bench.fault_phases import run_outcomes, run_queries, run_turns
 from bench.fault_run import FaultPlan, FaultRun, PhaseReport
 
-__all__ = ["FaultPlan", "FaultRun", "PhaseReport", "main", "markdown", "run_outcomes", "run_queries", "run_turns"]
+__all__ = ["FaultPlan", "FaultRun", "PhaseReport", "faults", "markdown", "run_outcomes", "run_queries", "run_turns"]
 
 
 def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redis_version: str = "") -> str:
@@ -67,38 +69,61 @@ def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redi
                       f"Plan: `{asdict(plan)}`.{server}", "", *rows, ""])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    defaults = FaultPlan()
-    for name, value in asdict(defaults).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
-    parser.add_argument("--phases", default="turns,outcomes,queries", help="comma-separated subset")
-    parser.add_argument("--redis-server", default=None, help="redis-server binary (default: newest on PATH)")
-    parser.add_argument("--markdown", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directory")
-    parser.add_argument("--keep", action="store_true", help="keep the servers' files and worker logs")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plan = replace(defaults, **{k: getattr(args, k) for k in asdict(defaults)})
-    phases = {"turns": run_turns, "outcomes": run_outcomes, "queries": run_queries}
-    tmp = Path(tempfile.mkdtemp(prefix="mnemos-faults-", dir=args.workdir))
+PHASES = {"turns": run_turns, "outcomes": run_outcomes, "queries": run_queries}
+
+
+def run_faults(plan: FaultPlan, *, phases: Sequence[str], redis_server: str | None, markdown_path: Path | None,
+               workdir: Path | None, keep: bool, command: str, echo: Any = click.echo) -> int:
+    """Run ``phases`` (names of :data:`PHASES`) of ``plan`` in one temporary directory under ``workdir``.
+
+    Prints one line per phase; writes the Markdown table to ``markdown_path`` when given (with
+    ``command``). Returns 0 when every phase lost and duplicated nothing, else 1.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="mnemos-faults-", dir=workdir))
     tmp.chmod(0o755)  # the postgres user must reach its data directory inside
     try:
-        with FaultRun(tmp, redis_binary=args.redis_server) as run:
-            reports = [phases[name](run, plan) for name in args.phases.split(",")]
+        with FaultRun(tmp, redis_binary=redis_server) as run:
+            reports = [PHASES[name](run, plan) for name in phases]
             version = ".".join(map(str, run.redis.version))
     finally:
-        if args.keep:
-            print(f"files and logs kept in {tmp}")
+        if keep:
+            echo(f"files and logs kept in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     for report in reports:
-        print(report.line())
-    if args.markdown is not None:
-        command = "python -m bench.faults " + shlex.join(sys.argv[1:] if argv is None else argv)
-        args.markdown.write_text(markdown(reports, plan, command, version))
+        echo(report.line())
+    if markdown_path is not None:
+        markdown_path.write_text(markdown(reports, plan, command, version))
     return 0 if all(r.ok for r in reports) else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _plan_options(command: Any) -> Any:
+    """One ``--name`` option per :class:`FaultPlan` field, typed and defaulted like the field."""
+    for name, value in reversed(asdict(FaultPlan()).items()):
+        command = click.option(f"--{name.replace('_', '-')}", name, type=type(value), default=value,
+                               show_default=True)(command)
+    return command
+
+
+@click.command("faults")
+@_plan_options
+@click.option("--phases", default="turns,outcomes,queries", show_default=True,
+              help="comma-separated subset of turns, outcomes, queries")
+@click.option("--redis-server", default=None, help="redis-server binary (default: newest on PATH)")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the figures here")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="parent of the temporary directory")
+@click.option("--keep", is_flag=True, help="keep the servers' files and worker logs")
+def faults(phases: str, redis_server: str | None, markdown_path: Path | None, workdir: Path | None, keep: bool,
+           **plan_values: Any) -> None:
+    """Fault injection: real workers under SIGKILL, SIGSTOP, Redis and Postgres restarts; lost and
+    duplicated turns and outcomes counted from their ids."""
+    names = [p.strip() for p in phases.split(",") if p.strip()]
+    unknown = sorted(set(names) - set(PHASES))
+    if unknown:
+        raise click.BadParameter(f"unknown phase {unknown[0]!r} (known: {', '.join(PHASES)})", param_hint="--phases")
+    args = sys.argv[sys.argv.index("faults") + 1:] if "faults" in sys.argv else []
+    sys.exit(run_faults(replace(FaultPlan(), **plan_values), phases=names, redis_server=redis_server,
+                        markdown_path=markdown_path, workdir=workdir, keep=keep,
+                        command="mnemos bench faults " + shlex.join(args)))

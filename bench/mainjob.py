@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from api.schemas import Outcome as OutcomeMessage
 from api.schemas import RetrievalResult
+from bench.cli import display_path
 from bench.datasets import Conversation
 from bench.engine import BenchQuestion, prepare_questions, stable_seed
 from bench.fetch import DataFetchError, locate_locomo
@@ -412,13 +413,19 @@ def run_main_job(settings: Settings, *, data: Path | None, reranker: str | None,
     replay = replay_in_process(record, sample_pairs=sample_pairs, seed=seed)
     record.phases_s["in-process replay"] = time.monotonic() - clock
     report = build_report(record, replay, data_path=data_path,
-                          reranker={"name": reranker, "path": location, "provenance": reranker_provenance(location)},
+                          reranker={"name": reranker, "path": _shown(location), "provenance": reranker_provenance(location)},
                           trained=trained, burnin_factor=burnin_factor, seed=seed,
                           command=" ".join(shlex.quote(a) for a in ["mnemos", *sys.argv[1:]]), started=started)
     json_path = json_path or Path(settings.embedded_dir) / "results" / f"service-{stamp}.json"
     plot_path = plot_path or json_path.with_suffix(".png")
     write_outputs(report, json_path, plot_path, echo=echo)
     return 0 if report.payload["per_question_check"]["passed"] else 1
+
+
+def _shown(location: str | None) -> str | None:
+    """A reranker location as results record it: a directory relative to the working directory
+    (else its last two parts, :func:`bench.cli.display_path`), a name or ``fake`` as given."""
+    return display_path(Path(location)) if location is not None and Path(location).is_dir() else location
 
 
 @click.command("service")

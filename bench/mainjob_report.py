@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.cli import display_path
 from bench.plot import plot_ndcg
 from bench.selection import overall_question
 from bench.service import machine, percentile
@@ -148,7 +149,7 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
     phases = dict(record.phases_s)
     payload: dict[str, Any] = {
         "command": command, "machine": machine(),
-        "data": {"path": str(data_path), "conversations": sorted({p.conversation.conversation_id for p in record.plans}),
+        "data": {"path": display_path(data_path), "conversations": sorted({p.conversation.conversation_id for p in record.plans}),
                  "excluded_reranker_training_conversations": list(trained)},
         "reranker": reranker,
         "suppression": settings.suppression,

@@ -4,7 +4,7 @@ Headline numbers ("overall") are LoCoMo categories 1-4 (all questions for uncate
 category 5 (adversarial) is reported on its own under ``categories``. Only labelled questions
 (at least one valid evidence turn) are scored. CIs are 95% percentile bootstrap intervals
 (10,000 resamples, seeded) and p-values two-sided paired permutation tests against
-``hybrid_rerank`` on the same questions (seed 000 §4.1).
+``hybrid_rerank`` on the same questions (*Clustered Retrieval-Induced Forgetting* §4.1; docs/architecture.md "Evaluation").
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""``mnemos reranker``: train the project's own cross-encoder (``mnemos.training_pairs``, ``mnemos.training``).
+"""``mnemos reranker``: train the project's own cross-encoder (:mod:`bench.training`).
 
-Exposes one click group, ``reranker``; the root CLI (``workers/cli.py``) registers it. Commands
+Exposes one click group, ``reranker``, which :mod:`bench.commands` offers to the root CLI as an
+entry-point plugin. Commands
 are thin: parse options, call a ``run_*`` function that returns an exit code.
 
 Example (LoCoMo fold "a": train on the first five conversations by sample_id)::
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import click
 
+from bench.extras import require_extra
 from workers.models import resolve_device
-from workers.settings import prepare_offline_models
 
 __all__ = ["reranker", "run_check", "run_train"]
 
@@ -62,12 +63,12 @@ def run_train(
 
     Returns 0 on success, 2 on unusable input (the message goes to stderr).
     """
-    prepare_offline_models()
     import torch
 
     from bench.datasets import DatasetError, load_locomo
-    from mnemos import training, training_pairs
-    from mnemos.errors import TrainingDataError
+    from bench.training import cross_encoder as training
+    from bench.training import pairs as training_pairs
+    from bench.training.errors import TrainingDataError
     from mnemos.rendering import RENDERING_VERSION
 
     if threads:
@@ -165,7 +166,7 @@ def _store_fp16(model_dir: Path) -> None:
     import torch
     from sentence_transformers.cross_encoder import CrossEncoder
 
-    from mnemos.training import PROVENANCE_FILE
+    from workers.models import PROVENANCE_FILE
 
     model = CrossEncoder(str(model_dir), device="cpu", activation_fn=torch.nn.Identity())
     model.model.half()
@@ -193,16 +194,15 @@ def run_check(
     import json
     import random
 
-    prepare_offline_models()
     import bm25s
     import numpy as np
     import torch
     from sentence_transformers.cross_encoder import CrossEncoder
 
     from bench.datasets import load_locomo
+    from bench.training.pairs import turn_passages
     from mnemos.tokenizer import tokenize
-    from mnemos.training import PROVENANCE_FILE
-    from mnemos.training_pairs import turn_passages
+    from workers.models import PROVENANCE_FILE
 
     torch.set_num_threads(threads)
     try:
@@ -312,7 +312,7 @@ def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_st
         raise click.UsageError("with --data give exactly one of --conversations or --fold")
     if pairs is not None and (conversations or fold):
         raise click.UsageError("--conversations/--fold apply to --data only")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    require_extra("train")
     ids = [c.strip() for c in conversations.split(",") if c.strip()] if conversations else None
     sys.exit(
         run_train(
@@ -335,7 +335,3 @@ def check(model_dir, data, n_questions, speed_pairs, seed, threads) -> None:
     """Score held-out (question, evidence) vs (question, other turn) pairs and time inference."""
     sys.exit(run_check(model_dir=model_dir, data=data, n_questions=n_questions, speed_pairs=speed_pairs,
                        seed=seed, threads=threads))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    reranker()

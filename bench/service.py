@@ -33,13 +33,13 @@ from psycopg import sql
 from rq import Worker
 
 from api.client import MnemosClient
+from api.validation import limits_of
 from bench.datasets import Conversation, load_locomo
 from bench.datasets import Turn as DatasetTurn
+from bench.queue_cleanup import delete_queue
 from workers.ingest import GROUP as INGEST_GROUP
-from workers.ingest import limits_of
 from workers.migrate import ensure_database, run_migrations
 from workers.models import cross_encoder_location, reranker_provenance
-from workers.queue_cleanup import delete_queue
 from workers.settings import Settings
 from workers.store import Store
 from workers.supervisor import WORKER_KINDS, spawn_workers, stop_workers

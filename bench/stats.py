@@ -1,6 +1,6 @@
 """Uncertainty for per-question metrics: percentile bootstrap CIs and paired permutation tests.
 
-The protocol is the one of seed 000 §4.1 and §5.1: 95% percentile bootstrap intervals on the mean
+The protocol is the one of *Clustered Retrieval-Induced Forgetting* §4.1 and §5.1: 95% percentile bootstrap intervals on the mean
 over questions (10,000 resamples) and two-sided paired permutation tests on per-question
 differences (10,000 permutations). Everything is seeded, so a rerun gives the same numbers.
 

@@ -10,8 +10,9 @@ Scoring uses the Lucene variant (``method="lucene"``): its IDF ``log(1 + (N - df
 scores for a matching document (the Robertson IDF can, when a term is in half the corpus or
 more). Only documents with a score > 0 are returned.
 
-Source: seed 000 §2.2 (BM25 over word tokens), post-submission update and seed 004 tokenizer
-note (regex word tokens, no stemming, no stopwords: :mod:`mnemos.tokenizer`).
+Source: *Clustered Retrieval-Induced Forgetting* §2.2 (BM25 over word tokens) and its post-submission tokenizer note, and the
+lethe research journal's tokenizer sweep (regex word tokens, no stemming, no stopwords:
+:mod:`mnemos.tokenizer`); docs/architecture.md "Retrieval".
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``IndexIDMap2(IndexFlatIP)`` keeps entry ids next to vectors and accepts adds at any time; a
 flat index has no training step, so an index grown by adds ranks exactly like one built in one
-go. On unit vectors the inner product is the cosine. Source: seed 000 §2.2 (FAISS inner
-product over all-MiniLM-L6-v2 vectors).
+go. On unit vectors the inner product is the cosine. Source: *Clustered Retrieval-Induced Forgetting* §2.2
+(FAISS inner product over all-MiniLM-L6-v2 vectors).
 
 Guards: faiss pads short result lists with id -1, and an empty index searched with many queries
 can return id 0; this wrapper never returns either, and returns empty lists for an empty index.
@@ -74,7 +74,7 @@ class DenseIndex:
         """The stored ``(dim,)`` vector of ``entry_id`` (raises KeyError if absent)."""
         if int(entry_id) not in self._ids:
             raise KeyError(entry_id)
-        return self._index.reconstruct(int(entry_id))
+        return np.asarray(self._index.reconstruct(int(entry_id)), dtype=np.float32)
 
     def search(
         self, query_vectors: np.ndarray, n: int, allowed: np.ndarray | None = None
@@ -103,7 +103,9 @@ class DenseIndex:
             total = int(wanted.size)
             if total:
                 selector = faiss.IDSelectorBatch(wanted)  # bound to a name: faiss keeps a raw pointer
-                params = faiss.SearchParameters(sel=selector)
+                # faiss's Python wrapper takes the fields as keywords (and keeps the selector alive);
+                # the signature generated for its type information does not say so
+                params = faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]
         if n <= 0 or total == 0 or m == 0:
             return [[] for _ in range(m)]
         k = min(n, total)

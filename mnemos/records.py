@@ -1,7 +1,8 @@
 """Typed records shared by the indexes, the pipeline and the service.
 
 All records are frozen dataclasses. Ranks are 1-based everywhere. Times are tz-aware UTC.
-Source: DESIGN.md "Contracts"; the outcome is seed 000 Algorithm 1 turned into data.
+Source: docs/architecture.md "Contracts"; the outcome is Algorithm 1 of *Clustered Retrieval-Induced Forgetting* turned
+into data.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Hit:
 class PoolEntry:
     """One row of an :class:`Outcome`: how a pool entry fared in one retrieval.
 
-    ``initial_rank`` is the rank after the suppression re-sort (r_init of seed 000 §3.1),
+    ``initial_rank`` is the rank after the suppression re-sort (r_init in the paper's §3.1 notation),
     ``final_rank`` the rank after cross-encoder reranking (r_final); both 1-based.
     ``rerank_score`` is the cross-encoder logit s_xenc.
     """
@@ -99,7 +100,7 @@ class PoolEntry:
 
 @dataclass(frozen=True)
 class Outcome:
-    """The suppression update of one retrieval, as data (seed 000 Algorithm 1, lines 9-12).
+    """The suppression update of one retrieval, as data (Algorithm 1 of the paper, lines 9-12; docs/architecture.md "Suppression").
 
     ``cluster`` is the query cluster c(q) used at retrieval time (None before bootstrap);
     ``pool_size`` is P, the number of reranked pool entries (equal to ``len(pool)``).

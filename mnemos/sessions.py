@@ -1,6 +1,6 @@
 """Session-level retrieval of one tenant: which conversation sessions a query is about.
 
-The session-level retriever of seed 003's "session-utterance" baseline (§4): a session is the
+The session-level retriever of the "session-utterance" baseline of *AssoMem* (§4.2): a session is the
 transcript of its turns. Sessions are ranked by reciprocal rank fusion (k = 60) of
 
 * BM25 over session transcripts (the turns' texts joined by spaces, same tokenizer as the
@@ -31,7 +31,7 @@ __all__ = ["SessionIndex"]
 
 
 class SessionIndex:
-    """BM25 over session transcripts fused with cosine to session centroids (seed 003 §4).
+    """BM25 over session transcripts fused with cosine to session centroids (AssoMem §4.2).
 
     Args:
         dim: embedding dimension of the turn vectors (384 for all-MiniLM-L6-v2).

@@ -15,7 +15,7 @@ Every turn, canonical or alias, also keeps its own session, role and time in :at
 entries a retrieval may consider.
 
 A tenant index holds exactly one tenant's entries; :meth:`TenantIndex.add` refuses an entry of
-another tenant (DESIGN.md: tenant isolation is a hard gate). Indexes are derived state: the
+another tenant (docs/architecture.md "Invariants": tenant isolation). Indexes are derived state: the
 service rebuilds or extends them from Postgres and records the tenant's memory ``version``
 they reflect.
 """

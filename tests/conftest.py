@@ -1,7 +1,6 @@
-"""Test-wide setup: models load from local files only, tokenizers stay single-threaded."""
+"""Test-wide setup: models load from local files only, tokenizers stay single-threaded (the CLI's
+own helper, before any test module imports a model library)."""
 
-import os
+from workers.settings import prepare_offline_models
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+prepare_offline_models()

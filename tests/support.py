@@ -21,8 +21,8 @@ import pytest
 import redis
 from psycopg import sql
 
+from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
 from workers.migrate import ensure_database, run_migrations
-from workers.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
 from workers.settings import FAKE_MODEL, Settings
 from workers.store import Store
 

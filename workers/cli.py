@@ -1,8 +1,14 @@
 """The ``mnemos`` command: a thin layer that builds settings once and calls ``run_*`` functions.
 
-Logging is configured here and nowhere else, with the passwords of the configured URLs masked in
-every record (:mod:`workers.redaction`). Model environment variables (offline hub,
-single-threaded tokenizers) are set at the top of :func:`main`, before any model library loads.
+Logging is configured here and nowhere else (:func:`configure_logging`), with the passwords of the
+configured URLs masked in every record (:mod:`workers.redaction`). Model environment variables
+(offline hub, single-threaded tokenizers) are set at the top of :func:`main`, before any model
+library loads (:func:`workers.settings.prepare_offline_models`, the one place that sets them).
+
+Other installed parts add command groups through the entry-point group ``mnemos.commands``
+(:data:`COMMANDS_GROUP`): the benchmark part declares ``bench``, ``reranker`` and ``data`` in
+``pyproject.toml`` (:mod:`bench.commands`). This module never imports them by name; a group whose
+part is not installed (the service image installs no ``bench`` extra) is simply absent.
 
 Every command, the benchmark commands included, ends an error in one line on stderr (``Error:
 ...``, passwords masked) and a non-zero exit code: 2 when an operator must change something
@@ -17,6 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterable
+from importlib import metadata
+from importlib.metadata import EntryPoint
 from typing import Any, TextIO
 
 import click
@@ -69,7 +78,7 @@ class OneLineErrors(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except click.ClickException as exc:
-            exc.message = redact(" ".join(exc.format_message().split()), _secrets(ctx))
+            exc.message = redact(" ".join(exc.message.split()), _secrets(ctx))  # format_message adds any prefix once
             raise
         except Exception as exc:
             if ctx.params.get("debug"):
@@ -83,6 +92,15 @@ def _secrets(ctx: click.Context) -> tuple[str, ...]:
     return secrets_of([settings.redis_url, settings.database_url]) if isinstance(settings, Settings) else ()
 
 
+def configure_logging(level: str) -> None:
+    """Root logging for a command: timestamped lines on stderr at ``level``; the model and HTTP
+    libraries' own loggers at WARNING or above. Called once, by :func:`cli`; libraries never
+    configure logging."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("bm25s", "faiss", "httpx", "sentence_transformers", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
 @click.group(cls=OneLineErrors)
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
@@ -90,9 +108,7 @@ def _secrets(ctx: click.Context) -> tuple[str, ...]:
 @click.pass_context
 def cli(ctx: click.Context, log_level: str, debug: bool) -> None:
     """Mnemos: long-term conversational memory as a streaming service."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("bm25s", "faiss", "httpx", "sentence_transformers", "urllib3"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    configure_logging(log_level)
     settings = Settings.from_env()
     install_redaction(secrets_of([settings.redis_url, settings.database_url]))
     ctx.obj = settings
@@ -153,8 +169,8 @@ def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> Non
 
 def _client(settings: Settings):
     from api.client import MnemosClient
+    from api.validation import limits_of
     from workers.connections import redis_client
-    from workers.ingest import limits_of
 
     return MnemosClient(redis_client(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
@@ -269,22 +285,37 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     sys.exit(code)
 
 
-def _register_other_groups() -> None:
-    """Attach the benchmark, reranker and data groups (they live in ``bench/``, which imports ``workers``)."""
-    from bench.cli import bench
-    from bench.fetch import data
-    from bench.mainjob import service
-    from bench.reranker_cli import reranker
-    from bench.speed import speed
+COMMANDS_GROUP = "mnemos.commands"
+"""Entry-point group of the command groups other installed parts add to ``mnemos``."""
 
-    bench.add_command(service, "service")
-    bench.add_command(speed, "speed")
-    cli.add_command(bench, "bench")
-    cli.add_command(reranker, "reranker")
-    cli.add_command(data, "data")
+
+def register_plugins(group: click.Group, entry_points: Iterable[EntryPoint] | None = None) -> list[str]:
+    """Add to ``group`` every command of the :data:`COMMANDS_GROUP` entry points (installed
+    distributions' metadata by default), under the entry point's name; returns the names added.
+
+    A plugin whose module cannot be imported for a missing module (its extra is not installed) is
+    left out with a debug line; any other error while loading it propagates. A name the group
+    already has is never replaced.
+    """
+    if entry_points is None:
+        entry_points = metadata.entry_points(group=COMMANDS_GROUP)
+    added = []
+    for point in entry_points:
+        if point.name in group.commands:
+            continue
+        try:
+            command = point.load()
+        except ModuleNotFoundError as exc:
+            log.debug("command group %r left out: %s", point.name, exc)
+            continue
+        if not isinstance(command, click.Command):
+            raise TypeError(f"entry point {point.name} = {point.value} is not a click command")
+        group.add_command(command, point.name)
+        added.append(point.name)
+    return added
 
 
 def main() -> None:
     prepare_offline_models()
-    _register_other_groups()
+    register_plugins(cli)
     cli()

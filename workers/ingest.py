@@ -34,7 +34,7 @@ from psycopg.types.json import Jsonb
 
 from api.errors import InvalidInputError, Reason
 from api.schemas import Turn
-from api.validation import Limits
+from api.validation import limits_of
 from mnemos.dedupe import Signature, dedupe_batch, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
@@ -52,13 +52,6 @@ log = logging.getLogger(__name__)
 
 GROUP = "ingest"
 INGEST_LOCK_CLASS = 0x4D4E4931  # first key of pg_advisory_xact_lock(int, int): "MNI1"
-
-
-def limits_of(settings: Settings) -> Limits:
-    """Validation limits from settings (the client uses the same defaults)."""
-    return Limits(max_text_bytes=settings.max_text_bytes, max_query_bytes=settings.max_query_bytes,
-                  max_id_chars=settings.max_id_chars, max_metadata_bytes=settings.max_metadata_bytes,
-                  max_future_skew_s=settings.max_future_skew_s, max_k=settings.max_k)
 
 
 @dataclass

@@ -15,11 +15,14 @@ from pathlib import Path
 from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, bundled_bi_encoder_path
 from mnemos.errors import ModelLoadError
 from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
-from mnemos.training import PROVENANCE_FILE
 from workers.errors import ModelSetupError
 from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, SHIPPED_RERANKER, Settings
 
 log = logging.getLogger(__name__)
+
+PROVENANCE_FILE = "mnemos_provenance.json"
+"""The record beside a cross-encoder directory of how it was trained (``training_conversations``,
+``held_out_conversations``, ``deep_threshold``, ...), written by :mod:`bench.training.cross_encoder`."""
 
 
 class TruncationCounter:

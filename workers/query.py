@@ -43,16 +43,14 @@ from rq.worker import SimpleWorker
 
 from api import schemas
 from api.errors import InvalidInputError, Reason
+from api.validation import limits_of
 from mnemos.encoder import Encoder
 from mnemos.features import Feature, FeatureSetting
-from mnemos.filters import EntryFilter
 from mnemos.pipeline import RetrievalConfig, retrieve
-from mnemos.records import Outcome
 from mnemos.rerank import CachedReranker, Reranker
 from mnemos.suppression import SuppressionTable, UpdateRule
 from workers.errors import EmbeddingVersionError, OutsideQueryWorkerError
 from workers.heartbeats import Heartbeat
-from workers.ingest import limits_of
 from workers.intermediate import sweep
 from workers.liveness import Liveness
 from workers.metrics import ServiceMetrics
@@ -60,6 +58,7 @@ from workers.settings import Settings
 from workers.store import Store
 from workers.store_state import current_version, require_tenant_version
 from workers.tenant_cache import TenantCache
+from workers.wire import entry_filter, outcome_message, result_message
 
 log = logging.getLogger(__name__)
 
@@ -85,25 +84,6 @@ def retrieval_config(settings: Settings, *, rerank: bool) -> RetrievalConfig:
         deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, rerank=rerank, alpha=settings.alpha,
         eta=settings.eta, update_rule=UpdateRule(settings.update_rule), suppression=settings.suppression,
         features=feature_settings(settings))
-
-
-def outcome_message(outcome: Outcome, *, with_embedding: bool) -> schemas.Outcome:
-    """The stream form of a core outcome (the embedding only while the tenant is bootstrapping)."""
-    return schemas.Outcome(
-        outcome_id=outcome.outcome_id, tenant_id=outcome.tenant_id, cluster=outcome.cluster,
-        pool_size=outcome.pool_size,
-        pool=tuple(schemas.PoolRow(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score) for p in outcome.pool),
-        query_embedding=outcome.query_embedding if with_embedding else None)
-
-
-def entry_filter(request: schemas.RetrievalRequest) -> EntryFilter | None:
-    """The core filter of a request's ``as_of`` and ``filters``; None when it restricts nothing."""
-    f = request.filters
-    if request.as_of is None and f is None:
-        return None
-    return EntryFilter(as_of=request.as_of, occurred_after=None if f is None else f.occurred_after,
-                       session_ids=None if f is None or f.session_ids is None else frozenset(f.session_ids),
-                       roles=None if f is None or f.roles is None else frozenset(f.roles))
 
 
 class QueryService:
@@ -186,13 +166,8 @@ class QueryService:
         self.metrics.query_job("ok", stages, pool_size=core.pool_size, deep_pass=core.deep_pass, refreshed=refreshed)
         if self.rerank_cache is not None and self.rerank_cache.cache_hits > hits_before:
             self.metrics.query_rerank_cache_hits.inc(self.rerank_cache.cache_hits - hits_before)
-        hits = tuple(schemas.Hit(h.entry_id, h.turn_id, h.session_id, h.role, h.text, h.occurred_at, float(h.score),
-                                 h.rank, h.aliases) for h in core.hits)
-        return schemas.RetrievalResult(
-            request_id=request.request_id, tenant_id=tenant_id, hits=hits, pool_size=core.pool_size,
-            deep_pass=core.deep_pass, cluster=core.cluster,
-            top_rerank_score=None if core.top_rerank_score is None else float(core.top_rerank_score),
-            stage_seconds=stages, memory_version=version, suppression_version=suppression_version)
+        return result_message(core, request, stage_seconds=stages, memory_version=version,
+                              suppression_version=suppression_version)
 
     def _empty(self, request: schemas.RetrievalRequest, started: float) -> schemas.RetrievalResult:
         stages = {"total": self.clock() - started}

@@ -1,6 +1,7 @@
 """Suppression worker: stream ``<prefix>:outcomes`` (group ``suppression``) into suppression scores.
 
-Per outcome, in ONE transaction scoped to its tenant (seed 000 Algorithm 1, lines 9-12):
+Per outcome, in ONE transaction scoped to its tenant (*Clustered Retrieval-Induced Forgetting*, Algorithm 1,
+lines 9-12; docs/architecture.md "Suppression"):
 
 1. insert the ledger row ``applied_outcomes (tenant_id, outcome_id)`` with ``ON CONFLICT DO
    NOTHING``; if it already existed the outcome is a redelivery and nothing else happens;
@@ -34,7 +35,6 @@ from psycopg.types.json import Jsonb
 
 from api.errors import InvalidInputError, Reason
 from api.schemas import Outcome as OutcomeMessage
-from mnemos.records import Outcome, PoolEntry
 from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas
 from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of
 from workers.heartbeats import Heartbeat
@@ -42,19 +42,12 @@ from workers.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import Store, vector_to_bytes, vectors_from_bytes
 from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
+from workers.wire import outcome_record
 
 log = logging.getLogger(__name__)
 
 GROUP = "suppression"
 SUPPRESSION_LOCK_CLASS = 0x4D4E5331  # "MNS1": serialises one tenant's bootstrap across workers
-
-
-def core_outcome(message: OutcomeMessage) -> Outcome:
-    return Outcome(outcome_id=message.outcome_id, tenant_id=message.tenant_id, cluster=message.cluster,
-                   pool_size=message.pool_size,
-                   pool=tuple(PoolEntry(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score)
-                              for p in message.pool),
-                   query_embedding=message.query_embedding)
 
 
 class SuppressionWorker:
@@ -96,7 +89,7 @@ class SuppressionWorker:
     def apply(self, message: OutcomeMessage, stream_id: str | None = None) -> bool:
         """Apply one outcome in one transaction; False when the ledger says it was applied before."""
         started = time.perf_counter()
-        outcome = core_outcome(message)
+        outcome = outcome_record(message)
         deltas = outcome_deltas(outcome, self.rule, self.settings.eta)
         tenant_id = outcome.tenant_id
         froze = False

@@ -17,9 +17,10 @@ import psycopg
 import redis
 
 from api.client import MnemosClient
+from api.validation import limits_of
 from mnemos.rerank import Reranker
 from workers.ingest import GROUP as INGEST_GROUP
-from workers.ingest import IngestWorker, limits_of
+from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, load_encoder, load_reranker
 from workers.query import QueryService

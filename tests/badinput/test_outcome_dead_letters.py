@@ -30,7 +30,7 @@ from tests.badinput.harness import (
 )
 from workers.settings import Settings
 from workers.store import Store
-from workers.suppression import core_outcome
+from workers.wire import outcome_record
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def feed(settings: Settings, connection: redis.Redis, store: Store, ids: list[in
     worker = suppression_worker(settings, connection, store)
     done = run_loop_until(worker, lambda: "good-after" in applied(store), timeout_s=10.0)
     assert done, f"the suppression worker did not go on to the next good outcome; dead letters: {reasons(store)}"
-    expected = outcome_deltas(core_outcome(good_outcome(ids)), UpdateRule.RANK_GAP, settings.eta)
+    expected = outcome_deltas(outcome_record(good_outcome(ids)), UpdateRule.RANK_GAP, settings.eta)
     cluster_0 = {key: s for key, s in suppression_rows(store, TENANT).items() if key[1] == 0}
     assert cluster_0 == pytest.approx(expected)  # the good outcome applied, nothing of the bad one
     return worker
@@ -173,6 +173,6 @@ def test_outcome_with_duplicate_pool_rows_is_summed_once(settings, redis_client,
                                             PoolRow(ids[1], 3, 1, 1.0)))
     feed(settings, redis_client, store, ids, twice.to_stream_fields())
     assert dead_letters(store) == []
-    expected = outcome_deltas(core_outcome(twice), UpdateRule.RANK_GAP, settings.eta)
+    expected = outcome_deltas(outcome_record(twice), UpdateRule.RANK_GAP, settings.eta)
     rows = suppression_rows(store, TENANT)
     assert rows[(ids[0], 1)] == pytest.approx(expected[(ids[0], 1)])

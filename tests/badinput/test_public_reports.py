@@ -55,7 +55,7 @@ from workers.ingest import GROUP as INGEST_GROUP
 from workers.settings import Settings, to_environment
 from workers.store import Store
 from workers.streams import StreamMessage
-from workers.suppression import core_outcome
+from workers.wire import outcome_record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -257,7 +257,7 @@ def test_outcomes_folded_one_at_a_time_or_in_one_batch_give_identical_scores(set
     assert by_turn("one-by-one") == by_turn("batched")  # bit for bit
     table = SuppressionTable()
     for outcome in one_by_one:
-        table.apply(outcome_deltas(core_outcome(outcome), UpdateRule.RANK_GAP, settings.eta))
+        table.apply(outcome_deltas(outcome_record(outcome), UpdateRule.RANK_GAP, settings.eta))
     assert suppression_rows(store, "one-by-one") == pytest.approx(table.scores(), rel=1e-12, abs=1e-15)
     assert len(table.scores()) > 5
 

@@ -41,7 +41,7 @@ def registered_series() -> set[str]:
     """Every mnemos_* series name workers/metrics.py registers (histograms with _bucket/_sum/_count,
     counters with _total). Skips while the module does not exist yet."""
     if importlib.util.find_spec("workers.metrics") is None:
-        pytest.skip("workers/metrics.py does not exist yet: expressions are only checked against SPEC.md's names")
+        pytest.skip("workers/metrics.py does not exist yet: expressions are only checked against the contract's names")
     from tests.deploy.promql import series_of_registry
 
     module = importlib.import_module("workers.metrics")

@@ -1,6 +1,6 @@
-"""The metric names of SPEC.md and a PromQL walker that lists the series an expression reads.
+"""The metric names of the service's contract and a PromQL walker that lists the series an expression reads.
 
-``SPEC_METRICS`` is the contract of SPEC.md ("Prometheus metric names"): the names, types and
+``SPEC_METRICS`` is the metric contract (docs/architecture.md "Metrics"): the names, types and
 labels deploy/ relies on. :func:`series_of_registry` derives the series names a prometheus_client
 registry exposes (counters gain ``_total``, histograms ``_bucket``/``_sum``/``_count``), so the
 expressions in rules and dashboards can be checked against what workers/metrics.py registers.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import promql_parser
 
-# name -> (type, labels), verbatim from SPEC.md; counters are named with their _total suffix.
+# name -> (type, labels), as docs/architecture.md "Metrics" lists them; counters are named with their _total suffix.
 SPEC_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_ingest_turns_read_total": ("counter", ()),
     "mnemos_ingest_turns_indexed_total": ("counter", ()),
@@ -41,7 +41,7 @@ SPEC_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_worker_up": ("gauge", ("worker",)),
     "mnemos_dead_letters_total": ("counter", ("reason",)),
 }
-# Exported by workers/metrics.py beyond SPEC.md's list (checked against the registry when it imports).
+# Exported by workers/metrics.py beyond the contract's list (checked against the registry when it imports).
 CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_ingest_encoder_truncated_total": ("counter", ()),
     "mnemos_query_rerank_cache_hits_total": ("counter", ()),
@@ -51,7 +51,7 @@ CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_query_jobs_expired_total": ("counter", ()),
     "mnemos_query_jobs_recovered_total": ("counter", ()),
 }
-# Label values the code uses (SPEC.md, DESIGN.md); a matcher on another value selects nothing.
+# Label values the code uses (docs/architecture.md "Contracts"); a matcher on another value selects nothing.
 LABEL_VALUES: dict[str, frozenset[str]] = {
     "status": frozenset({"ok", "error"}),
     "stage": frozenset({"refresh", "bm25", "dense", "fusion", "suppression", "rerank", "features", "total"}),
@@ -75,7 +75,7 @@ _RECORDED = re.compile(r"^[a-zA-Z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+$")
 
 
 def series_of(name: str, kind: str) -> set[str]:
-    """Series names of one metric family as Prometheus scrapes it (``name`` as in SPEC.md)."""
+    """Series names of one metric family as Prometheus scrapes it (``name`` as in the contract)."""
     if kind == "histogram":
         return {name + suffix for suffix in HISTOGRAM_SUFFIXES}
     if kind == "summary":
@@ -110,7 +110,7 @@ def series_of_registry(registry) -> set[str]:
 
 
 def family_of(series: str) -> str:
-    """The SPEC.md (or CODE_EXTRA_METRICS) metric a series belongs to (``x_bucket`` -> ``x``); the series
+    """The contract metric (or a CODE_EXTRA_METRICS one) a series belongs to (``x_bucket`` -> ``x``); the series
     itself otherwise."""
     known = {**SPEC_METRICS, **CODE_EXTRA_METRICS}
     if series in known:

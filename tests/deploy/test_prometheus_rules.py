@@ -43,7 +43,7 @@ def test_expression_parses(rule):
 def test_expression_reads_only_known_metrics(rule):
     known = promql.spec_series() | promql.spec_series(promql.CODE_EXTRA_METRICS)
     bad = promql.unknown_series([str(rule["expr"])], known, RECORDED)
-    assert not bad, f"{_id(rule)} reads series outside SPEC.md and CODE_EXTRA_METRICS: {bad}"
+    assert not bad, f"{_id(rule)} reads series outside the metric contract and CODE_EXTRA_METRICS: {bad}"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=_id)

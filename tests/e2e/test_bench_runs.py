@@ -24,9 +24,9 @@ import bench.speed
 from bench.datasets import load_locomo
 from bench.engine import prepare_questions
 from bench.mainjob import run_main_job
+from bench.queue_cleanup import delete_queue_jobs, queue_job_ids
 from bench.speed import run_speed_bench
 from tests.support import PG_ADMIN_URL
-from workers.queue_cleanup import delete_queue_jobs, queue_job_ids
 from workers.settings import FAKE_MODEL, Settings
 
 pytestmark = pytest.mark.e2e

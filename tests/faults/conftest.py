@@ -3,7 +3,7 @@
 One private Redis (append-only file, fsync always) and one private Postgres cluster (``initdb``)
 per session, on spare loopback ports in a temporary directory; the machine's shared servers are
 never restarted. Skipped when ``redis-server`` or ``initdb`` is not installed. The longer run is
-``python -m bench.faults`` (see bench/results/faults.md).
+``mnemos bench faults`` (see bench/results/faults.md).
 """
 
 from __future__ import annotations

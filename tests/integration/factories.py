@@ -13,7 +13,8 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from api.client import MnemosClient
-from workers.ingest import IngestWorker, limits_of
+from api.validation import limits_of
+from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, load_encoder
 from workers.settings import Settings

@@ -18,7 +18,7 @@ from tests.integration.factories import (
 )
 from workers.settings import Settings
 from workers.store import Store
-from workers.suppression import core_outcome
+from workers.wire import outcome_record
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ def test_outcome_applied_once_even_when_redelivered(settings: Settings, redis_cl
     message = _outcome("o1", ids[:5], 0)
     assert worker.apply(message) is True
     first = _scores(store)
-    expected = outcome_deltas(core_outcome(message), UpdateRule.RANK_GAP, settings.eta)
+    expected = outcome_deltas(outcome_record(message), UpdateRule.RANK_GAP, settings.eta)
     assert first == pytest.approx(expected) and first
     assert worker.apply(message) is False  # the redelivery changes nothing
     assert _scores(store) == first
@@ -82,7 +82,7 @@ def test_batch_and_one_at_a_time_give_identical_scores(settings: Settings, redis
     in_batch = _scores(store)
     sequential: dict[tuple[int, int], float] = {}
     for message in messages:
-        for key, delta in outcome_deltas(core_outcome(message), UpdateRule.RANK_GAP, settings.eta).items():
+        for key, delta in outcome_deltas(outcome_record(message), UpdateRule.RANK_GAP, settings.eta).items():
             sequential[key] = sequential.get(key, 0.0) + delta
     assert in_batch == pytest.approx(sequential)
     consumer.ack(worker.handle(batch))  # the whole batch again

@@ -1,5 +1,5 @@
 """The bench's post-rerank features run on the core (mnemos.features, mnemos.sessions) and give
-the reorderings their rules define (seed 003 §4, §3.2.3), checked against an oracle."""
+the reorderings their rules define (AssoMem §4.2, §3.2.3), checked against an oracle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""mnemos.features: post-rerank features (seed 003 §4 session-then-turn, §3.2.3 temporal match and
+"""mnemos.features: post-rerank features (AssoMem §4.2 session-then-turn, §3.2.3 temporal match and
 PPR importance), moved from bench.arms with their tests; plus setting validation."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""retrieve() with post-rerank features (seed 003 §4 session-then-turn, §3.2.3 temporal match):
+"""retrieve() with post-rerank features (AssoMem §4.2 session-then-turn, §3.2.3 temporal match):
 they reorder the final hits when on, change nothing when off, and never touch the outcome."""
 
 from __future__ import annotations

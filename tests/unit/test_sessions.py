@@ -1,4 +1,4 @@
-"""SessionIndex: BM25 over transcripts fused with centroid cosine (seed 003 §4), built incrementally."""
+"""SessionIndex: BM25 over transcripts fused with centroid cosine (AssoMem §4.2), built incrementally."""
 
 from __future__ import annotations
 

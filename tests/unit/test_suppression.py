@@ -1,4 +1,4 @@
-"""Suppression rules (seed 000 Eq. 1 and Eq. 2) on a hand-worked example, the table, the clusters."""
+"""Suppression rules (Clustered Retrieval-Induced Forgetting, Eq. 1 and Eq. 2) on a hand-worked example, the table, the clusters."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""mnemos.training_pairs, mnemos.training and ``reranker train``: data selection, mining, a tiny real run."""
+"""bench.training.pairs, bench.training.cross_encoder and ``reranker train``: data selection, mining, a tiny real run."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from click.testing import CliRunner
 
 from bench.datasets import Conversation, Question, Turn
 from bench.reranker_cli import reranker
-from mnemos.errors import TrainingDataError
-from mnemos.tokenizer import tokenize
-from mnemos.training import PROVENANCE_FILE, TrainConfig, train_cross_encoder
-from mnemos.training_pairs import (
+from bench.training.cross_encoder import TrainConfig, train_cross_encoder
+from bench.training.errors import TrainingDataError
+from bench.training.pairs import (
     LabelledPair,
     MiningConfig,
     PairSource,
@@ -26,6 +25,8 @@ from mnemos.training_pairs import (
     read_pairs_jsonl,
     turn_passages,
 )
+from mnemos.tokenizer import tokenize
+from workers.models import PROVENANCE_FILE
 
 T0 = datetime(2023, 5, 8, tzinfo=UTC)
 TEXTS = [

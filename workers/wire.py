@@ -1,0 +1,84 @@
+"""The one place where wire records and core records meet: every conversion between them, once.
+
+The client package (:mod:`api`) never imports the core (a client needs redis and rq, not numpy,
+faiss or a model), so each record that crosses the wire has a wire form in :mod:`api.schemas`
+(validated, versioned, JSON or stream fields) and a core form in :mod:`mnemos.records` (what the
+pipeline computes with). They are kept in step by ``tests/unit/test_wire.py``:
+
+* ``Hit`` (both modules): :func:`hit_message`;
+* ``RetrievalResult`` (both): :func:`result_message`, which adds what only the service knows;
+* ``Outcome`` with ``PoolRow`` (wire) and ``Outcome`` with ``PoolEntry`` (core):
+  :func:`outcome_message` in the query worker, :func:`outcome_record` in the suppression worker;
+* a request's ``as_of`` and ``filters`` (:class:`api.schemas.RetrievalFilters`) and the core's
+  :class:`mnemos.filters.EntryFilter`: :func:`entry_filter`.
+
+A request's restrictions change form once on the way in: the client's ``filters`` object is
+validated into :class:`api.schemas.RetrievalFilters` (the client checks before sending, the query
+worker again on receipt) and :func:`entry_filter` turns it, with ``as_of``, into the core's filter.
+See docs/architecture.md "Contracts".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from api import schemas
+from mnemos.filters import EntryFilter
+from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult
+
+__all__ = ["entry_filter", "hit_message", "outcome_message", "outcome_record", "result_message"]
+
+
+def entry_filter(request: schemas.RetrievalRequest) -> EntryFilter | None:
+    """The core filter of a request's ``as_of`` and ``filters``; None when it restricts nothing.
+
+    The request was validated when it was parsed (times zone-aware UTC, lists non-empty,
+    ``occurred_after`` not after ``as_of``), so this cannot fail.
+    """
+    f = request.filters
+    if request.as_of is None and f is None:
+        return None
+    return EntryFilter(as_of=request.as_of, occurred_after=None if f is None else f.occurred_after,
+                       session_ids=None if f is None or f.session_ids is None else frozenset(f.session_ids),
+                       roles=None if f is None or f.roles is None else frozenset(f.roles))
+
+
+def hit_message(hit: Hit) -> schemas.Hit:
+    """The wire form of one core hit (same fields; the score as a Python float)."""
+    return schemas.Hit(entry_id=hit.entry_id, turn_id=hit.turn_id, session_id=hit.session_id, role=hit.role,
+                       text=hit.text, occurred_at=hit.occurred_at, score=float(hit.score), rank=hit.rank,
+                       aliases=tuple(hit.aliases))
+
+
+def result_message(result: RetrievalResult, request: schemas.RetrievalRequest, *,
+                   stage_seconds: Mapping[str, float], memory_version: int,
+                   suppression_version: int | None) -> schemas.RetrievalResult:
+    """The job result of one answered request: the core result's hits and diagnostics, plus what
+    only the service knows (the request and tenant ids, seconds per stage, the memory and
+    suppression versions the answer read). The core result's ``outcome`` travels apart, on the
+    outcomes stream (:func:`outcome_message`), and its ``timings`` as ``stage_seconds``."""
+    return schemas.RetrievalResult(
+        request_id=request.request_id, tenant_id=request.tenant_id,
+        hits=tuple(hit_message(h) for h in result.hits), pool_size=result.pool_size,
+        deep_pass=result.deep_pass, cluster=result.cluster,
+        top_rerank_score=None if result.top_rerank_score is None else float(result.top_rerank_score),
+        stage_seconds=dict(stage_seconds), memory_version=memory_version, suppression_version=suppression_version)
+
+
+def outcome_message(outcome: Outcome, *, with_embedding: bool) -> schemas.Outcome:
+    """The stream form of a core outcome; the query embedding only ``with_embedding`` (while the
+    tenant has no frozen centroids, so the suppression worker can feed its bootstrap buffer)."""
+    return schemas.Outcome(
+        outcome_id=outcome.outcome_id, tenant_id=outcome.tenant_id, cluster=outcome.cluster,
+        pool_size=outcome.pool_size,
+        pool=tuple(schemas.PoolRow(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score) for p in outcome.pool),
+        query_embedding=outcome.query_embedding if with_embedding else None)
+
+
+def outcome_record(message: schemas.Outcome) -> Outcome:
+    """The core outcome of a validated stream message (what :func:`mnemos.suppression.outcome_deltas` reads)."""
+    return Outcome(outcome_id=message.outcome_id, tenant_id=message.tenant_id, cluster=message.cluster,
+                   pool_size=message.pool_size,
+                   pool=tuple(PoolEntry(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score)
+                              for p in message.pool),
+                   query_embedding=message.query_embedding)
