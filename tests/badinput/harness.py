@@ -87,7 +87,7 @@ def pending(connection: redis.Redis, stream: str, group: str) -> int:
 
 
 def run_loop_until(worker: IngestWorker | SuppressionWorker, until: Callable[[], bool], *,
-                   timeout_s: float = 15.0, name: str = "c1") -> bool:
+                   timeout_s: float = 60.0, name: str = "c1") -> bool:
     """Run the worker's real consumer loop in a thread until ``until()`` holds and nothing is pending.
 
     Returns False when that did not happen within ``timeout_s`` (a wedged or dead loop). The thread

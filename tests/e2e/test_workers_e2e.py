@@ -112,7 +112,7 @@ def test_killed_ingest_worker_loses_and_duplicates_nothing(e2e_settings: Setting
     assert _count(store, "t", "entries") < n
     second = spawn_workers(settings, ("ingest",))
     try:
-        _wait_for(lambda: _count(store, "t", "entries") == n, timeout_s=60, what="all turns after the kill")
+        _wait_for(lambda: _count(store, "t", "entries") == n, timeout_s=180, what="all turns after the kill")
         _wait_for(lambda: redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0, timeout_s=20,
                   what="claimed entries acknowledged")
     finally:

@@ -127,11 +127,15 @@ def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client
 
 
 def test_retrieve_without_a_query_worker_says_so_at_once(settings: Settings) -> None:
+    """Refused before anything is enqueued, so the client never waits for its (long) timeout."""
+    settings = settings.replace(retrieve_timeout_s=600.0)
     started = time.monotonic()
     out = _mnemos(settings, "retrieve", "--tenant", "alice", "where is Pixel")
     assert out.returncode == 1
     assert "no query worker is running" in _one_error(out)
-    assert time.monotonic() - started < settings.retrieve_timeout_s  # it did not wait for a timeout
+    assert time.monotonic() - started < settings.retrieve_timeout_s  # it did not wait for the timeout
+    queue_keys = redis.Redis.from_url(REDIS_URL).keys(f"rq:queue:{settings.queue_name}*")
+    assert queue_keys == []  # nothing was enqueued
 
 
 def test_publish_to_an_unreachable_redis(settings: Settings) -> None:
