@@ -1,8 +1,9 @@
 """On-disk caches that make benchmark reruns and resumes cheap: rerank scores and embeddings.
 
-Both are SQLite files under the benchmark's ``--cache-dir``. A key is a SHA-1 of the model's
-identity plus the input text(s), so a retrained model (new weights, new identity) never reads
-old scores. Models are loaded lazily: a rerun whose pairs are all cached never loads the
+Both are ``diskcache`` directories under the benchmark's ``--cache-dir`` (``rerank_scores/`` and
+``embeddings/``), one sub-directory per model identity. A key is a SHA-1 of the input text(s)
+within the model's directory, so a retrained model (new weights, new identity) never reads old
+scores. Models are loaded lazily: a rerun whose pairs are all cached never loads the
 cross-encoder.
 """
 
@@ -10,11 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sqlite3
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import diskcache
 import numpy as np
 
 from mnemos.encoder import Encoder
@@ -51,46 +51,42 @@ def _key(*parts: str) -> bytes:
 
 
 class _Store:
-    """A tiny SQLite key/value table ``(model, key) -> blob``; one connection, one lock."""
+    """The cached values of one model: a ``diskcache.Cache`` in ``root/<sha1 of the model identity>``.
 
-    def __init__(self, path: Path, table: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._table = table
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(
-            f"CREATE TABLE IF NOT EXISTS {table} (model TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL,"
-            " PRIMARY KEY (model, key))"
-        )
-        self._db.commit()
+    Nothing is ever evicted (a cache of a finished run must answer the rerun); ``diskcache`` is safe
+    across threads and processes.
+    """
 
-    def load(self, model: str) -> dict[bytes, bytes]:
-        with self._lock:
-            rows = self._db.execute(f"SELECT key, value FROM {self._table} WHERE model = ?", (model,)).fetchall()
-        return {bytes(k): bytes(v) for k, v in rows}
+    def __init__(self, root: Path, model: str) -> None:
+        directory = root / hashlib.sha1(model.encode("utf-8")).hexdigest()[:20]
+        self._cache = diskcache.Cache(str(directory), eviction_policy="none")
 
-    def put(self, model: str, items: Sequence[tuple[bytes, bytes]]) -> None:
+    def load(self) -> dict[bytes, bytes]:
+        """Every cached ``key -> value`` of the model."""
+        out: dict[bytes, bytes] = {}
+        for key in self._cache:
+            value = self._cache.get(key)
+            if value is not None:
+                out[bytes(key)] = bytes(value)
+        return out
+
+    def put(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         if not items:
             return
-        with self._lock:
-            self._db.executemany(
-                f"INSERT OR REPLACE INTO {self._table} (model, key, value) VALUES (?, ?, ?)",
-                [(model, k, v) for k, v in items],
-            )
-            self._db.commit()
+        with self._cache.transact():
+            for key, value in items:
+                self._cache.set(key, value)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._cache.close()
 
 
 class PersistentReranker:
-    """A :class:`~mnemos.rerank.Reranker` whose scores persist in ``<cache_dir>/rerank_scores.sqlite``.
+    """A :class:`~mnemos.rerank.Reranker` whose scores persist in ``<cache_dir>/rerank_scores/``.
 
     Args:
         model_key: identity of the model (see :func:`model_identity`).
-        cache_path: the SQLite file (shared by every model; rows are keyed by model).
+        cache_path: the cache directory (shared by every model; each has a sub-directory).
         load: builds the real reranker on the first cache miss.
 
     ``model_pairs_scored`` counts the pairs actually sent to the model by this process.
@@ -98,10 +94,10 @@ class PersistentReranker:
 
     def __init__(self, model_key: str, cache_path: str | Path, load: Callable[[], Reranker]) -> None:
         self.model_key = model_key
-        self._store = _Store(Path(cache_path), "rerank_scores")
+        self._store = _Store(Path(cache_path), model_key)
         self._load = load
         self._inner: Reranker | None = None
-        self._scores = {k: float(np.frombuffer(v, dtype=np.float32)[0]) for k, v in self._store.load(model_key).items()}
+        self._scores = {k: float(np.frombuffer(v, dtype=np.float32)[0]) for k, v in self._store.load().items()}
         self.model_pairs_scored = 0
         self.loaded_from_disk = len(self._scores)
 
@@ -117,13 +113,13 @@ class PersistentReranker:
             for i, value in zip(todo, fresh, strict=True):
                 self._scores[keys[i]] = float(value)
                 rows.append((keys[i], np.float32(value).tobytes()))
-            self._store.put(self.model_key, rows)
+            self._store.put(rows)
             self.model_pairs_scored += len(todo)
         return np.asarray([self._scores[k] for k in keys], dtype=np.float32)
 
 
 class PersistentEncoder:
-    """An :class:`~mnemos.encoder.Encoder` whose vectors persist in ``<cache_dir>/embeddings.sqlite``.
+    """An :class:`~mnemos.encoder.Encoder` whose vectors persist in ``<cache_dir>/embeddings/``.
 
     Uncached texts are encoded by the lazily built inner encoder in chunks of ``chunk`` (so a
     long first run can be interrupted and resumed); ``progress(total)`` returns ``(advance,
@@ -141,12 +137,12 @@ class PersistentEncoder:
     ) -> None:
         self.model_key = model_key
         self.dim = dim
-        self._store = _Store(Path(cache_path), "embeddings")
+        self._store = _Store(Path(cache_path), model_key)
         self._load = load
         self._inner: Encoder | None = None
         self._chunk = chunk
         self._progress = progress
-        self._vectors = self._store.load(model_key)
+        self._vectors = self._store.load()
         self.encoded = 0
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -166,7 +162,7 @@ class PersistentEncoder:
                 vectors = np.asarray(self._inner.encode([t for _, t in batch]), dtype=np.float32)
                 rows = [(k, np.ascontiguousarray(v).tobytes()) for (k, _), v in zip(batch, vectors, strict=True)]
                 self._vectors.update(rows)
-                self._store.put(self.model_key, rows)
+                self._store.put(rows)
                 self.encoded += len(batch)
                 if advance:
                     advance(len(batch))

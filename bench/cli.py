@@ -90,7 +90,7 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
         def load(p: Path = path) -> CrossEncoderReranker:
             return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size)
 
-        persistent = PersistentReranker(f"{identity}|max_length={max_length}", cache_dir / "rerank_scores.sqlite", load)
+        persistent = PersistentReranker(f"{identity}|max_length={max_length}", cache_dir / "rerank_scores", load)
         rerankers[name] = CachedReranker(persistent, max_entries=None)
         loaders[name] = load
     return (FoldRerankers(records, rerankers) if records else None), loaders
@@ -239,7 +239,7 @@ def run_quality_command(
     encoder_path = bi_encoder or bundled_bi_encoder_path()
     config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
     encoder = PersistentEncoder(
-        model_identity(encoder_path), int(config["hidden_size"]), cache_dir / "embeddings.sqlite",
+        model_identity(encoder_path), int(config["hidden_size"]), cache_dir / "embeddings",
         lambda: SentenceTransformerEncoder(encoder_path), progress=lambda n: _tqdm_progress(n, "embed"),
     )
     assignment: dict[str, str] = {}
@@ -322,7 +322,7 @@ def bench() -> None:
 @click.option("--per-question", "per_question_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Gzipped JSON of per-question NDCG@10/Recall@10/Recall@30 for every run.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CACHE_DIR,
-              show_default=True, help="Rerank-score and embedding caches (SQLite).")
+              show_default=True, help="Rerank-score and embedding caches (diskcache directories).")
 @click.option("--burnin-factor", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Burn-in draws per burn-in question.")
 @click.option("--clusters", type=click.IntRange(min=1), default=30, show_default=True, help="Max K (seed: 30).")

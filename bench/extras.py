@@ -7,7 +7,7 @@ import importlib.util
 __all__ = ["EXTRA_MODULES", "require_extra"]
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "bench": ("matplotlib", "scipy"),
+    "bench": ("matplotlib", "scipy", "diskcache"),
     "train": ("datasets", "accelerate"),
 }
 """The import names of each optional extra's requirements in ``pyproject.toml`` (a test keeps them in step)."""

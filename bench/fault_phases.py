@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-import psycopg
-
 from api.schemas import Outcome, PoolRow
 from bench.fault_run import (
     BASE_TIME,
@@ -33,6 +31,7 @@ from bench.fault_run import (
 )
 from mnemos.suppression import UpdateRule, outcome_deltas
 from workers.settings import Settings
+from workers.store.audit import Audit
 from workers.wire import outcome_record
 
 log = logging.getLogger(__name__)
@@ -91,9 +90,8 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         bad_keys = {(b["tenant_id"], b["turn_id"]) for b in bad}
 
         def done() -> bool:
-            with psycopg.connect(settings.database_url, connect_timeout=2) as conn:
-                stored = set(conn.execute("SELECT tenant_id, turn_id FROM entries").fetchall())
-                dead = set(conn.execute("SELECT tenant_id, turn_id FROM dead_letters").fetchall())
+            with Audit.connect(settings.database_url, timeout_s=2) as audit:
+                stored, dead = audit.turn_keys(), audit.dead_letter_keys()
             return accepted <= stored and bad_keys <= dead and run.drained(settings, settings.turns_stream, "ingest")
 
         report.settled = run.settle(done, plan.settle_timeout_s)
@@ -101,22 +99,23 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         stop.set()
         for worker in workers:
             worker.terminate()
-    with psycopg.connect(settings.database_url) as conn:
-        rows = conn.execute("SELECT e.tenant_id, e.turn_id, e.entry_id, e.canonical_entry_id, c.tenant_id,"
-                            " c.canonical_entry_id FROM entries e LEFT JOIN entries c"
-                            " ON c.entry_id = e.canonical_entry_id").fetchall()
-        dead = conn.execute("SELECT tenant_id, turn_id FROM dead_letters").fetchall()
-    report.lost, report.duplicated = count_turns(accepted, [(r[0], r[1]) for r in rows], dead)
-    report.dead_letters_found = len(bad_keys & set(dead))
-    report.aliases = sum(r[3] is not None for r in rows)
-    by_key = {(r[0], r[1]): r for r in rows}
+    with Audit.connect(settings.database_url) as audit:
+        rows = audit.entry_links()
+        dead = audit.dead_letter_keys()
+    report.lost, report.duplicated = count_turns(accepted, [(r.tenant_id, r.turn_id) for r in rows], dead)
+    report.dead_letters_found = len(bad_keys & dead)
+    report.aliases = sum(r.canonical_entry_id is not None for r in rows)
+    by_key = {(r.tenant_id, r.turn_id): r for r in rows}
     # an alias points at a canonical entry of its own tenant; each near-duplicate pair is one memory
-    report.dedupe_violations = sum(r[3] is not None and (r[4] != r[0] or r[5] is not None) for r in rows)
+    report.dedupe_violations = sum(
+        r.canonical_entry_id is not None and (r.canonical_tenant_id != r.tenant_id or r.canonical_of_canonical is not None)
+        for r in rows)
     for tenant, first, second in pairs:
         a, b = by_key.get((tenant, first)), by_key.get((tenant, second))
         if a is None or b is None:
             continue
-        one_memory = (a[3] is None and b[3] == a[2]) or (b[3] is None and a[3] == b[2])
+        one_memory = ((a.canonical_entry_id is None and b.canonical_entry_id == a.entry_id)
+                      or (b.canonical_entry_id is None and a.canonical_entry_id == b.entry_id))
         report.dedupe_violations += not one_memory
     report.seconds = time.monotonic() - started
     return report
@@ -130,10 +129,8 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     rng = random.Random(plan.seed + 7)
     tenants = [f"tenant-{chr(97 + i)}{plan.seed}" for i in range(plan.tenants)]
     seed_entries(run, settings, tenants, per_tenant=12)
-    with psycopg.connect(settings.database_url) as conn:
-        ids: dict[str, list[int]] = {}
-        for tenant, entry_id in conn.execute("SELECT tenant_id, entry_id FROM entries ORDER BY entry_id"):
-            ids.setdefault(tenant, []).append(int(entry_id))
+    with Audit.connect(settings.database_url) as audit:
+        ids = audit.entry_ids()
     outcomes: list[Outcome] = []
     for n in range(plan.outcomes):
         tenant = tenants[n % len(tenants)]
@@ -174,8 +171,8 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         publisher.join(plan.settle_timeout_s)
 
         def done() -> bool:
-            with psycopg.connect(settings.database_url, connect_timeout=2) as conn:
-                ledger = set(conn.execute("SELECT tenant_id, outcome_id FROM applied_outcomes").fetchall())
+            with Audit.connect(settings.database_url, timeout_s=2) as audit:
+                ledger = audit.outcome_keys()
             return accepted <= ledger and run.drained(settings, settings.outcomes_stream, "suppression")
 
         report.settled = run.settle(done, plan.settle_timeout_s)
@@ -189,25 +186,23 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
                                                       settings.eta).items():
             key = (outcome.tenant_id, entry, cluster)
             expected[key] = expected.get(key, 0.0) + delta
-    with psycopg.connect(settings.database_url) as conn:
-        ledger = conn.execute("SELECT tenant_id, outcome_id, deltas FROM applied_outcomes ORDER BY applied_at").fetchall()
-        actual = {(t, int(e), int(c)): float(s) for t, e, c, s in conn.execute(
-            "SELECT tenant_id, entry_id, cluster, score FROM suppression")}
-        buffers = conn.execute("SELECT tenant_id, count(*), count(DISTINCT outcome_id) FROM query_buffer"
-                               " GROUP BY tenant_id").fetchall()
-        frozen = {r[0] for r in conn.execute("SELECT tenant_id FROM centroids")}
+    with Audit.connect(settings.database_url) as audit:
+        ledger = audit.ledger()
+        actual = audit.suppression_scores()
+        buffers = audit.buffer_counts()
+        frozen = audit.frozen_tenants()
     from_ledger: dict[tuple[str, int, int], float] = {}
-    for tenant, _oid, deltas in ledger:
-        for entry, cluster, delta in deltas:
-            key = (tenant, int(entry), int(cluster))
-            from_ledger[key] = from_ledger.get(key, 0.0) + float(delta)
-    ledger_keys = Counter((t, o) for t, o, _ in ledger)
+    for row in ledger:
+        for entry, cluster, delta in row.deltas:
+            key = (row.tenant_id, entry, cluster)
+            from_ledger[key] = from_ledger.get(key, 0.0) + delta
+    ledger_keys = Counter((r.tenant_id, r.outcome_id) for r in ledger)
     report.lost = len(accepted - set(ledger_keys))
     report.duplicated = sum(n - 1 for n in ledger_keys.values()) + len(set(ledger_keys) - accepted)
     report.score_mismatches = count_scores(actual, expected)
     report.ledger_mismatches = count_scores(actual, from_ledger)
     size = settings.clusters_k * settings.bootstrap_factor
-    report.buffer_violations = sum(n != size or distinct != n for _, n, distinct in buffers) + len(
+    report.buffer_violations = sum(b.rows != size or b.outcomes != b.rows for b in buffers) + len(
         set(tenants) - frozen)
     report.seconds = time.monotonic() - started
     return report
@@ -223,8 +218,8 @@ def seed_entries(run: FaultRun, settings: Settings, tenants: Sequence[str], per_
     worker.start()
     try:
         def stored() -> bool:
-            with psycopg.connect(settings.database_url, connect_timeout=2) as conn:
-                return conn.execute("SELECT count(*) FROM entries").fetchone()[0] == len(turns)
+            with Audit.connect(settings.database_url, timeout_s=2) as audit:
+                return audit.count_entries() == len(turns)
 
         if not run.settle(stored, 60.0):
             raise RuntimeError(f"seeding the outcome phase failed:\n{worker.tail()}")

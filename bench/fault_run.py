@@ -20,13 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis
 
 from api.client import MnemosClient
 from api.errors import ServiceUnavailable
 from api.validation import limits_of
 from bench.fault_servers import PostgresCluster, RedisServer, WorkerProcess
+from workers.errors import StoreError
 from workers.migrate import ensure_database, run_migrations
 from workers.settings import FAKE_MODEL, Settings, to_environment
 
@@ -243,7 +243,7 @@ class FaultRun:
             try:
                 if done():
                     return True
-            except (psycopg.Error, redis.RedisError) as exc:
+            except (StoreError, redis.RedisError) as exc:
                 log.debug("settle check failed: %s", exc)
             time.sleep(0.5)
         return False

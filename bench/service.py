@@ -29,7 +29,6 @@ import click
 import numpy as np
 import psycopg
 import redis
-from psycopg import sql
 from rq import Worker
 
 from api.client import MnemosClient
@@ -41,7 +40,8 @@ from workers.ingest import GROUP as INGEST_GROUP
 from workers.migrate import ensure_database, run_migrations
 from workers.models import cross_encoder_location, reranker_provenance
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
+from workers.store.schema import drop_database
 from workers.supervisor import WORKER_KINDS, spawn_workers, stop_workers
 from workers.suppression import GROUP as SUPPRESSION_GROUP
 
@@ -56,46 +56,41 @@ class ServiceRun:
 
     settings: Settings
     client: MnemosClient
-    store: Store
+    store: PostgresStore
     connection: redis.Redis
     children: list = field(default_factory=list)
 
     def stored(self, tenant_id: str) -> int:
-        with self.store.tenant_tx(tenant_id) as conn:
-            return int(conn.execute("SELECT count(*) FROM entries WHERE tenant_id = %s", (tenant_id,)).fetchone()[0])
+        with self.store.tenant(tenant_id) as tx:
+            return tx.count_entries()
 
     def entry_turns(self, tenant_id: str) -> dict[int, str]:
         """``{entry_id: turn_id}`` of every stored turn of a tenant (canonical entries and aliases)."""
-        with self.store.tenant_tx(tenant_id) as conn:
-            rows = conn.execute("SELECT entry_id, turn_id FROM entries WHERE tenant_id = %s", (tenant_id,)).fetchall()
-        return {int(e): t for e, t in rows}
+        with self.store.tenant(tenant_id) as tx:
+            return {r.entry_id: r.turn_id for r in tx.entries_after(0)}
 
     def ledger(self, tenant_id: str) -> list[tuple[str, int | None, int | None]]:
         """``(outcome_id, cluster, suppression_version)`` of every outcome the suppression worker applied
         to a tenant, in the order it applied them (by the version each one produced)."""
-        with self.store.tenant_tx(tenant_id) as conn:
-            rows = conn.execute("SELECT outcome_id, cluster, suppression_version FROM applied_outcomes"
-                                " WHERE tenant_id = %s ORDER BY suppression_version, applied_at",
-                                (tenant_id,)).fetchall()
-        return [(str(o), None if c is None else int(c), None if v is None else int(v)) for o, c, v in rows]
+        with self.store.tenant(tenant_id) as tx:
+            return [(r.outcome_id, r.cluster, r.suppression_version) for r in tx.ledger()]
 
     def suppression_state(self, tenant_id: str) -> dict[str, Any]:
         """The tenant's suppression version, stored scores and frozen centroids (None before bootstrap)."""
-        with self.store.tenant_tx(tenant_id) as conn:
-            versions = Store.versions(conn, tenant_id)
-            (scores,) = conn.execute("SELECT count(*) FROM suppression WHERE tenant_id = %s", (tenant_id,)).fetchone()
-            centroids = Store.centroids(conn, tenant_id)
-        return {"suppression_version": None if versions is None else versions[1], "scores": int(scores),
+        with self.store.tenant(tenant_id) as tx:
+            tenant = tx.tenant()
+            scores = len(tx.suppression_scores())
+            centroids = tx.centroids()
+        return {"suppression_version": None if tenant is None else tenant.suppression_version, "scores": scores,
                 "centroids": centroids}
 
     def canonical_map(self, tenant_id: str) -> dict[str, str]:
         """``{turn_id: canonical turn_id}`` of a tenant, from Postgres."""
-        with self.store.tenant_tx(tenant_id) as conn:
-            rows = conn.execute(
-                "SELECT e.turn_id, coalesce(c.turn_id, e.turn_id) FROM entries e"
-                " LEFT JOIN entries c ON c.entry_id = e.canonical_entry_id WHERE e.tenant_id = %s",
-                (tenant_id,)).fetchall()
-        return dict(rows)
+        with self.store.tenant(tenant_id) as tx:
+            rows = tx.entries_after(0)
+        turn_of = {r.entry_id: r.turn_id for r in rows}
+        return {r.turn_id: turn_of.get(r.canonical_entry_id, r.turn_id) if r.canonical_entry_id is not None
+                else r.turn_id for r in rows}
 
 
 def run_database_url(base: Settings, stamp: str) -> str:
@@ -151,7 +146,7 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
                           limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
                           job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s)
     children = spawn_workers(settings, tuple(kinds), log_level=log_level)
-    store = Store(settings.database_url, settings.db_app_role).open()
+    store = PostgresStore(settings.database_url, settings.db_app_role).open()
     run = ServiceRun(settings, client, store, connection, children)
     try:
         if "ingest" in kinds:
@@ -172,7 +167,7 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
         if not keep:
             delete_queue(connection, settings.queue_name)
         if not keep:
-            _drop_database(settings.database_url)
+            drop_database(settings.database_url)
 
 
 def _has_consumer(connection: redis.Redis, stream: str, group: str) -> bool:
@@ -207,13 +202,6 @@ def group_acknowledged(connection: redis.Redis, stream: str, group: str) -> int 
     if info is None or info.get("entries-read") is None:
         return None
     return int(info["entries-read"]) - int(info["pending"])
-
-
-def _drop_database(url: str) -> None:
-    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-    admin = psycopg.conninfo.make_conninfo(url, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def turn_message(tenant_id: str, turn: DatasetTurn) -> dict[str, Any]:

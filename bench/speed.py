@@ -99,9 +99,8 @@ def freshness(run, tenant_id: str, probes: int) -> tuple[list[float], int]:
                                  "role": "user", "text": text, "occurred_at": datetime.now(UTC).isoformat()})
         deadline = started + 60
         while True:
-            with run.store.tenant_tx(tenant_id) as conn:
-                if conn.execute("SELECT 1 FROM entries WHERE tenant_id = %s AND turn_id = %s",
-                                (tenant_id, turn_id)).fetchone():
+            with run.store.tenant(tenant_id) as tx:
+                if tx.stored_turns([turn_id]):
                     break
             if time.perf_counter() > deadline:
                 raise click.ClickException(f"probe {turn_id} was not stored within 60s")

@@ -24,7 +24,7 @@ from psycopg import sql
 from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
 from workers.migrate import ensure_database, run_migrations
 from workers.settings import FAKE_MODEL, Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -114,6 +114,6 @@ def delete_test_keys(client: redis.Redis, settings: Settings) -> None:
 
 
 @pytest.fixture
-def store(settings: Settings) -> Iterator[Store]:
-    with Store(settings.database_url, settings.db_app_role) as value:
+def store(settings: Settings) -> Iterator[PostgresStore]:
+    with PostgresStore(settings.database_url, settings.db_app_role) as value:
         yield value

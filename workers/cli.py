@@ -270,7 +270,7 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     """Publish a small two-tenant conversation, wait until it is stored, ask questions, print hits."""
     from workers.demo import run_demo
     from workers.embedded import EmbeddedServices
-    from workers.store import Store
+    from workers.store import PostgresStore
     from workers.supervisor import prepare, spawn_workers, stop_workers
 
     settings = _settings(ctx)
@@ -278,7 +278,7 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     settings = prepare(settings, embedded) if spawn else settings
     children = spawn_workers(settings) if spawn else []
     try:
-        with Store(settings.database_url, settings.db_app_role) as store:
+        with PostgresStore(settings.database_url, settings.db_app_role) as store:
             code = run_demo(_client(settings), store, wait_s=wait_s, echo=click.echo)
     finally:
         stop_workers(children)

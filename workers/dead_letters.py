@@ -1,7 +1,8 @@
 """Dead letters: messages a worker refused, with the reason, kept in Postgres and on a stream.
 
 The ``dead_letters`` table is the durable record (one row per stream message, so a redelivered
-message is not recorded twice); the ``<prefix>:turns:dead`` stream lets an operator tail them.
+message is not recorded twice; the store writes it: ``record_dead_letters`` of
+:mod:`workers.store`); the ``<prefix>:turns:dead`` stream lets an operator tail them.
 The table row is committed before the original message is acknowledged; the stream copy is
 best effort after the commit (a crash in between can repeat it on the stream, never in the table).
 """
@@ -11,11 +12,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-import psycopg
 import redis
-from psycopg.types.json import Jsonb
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +33,14 @@ class DeadLetter:
     turn_id: str | None = None
     payload: Mapping[str, str] = field(default_factory=dict)
 
+    def printable(self) -> DeadLetter:
+        """This letter with its texts storable: NUL and invalid UTF-8 replaced, each cut to
+        ``MAX_PAYLOAD_FIELD_CHARS`` (``stream``, ``stream_id`` and ``reason`` are the service's own)."""
+        return replace(
+            self, detail=_clean(self.detail), tenant_id=None if self.tenant_id is None else _clean(self.tenant_id),
+            turn_id=None if self.turn_id is None else _clean(self.turn_id),
+            payload={_clean(k): _clean(v) for k, v in self.payload.items()})
+
 
 def _clean(text: str) -> str:
     # Postgres text and jsonb refuse NUL; lone surrogates cannot be encoded
@@ -49,21 +56,6 @@ def payload_of(fields: Mapping[bytes, bytes]) -> dict[str, str]:
         text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
         out[_clean(name)] = _clean(text)
     return out
-
-
-def insert_dead_letters(conn: psycopg.Connection, letters: Sequence[DeadLetter]) -> None:
-    """Insert ``letters`` inside the caller's transaction (idempotent per stream message: the
-    ``dead_letters_message`` unique constraint drops a second letter for the same message)."""
-    for letter in letters:
-        conn.execute(
-            "INSERT INTO dead_letters (stream, stream_id, reason, detail, tenant_id, turn_id, payload)"
-            # no conflict target: naming the (stream, stream_id) arbiter would need SELECT on the row,
-            # which row-level security (migration 0003) only grants for the scoped tenant's letters
-            " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (letter.stream, letter.stream_id, letter.reason, _clean(letter.detail),
-             None if letter.tenant_id is None else _clean(letter.tenant_id),
-             None if letter.turn_id is None else _clean(letter.turn_id), Jsonb(dict(letter.payload))),
-        )
 
 
 def publish_dead_letters(connection: redis.Redis, dead_stream: str, letters: Sequence[DeadLetter]) -> None:

@@ -61,8 +61,9 @@ def demo_turns() -> list[dict[str, object]]:
 
 
 def stored_turns(store: Store, tenant_id: str) -> int:
-    with store.tenant_tx(tenant_id) as conn:
-        return int(conn.execute("SELECT count(*) FROM entries WHERE tenant_id = %s", (tenant_id,)).fetchone()[0])
+    """How many turns of ``tenant_id`` are stored (StoreError when Postgres fails)."""
+    with store.tenant(tenant_id) as tx:
+        return tx.count_entries()
 
 
 def run_demo(client: MnemosClient, store: Store, *, wait_s: float = 60.0, k: int = 3,

@@ -23,7 +23,7 @@ from workers.migrate import discover
 from workers.models import load_encoder, load_reranker
 from workers.redaction import redact, redact_url, secrets_of
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore, Store
 from workers.store_state import EmbeddingVersion, check_schema, current_version, version_counts
 
 
@@ -47,9 +47,9 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
         report("redis", False, f"{redact_url(settings.redis_url)}: {exc}")
         redis_ok = False
 
-    store: Store | None = None
+    store: PostgresStore | None = None
     try:
-        store = Store(settings.database_url, settings.db_app_role, max_size=1, timeout_s=3.0,
+        store = PostgresStore(settings.database_url, settings.db_app_role, max_size=1, timeout_s=3.0,
                       statement_timeout_s=settings.db_statement_timeout_s).open()
         check_schema(store)
         report("postgres", True, f"{redact_url(settings.database_url)}: migrated to {discover()[-1].version}")

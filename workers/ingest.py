@@ -28,9 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
-import psycopg
 import redis
-from psycopg.types.json import Jsonb
 
 from api.errors import InvalidInputError, Reason
 from api.schemas import Turn
@@ -38,20 +36,19 @@ from api.validation import limits_of
 from mnemos.dedupe import Signature, dedupe_batch, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of, publish_dead_letters
+from workers.dead_letters import DeadLetter, payload_of, publish_dead_letters
 from workers.errors import EmbeddingVersionError
 from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter
 from workers.settings import Settings
-from workers.store import Store, vector_to_bytes, vectors_from_bytes
+from workers.store import NewEntry, Store, TenantLock, TenantSession, vectors_from_bytes
 from workers.store_state import current_version, require_tenant_version
 from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 
 log = logging.getLogger(__name__)
 
 GROUP = "ingest"
-INGEST_LOCK_CLASS = 0x4D4E4931  # first key of pg_advisory_xact_lock(int, int): "MNI1"
 
 
 @dataclass
@@ -80,6 +77,12 @@ class _TenantOutcome:
     indexed: int = 0
     duplicates: int = 0
     conflicts: list[DeadLetter] | None = None
+
+
+def _new_entry(item: _Pending, entry_id: int, canonical: int | None) -> NewEntry:
+    turn = item.turn
+    return NewEntry(entry_id, turn.turn_id, turn.session_id, turn.role, turn.text, turn.occurred_at, item.vector,
+                    canonical, dict(turn.metadata), item.truncated, item.message.stream_id)
 
 
 class IngestWorker:
@@ -137,8 +140,7 @@ class IngestWorker:
             duplicates += result.duplicates
             conflicts.extend(result.conflicts or [])
         if rejected:
-            with self.store.plain_tx() as conn:
-                insert_dead_letters(conn, rejected)
+            self.store.record_dead_letters(rejected)
         commit_s = time.perf_counter() - started
 
         letters = rejected + conflicts
@@ -163,13 +165,13 @@ class IngestWorker:
 
     def _write_tenant(self, tenant_id: str, pending: Sequence[_Pending]) -> _TenantOutcome:
         outcome = _TenantOutcome(conflicts=[])
-        with self.store.tenant_tx(tenant_id) as conn:
-            conn.execute("INSERT INTO tenants (tenant_id, rendering_version, embedding_dim) VALUES (%s, %s, %s)"
-                         " ON CONFLICT DO NOTHING", (tenant_id, self.version.rendering, self.version.dim))
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (INGEST_LOCK_CLASS, tenant_id))
-            require_tenant_version(conn, tenant_id, self.version, adopt=True)  # never mix versions in a tenant
-            fresh = self._drop_known(conn, tenant_id, pending, outcome)
-            canon = self._load_canonicals(conn, tenant_id)
+        assert self.version.dim is not None
+        with self.store.tenant(tenant_id) as tx:
+            tx.create_tenant(self.version.rendering, self.version.dim)
+            tx.lock(TenantLock.INGEST)
+            require_tenant_version(tx, self.version, adopt=True)  # never mix versions in a tenant
+            fresh = self._drop_known(tx, pending, outcome)
+            canon = self._load_canonicals(tx)
             new_ids: list[int] = []
             new_vectors: list[np.ndarray] = []
             new_signatures: list[Signature] = []
@@ -178,7 +180,7 @@ class IngestWorker:
                 signatures = [turn_signature(p.turn.role, p.turn.text, p.turn.image_caption) for p in fresh]
                 decisions = dedupe_batch(matrix, canon.vectors, self.settings.dedupe_threshold,
                                          new_signatures=signatures, existing_signatures=canon.signatures)
-                ids = self._allocate_ids(conn, len(fresh))  # stream order, ascending
+                ids = tx.allocate_entry_ids(len(fresh))  # stream order, ascending
                 rows: list[tuple[_Pending, int, int | None]] = []
                 signature_of: dict[int, Signature] = {}
                 for decision, item, signature in zip(decisions, fresh, signatures, strict=True):
@@ -190,7 +192,7 @@ class IngestWorker:
                         canonical = None
                     rows.append((item, ids[decision.row], canonical))
                     signature_of[ids[decision.row]] = signature
-                stored = self._insert(conn, rows)
+                stored = tx.insert_entries([_new_entry(item, entry_id, canonical) for item, entry_id, canonical in rows])
                 for item, entry_id, canonical in rows:
                     if entry_id not in stored:  # a concurrent writer won (cannot happen under the lock)
                         continue
@@ -202,21 +204,16 @@ class IngestWorker:
                     else:
                         outcome.duplicates += 1
                 if outcome.indexed or outcome.duplicates:
-                    conn.execute("UPDATE tenants SET memory_version = memory_version + 1, updated_at = now()"
-                                 " WHERE tenant_id = %s", (tenant_id,))
-            insert_dead_letters(conn, outcome.conflicts or [])
+                    tx.bump_memory_version()
+            tx.record_dead_letters(outcome.conflicts or [])
         self._remember(tenant_id, canon, new_ids, new_vectors, new_signatures)  # only after the commit
         return outcome
 
-    def _drop_known(self, conn: psycopg.Connection, tenant_id: str, pending: Sequence[_Pending],
-                    outcome: _TenantOutcome) -> list[_Pending]:
+    def _drop_known(self, tx: TenantSession, pending: Sequence[_Pending], outcome: _TenantOutcome) -> list[_Pending]:
         """Pending turns not stored yet; redeliveries are skipped, conflicting turn ids dead-lettered."""
-        turn_ids = list({p.turn.turn_id for p in pending})
-        rows = conn.execute(
-            "SELECT turn_id, session_id, role, text, occurred_at FROM entries"
-            " WHERE tenant_id = %s AND turn_id = ANY(%s)", (tenant_id, turn_ids)).fetchall()
+        stored = tx.stored_turns(list({p.turn.turn_id for p in pending}))
         known: dict[str, Turn] = {
-            r[0]: Turn(tenant_id, r[1], r[0], r[2], r[3], r[4]) for r in rows}
+            r.turn_id: Turn(tx.tenant_id, r.session_id, r.turn_id, r.role, r.text, r.occurred_at) for r in stored}
         fresh: list[_Pending] = []
         for item in pending:
             first = known.get(item.turn.turn_id)
@@ -231,53 +228,20 @@ class IngestWorker:
                     item.turn))
         return fresh
 
-    @staticmethod
-    def _allocate_ids(conn: psycopg.Connection, n: int) -> list[int]:
-        """``n`` entry ids from the entries sequence, ascending: rows keep stream order, and an
-        in-batch alias can name its canonical before either is inserted."""
-        rows = conn.execute("SELECT nextval(pg_get_serial_sequence('entries', 'entry_id'))"
-                            " FROM generate_series(1, %s)", (n,)).fetchall()
-        return sorted(int(r[0]) for r in rows)
-
-    @staticmethod
-    def _insert(conn: psycopg.Connection, rows: Sequence[tuple[_Pending, int, int | None]]) -> set[int]:
-        """Insert ``(turn, entry id, canonical entry id)`` rows in one pipelined round trip; returns
-        the entry ids actually inserted (``ON CONFLICT (tenant_id, turn_id) DO NOTHING``)."""
-        params = [
-            (entry_id, item.turn.tenant_id, item.turn.turn_id, item.turn.session_id, item.turn.role, item.turn.text,
-             item.turn.occurred_at, vector_to_bytes(item.vector), canonical, Jsonb(dict(item.turn.metadata)),
-             item.truncated, item.message.stream_id)
-            for item, entry_id, canonical in rows]
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO entries (entry_id, tenant_id, turn_id, session_id, role, text, occurred_at, embedding,"
-                " canonical_entry_id, metadata, encoder_truncated, stream_id)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (tenant_id, turn_id) DO NOTHING RETURNING entry_id", params, returning=True)
-            stored: set[int] = set()
-            for _ in cur.results():
-                row = cur.fetchone()
-                if row is not None:
-                    stored.add(int(row[0]))
-        return stored
-
-    def _load_canonicals(self, conn: psycopg.Connection, tenant_id: str) -> _Canonicals:
+    def _load_canonicals(self, tx: TenantSession) -> _Canonicals:
         """The tenant's canonical entries (embeddings and signatures): the cache plus rows committed
         since (under the lock). A signature is computed from the stored role, text and caption."""
-        cached = self._canonicals.get(tenant_id)
+        cached = self._canonicals.get(tx.tenant_id)
         last = cached.last_entry_id if cached else 0
-        rows = conn.execute(
-            "SELECT entry_id, embedding, role, text, metadata->>'image_caption' FROM entries"
-            " WHERE tenant_id = %s AND canonical_entry_id IS NULL AND entry_id > %s ORDER BY entry_id",
-            (tenant_id, last)).fetchall()
+        rows = tx.canonical_entries(after=last)
         ids = list(cached.entry_ids) if cached else []
         vectors = cached.vectors if cached else np.zeros((0, self.encoder.dim), np.float32)
         signatures = list(cached.signatures) if cached else []
         if rows:
-            ids.extend(int(r[0]) for r in rows)
-            vectors = np.vstack([vectors, vectors_from_bytes([bytes(r[1]) for r in rows], self.encoder.dim)])
-            signatures.extend(turn_signature(r[2], r[3], r[4]) for r in rows)
-            last = int(rows[-1][0])
+            ids.extend(r.entry_id for r in rows)
+            vectors = np.vstack([vectors, vectors_from_bytes([r.embedding for r in rows], self.encoder.dim)])
+            signatures.extend(turn_signature(r.role, r.text, r.image_caption) for r in rows)
+            last = rows[-1].entry_id
         return _Canonicals(last, ids, vectors, signatures)
 
     def _remember(self, tenant_id: str, canon: _Canonicals, new_ids: list[int],
@@ -294,8 +258,7 @@ class IngestWorker:
     def poison(self, message: StreamMessage, exc: Exception) -> None:
         """Dead-letter a message the worker failed on by itself (``processing_error``)."""
         letter = self._dead_letter(message, Reason.PROCESSING_ERROR.value, f"{type(exc).__name__}: {exc}")
-        with self.store.plain_tx() as conn:
-            insert_dead_letters(conn, [letter])
+        self.store.record_dead_letters([letter])
         publish_dead_letters(self.connection, self.settings.dead_letter_stream, [letter])
         self.metrics.rejected(letter.reason)
 

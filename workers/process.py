@@ -32,14 +32,14 @@ from workers.metrics import ServiceMetrics, serve
 from workers.models import limit_blas_threads, load_encoder, load_reranker, load_truncation_counter
 from workers.redaction import redact_url
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore, Store
 from workers.store_state import EmbeddingVersion, check_store, current_version
 from workers.streams import StreamSampler, consumer_name
 
 log = logging.getLogger(__name__)
 
 
-def open_checked_store(settings: Settings, kind: str, version: EmbeddingVersion | None = None) -> Store:
+def open_checked_store(settings: Settings, kind: str, version: EmbeddingVersion | None = None) -> PostgresStore:
     """The worker's store, once the database exists, is migrated and (with ``version``) holds only
     embeddings of that version.
 
@@ -48,7 +48,7 @@ def open_checked_store(settings: Settings, kind: str, version: EmbeddingVersion 
     """
     log.info("%s worker: redis %s, postgres %s%s", kind, redact_url(settings.redis_url),
              redact_url(settings.database_url), "" if version is None else f", embeds {version}")
-    store = Store(settings.database_url, settings.db_app_role,
+    store = PostgresStore(settings.database_url, settings.db_app_role,
                   statement_timeout_s=settings.db_statement_timeout_s).open()
     try:
         check_store(store, version)

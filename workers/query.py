@@ -129,9 +129,9 @@ class QueryService:
         query_vector = self.encoder.encode([request.query])[0]
         encode_s = self.clock() - started
         refresh_started = self.clock()
-        with self.store.tenant_tx(tenant_id, snapshot=True) as conn:
+        with self.store.tenant(tenant_id, snapshot=True) as tx:
             try:
-                tenant = require_tenant_version(conn, tenant_id, self.version)
+                tenant = require_tenant_version(tx, self.version)
             except EmbeddingVersionError:
                 self.cache.evict(tenant_id)
                 self.metrics.version_refusal("query")
@@ -139,14 +139,12 @@ class QueryService:
             if tenant is None:
                 return self._empty(request, started)
             version, suppression_version = tenant.memory_version, tenant.suppression_version
-            state, refreshed = self.cache.refresh(conn, tenant_id, version)
-            clusters = TenantCache.load_clusters(conn, state, self.settings.clusters_k)
+            state, refreshed = self.cache.refresh(tx, version)
+            clusters = TenantCache.load_clusters(tx, state, self.settings.clusters_k)
             cluster = None if clusters is None else clusters.assign(query_vector)
             table = None
             if cluster is not None and self.settings.suppression:
-                rows = conn.execute("SELECT entry_id, score FROM suppression WHERE tenant_id = %s AND cluster = %s",
-                                    (tenant_id, cluster)).fetchall()
-                table = SuppressionTable({(int(e), cluster): float(s) for e, s in rows})
+                table = SuppressionTable(tx.suppression_scores(cluster))
         refresh_s = self.clock() - refresh_started
         hits_before = 0 if self.rerank_cache is None else self.rerank_cache.cache_hits
         # the knowledge time also anchors relative time expressions; without it they stay unresolved

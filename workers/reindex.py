@@ -10,8 +10,8 @@ A tenant is stale when its stored embeddings were made with another rendering
    ``embedding`` column is untouched, so workers keep serving the tenant at its old version
    meanwhile. A row already staged for this rendering and dimension is skipped: kill the command
    and run it again, and it continues where it stopped.
-2. **Swap**, in one transaction under the tenant's ingest advisory lock
-   (:data:`workers.ingest.INGEST_LOCK_CLASS`, so no ingest write interleaves): stage the rows an
+2. **Swap**, in one transaction under the tenant's ingest lock
+   (:attr:`workers.store.TenantLock.INGEST`, so no ingest write interleaves): stage the rows an
    ingest worker wrote since step 1, move every staged embedding into ``embedding``, record the
    tenant's new rendering and dimension, and bump its ``memory_version`` so query workers reload.
    When the dimension changed, the tenant's query clusters, bootstrap buffer and suppression
@@ -28,27 +28,20 @@ searchable, so nothing is lost either way).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import psycopg
 from tqdm import tqdm
 
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
 from workers.errors import ReindexError
-from workers.ingest import INGEST_LOCK_CLASS
 from workers.models import TruncationCounter
 from workers.settings import Settings
-from workers.store import Store, vector_to_bytes
+from workers.store import PostgresStore, StagedEmbedding, Store, TenantLock, TenantSession
 from workers.store_state import EmbeddingVersion, check_schema, current_version, read_tenant, tenant_versions
-from workers.suppression import SUPPRESSION_LOCK_CLASS
 
 log = logging.getLogger(__name__)
-
-# rows whose staged embedding is not one of the target version (%(rendering)s, %(bytes)s = 4 x dim)
-_TODO = ("(reindex_embedding IS NULL OR reindex_rendering IS DISTINCT FROM %(rendering)s"
-         " OR octet_length(reindex_embedding) <> %(bytes)s)")
 
 
 @dataclass
@@ -81,7 +74,7 @@ class Reindexer:
         self.on_batch = on_batch or (lambda _n: None)
         self._batches = 0
         assert self.target.dim is not None
-        self._params = {"rendering": self.target.rendering, "bytes": 4 * self.target.dim}
+        self._dim: int = self.target.dim
 
     def run(self, tenant_id: str | None = None) -> ReindexReport:
         """Reindex every stale tenant (or only ``tenant_id``).
@@ -110,77 +103,59 @@ class Reindexer:
         return report
 
     def _counts(self, tenant_id: str) -> tuple[int, int]:
-        with self.store.tenant_tx(tenant_id) as conn:
-            total, left = conn.execute(
-                f"SELECT count(*), count(*) FILTER (WHERE {_TODO}) FROM entries WHERE tenant_id = %(tenant)s",
-                {**self._params, "tenant": tenant_id}).fetchone()
-        return int(total), int(left)
+        with self.store.tenant(tenant_id) as tx:
+            return tx.count_unstaged(self.target.rendering, self._dim)
 
     def _tenant(self, tenant_id: str, bar: tqdm) -> int:
         """Stage the tenant in committed batches, then swap under the ingest lock; returns rows embedded."""
-        with self.store.tenant_tx(tenant_id) as conn:
-            record = read_tenant(conn, tenant_id)
+        with self.store.tenant(tenant_id) as tx:
+            record = read_tenant(tx)
         if record is None or record.embeddings.pair() == self.target.pair():
             return 0  # another run finished it meanwhile
         embedded, after = 0, 0
         while True:
-            with self.store.tenant_tx(tenant_id) as conn:
-                done, after = self._stage_batch(conn, tenant_id, after)
+            with self.store.tenant(tenant_id) as tx:
+                done, after = self._stage_batch(tx, after)
             if not done:
                 break
             embedded += done
             bar.update(done)
             self._batches += 1
             self.on_batch(self._batches)
-        with self.store.tenant_tx(tenant_id) as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (INGEST_LOCK_CLASS, tenant_id))
+        with self.store.tenant(tenant_id) as tx:
+            tx.lock(TenantLock.INGEST)
             while True:  # rows an ingest worker wrote while the batches ran
-                done, _ = self._stage_batch(conn, tenant_id, 0)
+                done, _ = self._stage_batch(tx, 0)
                 if not done:
                     break
                 embedded += done
                 bar.update(done)
-            self._swap(conn, tenant_id)
+            self._swap(tx)
         log.info("reindexed a tenant: %d turns embedded as %s", embedded, self.target)
         return embedded
 
-    def _stage_batch(self, conn: psycopg.Connection, tenant_id: str, after: int) -> tuple[int, int]:
+    def _stage_batch(self, tx: TenantSession, after: int) -> tuple[int, int]:
         """Embed up to ``batch_size`` not yet staged rows with ``entry_id > after``; returns (rows, last id)."""
-        rows = conn.execute(
-            "SELECT entry_id, role, text, metadata->>'image_caption' FROM entries"
-            f" WHERE tenant_id = %(tenant)s AND entry_id > %(after)s AND {_TODO} ORDER BY entry_id LIMIT %(limit)s",
-            {**self._params, "tenant": tenant_id, "after": after, "limit": self.batch_size}).fetchall()
+        rows = tx.unstaged_entries(self.target.rendering, self._dim, after=after, limit=self.batch_size)
         if not rows:
             return 0, after
-        self._stage(conn, tenant_id, rows)
-        return len(rows), int(rows[-1][0])
-
-    def _stage(self, conn: psycopg.Connection, tenant_id: str, rows: Sequence[tuple]) -> None:
-        rendered = [render_turn(r[1], r[2], r[3], version=self.target.rendering) for r in rows]
+        rendered = [render_turn(r.role, r.text, r.image_caption, version=self.target.rendering) for r in rows]
         vectors = self.encoder.encode(rendered)
         truncated = self.truncation.truncated(rendered)
-        with conn.cursor() as cur:
-            cur.executemany(
-                "UPDATE entries SET reindex_embedding = %s, reindex_rendering = %s, reindex_truncated = %s"
-                " WHERE tenant_id = %s AND entry_id = %s",
-                [(vector_to_bytes(v), self.target.rendering, cut, tenant_id, int(r[0]))
-                 for r, v, cut in zip(rows, vectors, truncated, strict=True)])
+        tx.stage_embeddings(self.target.rendering, [StagedEmbedding(r.entry_id, v, cut) for r, v, cut
+                                                    in zip(rows, vectors, truncated, strict=True)])
+        return len(rows), rows[-1].entry_id
 
-    def _swap(self, conn: psycopg.Connection, tenant_id: str) -> None:
+    def _swap(self, tx: TenantSession) -> None:
         """Every row is staged for the target (under the lock): make the staged embeddings live."""
-        record = read_tenant(conn, tenant_id)
+        record = read_tenant(tx)
         assert record is not None
-        conn.execute(
-            "UPDATE entries SET embedding = reindex_embedding, encoder_truncated = reindex_truncated,"
-            " reindex_embedding = NULL, reindex_rendering = NULL, reindex_truncated = NULL WHERE tenant_id = %s",
-            (tenant_id,))  # a row left unstaged would set embedding NULL: the NOT NULL constraint refuses it
+        tx.swap_staged()  # a row left unstaged makes it raise: nothing changes then
         if record.embeddings.dim != self.target.dim:  # clusters live in the old embedding space
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SUPPRESSION_LOCK_CLASS, tenant_id))
-            for table in ("suppression", "centroids", "query_buffer"):
-                conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (tenant_id,))  # noqa: S608 (fixed names)
-        conn.execute(
-            "UPDATE tenants SET rendering_version = %s, embedding_dim = %s, memory_version = memory_version + 1,"
-            " updated_at = now() WHERE tenant_id = %s", (self.target.rendering, self.target.dim, tenant_id))
+            tx.lock(TenantLock.SUPPRESSION)
+            tx.clear_suppression_state()
+        tx.set_embedding_version(self.target.rendering, self._dim)
+        tx.bump_memory_version()
 
 
 def run_reindex(settings: Settings, *, tenant_id: str | None = None, progress: bool = True,
@@ -194,5 +169,5 @@ def run_reindex(settings: Settings, *, tenant_id: str | None = None, progress: b
 
     encoder = encoder or load_encoder(settings)
     truncation = truncation or load_truncation_counter(settings)
-    with Store(settings.database_url, settings.db_app_role) as store:
+    with PostgresStore(settings.database_url, settings.db_app_role) as store:
         return Reindexer(settings, store, encoder, truncation, progress=progress, on_batch=on_batch).run(tenant_id)

@@ -8,8 +8,8 @@
   the same pair, or :class:`EmbeddingVersionError` names both and ``mnemos reindex``. A tenant
   without embeddings (dimension NULL) fits any process; the first ingest write gives it its version.
 
-The checks across tenants read ``mnemos_tenant_versions()`` (a function of migration 0004), since
-row-level security shows the service's role one tenant per transaction.
+The checks across tenants read :meth:`workers.store.Store.tenant_versions` (on Postgres a function
+of migration 0004, since row-level security shows the service's role one tenant per transaction).
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import psycopg
-
 from mnemos.rendering import RENDERING_VERSION
 from workers.errors import EmbeddingVersionError, SchemaOutdatedError
 from workers.migrate import discover
-from workers.store import Store
+from workers.store import Store, TenantRow, TenantSession
 
 
 @dataclass(frozen=True)
@@ -63,48 +61,42 @@ class TenantRecord:
 
 # schema ---------------------------------------------------------------------------------------------
 
-def pending_migrations(conn: psycopg.Connection) -> tuple[str, ...]:
+def pending_migrations(store: Store) -> tuple[str, ...]:
     """Versions of this code's migrations the database lacks.
 
     Raises SchemaOutdatedError when the database cannot tell (no migrations table, or one the
-    connection's role may not read: the grant comes with migration 0004).
+    store's role may not read: the grant comes with migration 0004).
     """
-    exists, readable = conn.execute(
-        "SELECT to_regclass('schema_migrations') IS NOT NULL,"
-        " to_regclass('schema_migrations') IS NOT NULL"
-        " AND has_table_privilege(to_regclass('schema_migrations'), 'SELECT')").fetchone()
-    if not exists:
+    state = store.schema_state()
+    if not state.exists:
         raise SchemaOutdatedError("no migration was ever applied", tuple(m.version for m in discover()))
-    if not readable:
+    if not state.readable:
         raise SchemaOutdatedError("it predates migration 0004")
-    applied = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-    return tuple(m.version for m in discover() if m.version not in applied)
+    return tuple(m.version for m in discover() if m.version not in state.applied)
 
 
 def check_schema(store: Store) -> None:
     """Raise SchemaOutdatedError unless every migration of this code is applied (StoreError if
     Postgres fails)."""
-    with store.plain_tx() as conn:
-        pending = pending_migrations(conn)
+    pending = pending_migrations(store)
     if pending:
         raise SchemaOutdatedError(f"pending migrations {', '.join(pending)}", pending)
 
 
 # versions across tenants ----------------------------------------------------------------------------
 
+def _version(rendering: int, dim: int | None) -> EmbeddingVersion:
+    return EmbeddingVersion(int(rendering), None if dim is None else int(dim))
+
+
 def version_counts(store: Store) -> Counter[EmbeddingVersion]:
     """Tenants per embedding version (tenants without embeddings counted under ``dim`` None)."""
-    with store.plain_tx() as conn:
-        rows = conn.execute("SELECT rendering_version, embedding_dim FROM mnemos_tenant_versions()").fetchall()
-    return Counter(EmbeddingVersion(int(r[0]), None if r[1] is None else int(r[1])) for r in rows)
+    return Counter(_version(r.rendering_version, r.embedding_dim) for r in store.tenant_versions())
 
 
 def tenant_versions(store: Store) -> dict[str, EmbeddingVersion]:
     """Every tenant id with the version of its stored embeddings."""
-    with store.plain_tx() as conn:
-        rows = conn.execute("SELECT tenant_id, rendering_version, embedding_dim FROM mnemos_tenant_versions()"
-                            ).fetchall()
-    return {r[0]: EmbeddingVersion(int(r[1]), None if r[2] is None else int(r[2])) for r in rows}
+    return {r.tenant_id: _version(r.rendering_version, r.embedding_dim) for r in store.tenant_versions()}
 
 
 def check_versions(store: Store, worker: EmbeddingVersion, *, what: str = "this worker") -> Counter[EmbeddingVersion]:
@@ -127,19 +119,20 @@ def check_store(store: Store, worker: EmbeddingVersion | None = None) -> None:
 
 # one tenant, inside its transaction -----------------------------------------------------------------
 
-def read_tenant(conn: psycopg.Connection, tenant_id: str) -> TenantRecord | None:
-    """The tenant's row, or None for an unknown tenant (inside its ``tenant_tx``)."""
-    row = conn.execute("SELECT memory_version, rendering_version, embedding_dim, suppression_version FROM tenants"
-                       " WHERE tenant_id = %s", (tenant_id,)).fetchone()
-    if row is None:
-        return None
-    return TenantRecord(tenant_id, int(row[0]), EmbeddingVersion(int(row[1]), None if row[2] is None else int(row[2])),
-                        int(row[3]))
+def _record(row: TenantRow) -> TenantRecord:
+    return TenantRecord(row.tenant_id, int(row.memory_version), _version(row.rendering_version, row.embedding_dim),
+                        int(row.suppression_version))
 
 
-def require_tenant_version(conn: psycopg.Connection, tenant_id: str, worker: EmbeddingVersion, *,
+def read_tenant(session: TenantSession) -> TenantRecord | None:
+    """The session's tenant, or None for an unknown tenant."""
+    row = session.tenant()
+    return None if row is None else _record(row)
+
+
+def require_tenant_version(session: TenantSession, worker: EmbeddingVersion, *,
                            adopt: bool = False) -> TenantRecord | None:
-    """The tenant's row after checking that its embeddings fit ``worker``'s version.
+    """The session's tenant after checking that its embeddings fit ``worker``'s version.
 
     With ``adopt`` (the ingest worker, under the tenant's advisory lock), a tenant without
     embeddings takes ``worker``'s version. Returns None for an unknown tenant.
@@ -148,15 +141,15 @@ def require_tenant_version(conn: psycopg.Connection, tenant_id: str, worker: Emb
         EmbeddingVersionError: the tenant's embeddings were made with another rendering or
             dimension (``tenant_id`` set on the error, not in its message).
     """
-    record = read_tenant(conn, tenant_id)
+    record = read_tenant(session)
     if record is None:
         return None
     stored = record.embeddings
     if not stored.fits(worker):
         assert worker.dim is not None
-        raise EmbeddingVersionError(stored.pair(), (worker.rendering, worker.dim), tenant_id=tenant_id)
+        raise EmbeddingVersionError(stored.pair(), (worker.rendering, worker.dim), tenant_id=session.tenant_id)
     if adopt and stored.dim is None:
-        conn.execute("UPDATE tenants SET rendering_version = %s, embedding_dim = %s WHERE tenant_id = %s",
-                     (worker.rendering, worker.dim, tenant_id))
-        record = TenantRecord(tenant_id, record.memory_version, worker, record.suppression_version)
+        assert worker.dim is not None
+        session.set_embedding_version(worker.rendering, worker.dim)
+        record = TenantRecord(record.tenant_id, record.memory_version, worker, record.suppression_version)
     return record

@@ -29,25 +29,22 @@ import threading
 import time
 
 import numpy as np
-import psycopg
 import redis
-from psycopg.types.json import Jsonb
 
 from api.errors import InvalidInputError, Reason
 from api.schemas import Outcome as OutcomeMessage
 from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas
-from workers.dead_letters import DeadLetter, insert_dead_letters, payload_of
+from workers.dead_letters import DeadLetter, payload_of
 from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings
-from workers.store import Store, vector_to_bytes, vectors_from_bytes
+from workers.store import Store, TenantLock, TenantSession, vectors_from_bytes
 from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.wire import outcome_record
 
 log = logging.getLogger(__name__)
 
 GROUP = "suppression"
-SUPPRESSION_LOCK_CLASS = 0x4D4E5331  # "MNS1": serialises one tenant's bootstrap across workers
 
 
 class SuppressionWorker:
@@ -80,8 +77,7 @@ class SuppressionWorker:
                 continue
             self.apply(outcome, message.stream_id)
         if rejected:
-            with self.store.plain_tx() as conn:
-                insert_dead_letters(conn, rejected)
+            self.store.record_dead_letters(rejected)
             for letter in rejected:
                 self.metrics.rejected(letter.reason, turn=False)
         return [m.stream_id for m in batch]
@@ -93,34 +89,23 @@ class SuppressionWorker:
         deltas = outcome_deltas(outcome, self.rule, self.settings.eta)
         tenant_id = outcome.tenant_id
         froze = False
-        with self.store.tenant_tx(tenant_id) as conn:
+        with self.store.tenant(tenant_id) as tx:
             if deltas:  # isolation: only this tenant's entries can be suppressed under its id
                 ids = sorted({e for e, _ in deltas})
-                own = {int(r[0]) for r in conn.execute(
-                    "SELECT entry_id FROM entries WHERE tenant_id = %s AND entry_id = ANY(%s)", (tenant_id, ids))}
+                own = tx.own_entry_ids(ids)
                 if len(own) != len(ids):
                     log.warning("outcome %s names %d entries outside its tenant; ignoring them",
                                 outcome.outcome_id, len(ids) - len(own))
                     deltas = {key: d for key, d in deltas.items() if key[0] in own}
-            inserted = conn.execute(
-                "INSERT INTO applied_outcomes (tenant_id, outcome_id, cluster, deltas, stream_id)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant_id, outcome_id) DO NOTHING RETURNING 1",
-                (tenant_id, outcome.outcome_id, outcome.cluster,
-                 Jsonb([[e, c, d] for (e, c), d in sorted(deltas.items())]), stream_id)).fetchone()
-            if inserted is None:
+            if not tx.record_outcome(outcome.outcome_id, outcome.cluster, deltas, stream_id):
                 self.metrics.outcome_applied(seconds=time.perf_counter() - started, entries_updated=0,
                                              duplicate=True)
                 return False
-            self._bump_version(conn, tenant_id, outcome.outcome_id)
-            if deltas:
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO suppression (tenant_id, entry_id, cluster, score) VALUES (%s, %s, %s, %s)"
-                        " ON CONFLICT (tenant_id, entry_id, cluster)"
-                        " DO UPDATE SET score = suppression.score + excluded.score, updated_at = now()",
-                        [(tenant_id, e, c, d) for (e, c), d in sorted(deltas.items())])
+            # the tenant row's lock serialises this tenant's writers: versions follow commit order
+            tx.bump_suppression_version(outcome.outcome_id)
+            tx.add_suppression(deltas)
             if message.query_embedding is not None and self.settings.clusters_k > 1:
-                froze = self._buffer(conn, tenant_id, outcome.outcome_id, np.asarray(message.query_embedding))
+                froze = self._buffer(tx, outcome.outcome_id, np.asarray(message.query_embedding))
         if froze:
             self._bootstrapped += 1
             self.metrics.suppression_bootstrapped.set(self._bootstrapped)
@@ -128,50 +113,27 @@ class SuppressionWorker:
                                      duplicate=False)
         return True
 
-    @staticmethod
-    def _bump_version(conn: psycopg.Connection, tenant_id: str, outcome_id: str) -> int | None:
-        """Count this outcome in the tenant's suppression version and record the version in its ledger
-        row (same transaction); returns the new version (None if the tenant has no row).
-
-        The row lock of the UPDATE serialises concurrent workers of one tenant, so versions follow
-        commit order: replaying the ledger by version rebuilds the state each retrieval read.
-        """
-        row = conn.execute("UPDATE tenants SET suppression_version = suppression_version + 1 WHERE tenant_id = %s"
-                           " RETURNING suppression_version", (tenant_id,)).fetchone()
-        if row is None:
-            return None
-        conn.execute("UPDATE applied_outcomes SET suppression_version = %s WHERE tenant_id = %s AND outcome_id = %s",
-                     (row[0], tenant_id, outcome_id))
-        return int(row[0])
-
-    def _buffer(self, conn: psycopg.Connection, tenant_id: str, outcome_id: str, embedding: np.ndarray) -> bool:
+    def _buffer(self, tx: TenantSession, outcome_id: str, embedding: np.ndarray) -> bool:
         """Append to the bootstrap buffer; fit and freeze the centroids when it is full. True if frozen now."""
-        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SUPPRESSION_LOCK_CLASS, tenant_id))
-        if conn.execute("SELECT 1 FROM centroids WHERE tenant_id = %s", (tenant_id,)).fetchone():
+        tx.lock(TenantLock.SUPPRESSION)
+        if tx.centroids() is not None:
             return False  # already frozen: late bootstrap outcomes are not needed any more
-        conn.execute("INSERT INTO query_buffer (tenant_id, outcome_id, embedding) VALUES (%s, %s, %s)",
-                     (tenant_id, outcome_id, vector_to_bytes(embedding)))
+        tx.buffer_query(outcome_id, embedding)
         clusters = QueryClusters(k=self.settings.clusters_k, bootstrap_factor=self.settings.bootstrap_factor)
-        (count,) = conn.execute("SELECT count(*) FROM query_buffer WHERE tenant_id = %s", (tenant_id,)).fetchone()
-        if count < clusters.bootstrap_size:
+        if tx.buffered_count() < clusters.bootstrap_size:
             return False
-        rows = conn.execute("SELECT embedding FROM query_buffer WHERE tenant_id = %s ORDER BY seq",
-                            (tenant_id,)).fetchall()
-        buffer = vectors_from_bytes([bytes(r[0]) for r in rows], embedding.shape[0])
-        for vector in buffer:
+        blobs = tx.buffered_queries()
+        for vector in vectors_from_bytes(blobs, embedding.shape[0]):
             clusters.observe(vector)
         assert clusters.centroids is not None
-        k, dim = clusters.centroids.shape
-        conn.execute("INSERT INTO centroids (tenant_id, k, dim, vectors, n_queries) VALUES (%s, %s, %s, %s, %s)",
-                     (tenant_id, k, dim, vector_to_bytes(clusters.centroids), len(rows)))
-        log.info("froze %d query clusters of a tenant from %d queries", k, len(rows))
+        tx.save_centroids(clusters.centroids, n_queries=len(blobs))
+        log.info("froze %d query clusters of a tenant from %d queries", clusters.centroids.shape[0], len(blobs))
         return True
 
     def poison(self, message: StreamMessage, exc: Exception) -> None:
         letter = DeadLetter(self.settings.outcomes_stream, message.stream_id, Reason.PROCESSING_ERROR.value,
                             f"{type(exc).__name__}: {exc}", payload=payload_of(message.fields))
-        with self.store.plain_tx() as conn:
-            insert_dead_letters(conn, [letter])
+        self.store.record_dead_letters([letter])
         self.metrics.rejected(letter.reason, turn=False)
 
     def on_lost(self, stream_id: str) -> None:

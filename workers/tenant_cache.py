@@ -22,14 +22,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC
 
-import psycopg
-
 from mnemos.errors import MnemosError
 from mnemos.records import Entry, TurnFacts
 from mnemos.rendering import render_turn
 from mnemos.suppression import QueryClusters
 from mnemos.tenant_index import TenantIndex
-from workers.store import Store, vectors_from_bytes
+from workers.store import TenantSession, vectors_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -61,69 +59,68 @@ class TenantCache:
         """Forget the tenant's state (its stored embeddings changed version); no-op when not cached."""
         self._states.pop(tenant_id, None)
 
-    def refresh(self, conn: psycopg.Connection, tenant_id: str, version: int) -> tuple[TenantState, bool]:
-        """The tenant's state at ``version`` (read with ``conn``); True when anything was loaded."""
+    def refresh(self, tx: TenantSession, version: int) -> tuple[TenantState, bool]:
+        """The state of ``tx``'s tenant at ``version`` (read in ``tx``); True when anything was loaded."""
+        tenant_id = tx.tenant_id
         state = self._states.get(tenant_id)
         refreshed = False
         if state is None or state.index.version != version:
             refreshed = True
             if state is not None:
                 try:
-                    self._extend(conn, state, version)
+                    self._extend(tx, state, version)
                 except MnemosError as exc:
                     log.warning("tenant index extension failed (%s); rebuilding", exc)
                     state = None
             if state is None:
                 state = TenantState(TenantIndex(tenant_id, self.dim, version=-1))
-                self._extend(conn, state, version)
+                self._extend(tx, state, version)
         self._states[tenant_id] = state
         self._states.move_to_end(tenant_id)
         while len(self._states) > self.max_tenants:
             self._states.popitem(last=False)
         return state, refreshed
 
-    def _extend(self, conn: psycopg.Connection, state: TenantState, version: int) -> None:
+    def _extend(self, tx: TenantSession, state: TenantState, version: int) -> None:
         tenant_id = state.index.tenant_id
-        rows = conn.execute(
-            "SELECT entry_id, turn_id, session_id, role, text, occurred_at, embedding, canonical_entry_id,"
-            " metadata->>'image_caption'"
-            " FROM entries WHERE tenant_id = %s AND entry_id > %s ORDER BY entry_id",
-            (tenant_id, state.last_entry_id)).fetchall()
-        canonical = [r for r in rows if r[7] is None]
-        entries = [Entry(int(r[0]), tenant_id, r[1], r[2], r[3], r[4], r[5].astimezone(UTC), image_caption=r[8])
-                   for r in canonical]
-        vectors = vectors_from_bytes([bytes(r[6]) for r in canonical], self.dim)
+        rows = tx.entries_after(state.last_entry_id)
+        canonical = [r for r in rows if r.canonical_entry_id is None]
+        entries = [Entry(r.entry_id, tenant_id, r.turn_id, r.session_id, r.role, r.text, r.occurred_at.astimezone(UTC),
+                         image_caption=r.image_caption) for r in canonical]
+        vectors = vectors_from_bytes([r.embedding for r in canonical], self.dim)
         aliases: dict[int, list[str]] = {}
         alias_facts: dict[int, list[TurnFacts]] = {}
         alias_texts: dict[int, list[str]] = {}
-        alias_rows = [r for r in rows if r[7] is not None]
-        rendered = [render_turn(r[3], r[4], r[8], version=state.index.rendering) for r in alias_rows]
+        alias_rows = [r for r in rows if r.canonical_entry_id is not None]
+        rendered = [render_turn(r.role, r.text, r.image_caption, version=state.index.rendering) for r in alias_rows]
         for r, text in zip(alias_rows, rendered, strict=True):
-            aliases.setdefault(int(r[7]), []).append(r[1])
-            alias_facts.setdefault(int(r[7]), []).append(TurnFacts(r[2], r[3], r[5].astimezone(UTC)))
-            alias_texts.setdefault(int(r[7]), []).append(text)
+            assert r.canonical_entry_id is not None
+            aliases.setdefault(r.canonical_entry_id, []).append(r.turn_id)
+            alias_facts.setdefault(r.canonical_entry_id, []).append(
+                TurnFacts(r.session_id, r.role, r.occurred_at.astimezone(UTC)))
+            alias_texts.setdefault(r.canonical_entry_id, []).append(text)
         state.index.add(entries, vectors, version=version)
         for entry_id, turn_ids in aliases.items():
             # an alias keeps its own session, role and time for filters, and its text counts for BM25
             state.index.add_aliases(entry_id, turn_ids, alias_facts[entry_id], alias_texts[entry_id])
         if alias_rows:  # an alias is still a turn of its own session (transcript, centroid, start)
-            state.index.add_session_turns([r[2] for r in alias_rows], rendered,
-                                          vectors_from_bytes([bytes(r[6]) for r in alias_rows], self.dim),
-                                          [r[5].astimezone(UTC) for r in alias_rows])
+            state.index.add_session_turns([r.session_id for r in alias_rows], rendered,
+                                          vectors_from_bytes([r.embedding for r in alias_rows], self.dim),
+                                          [r.occurred_at.astimezone(UTC) for r in alias_rows])
         if rows:
-            state.last_entry_id = int(rows[-1][0])
+            state.last_entry_id = rows[-1].entry_id
         log.debug("tenant index %s: +%d entries, +%d aliases, version %d", tenant_id, len(entries),
                   sum(map(len, aliases.values())), version)
 
     @staticmethod
-    def load_clusters(conn: psycopg.Connection, state: TenantState, k: int) -> QueryClusters | None:
+    def load_clusters(tx: TenantSession, state: TenantState, k: int) -> QueryClusters | None:
         """The tenant's frozen clusters: K = 1 is global (always cluster 0), else stored centroids or None."""
         if state.clusters is not None:
             return state.clusters
         if k == 1:
             state.clusters = QueryClusters(k=1)
         else:
-            centroids = Store.centroids(conn, state.index.tenant_id)
+            centroids = tx.centroids()
             if centroids is not None:
                 state.clusters = QueryClusters.from_centroids(centroids)
         return state.clusters

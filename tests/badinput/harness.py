@@ -25,7 +25,7 @@ from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, load_encoder, load_reranker
 from workers.query import QueryService
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.streams import run_consumer
 from workers.suppression import GROUP as SUPPRESSION_GROUP
 from workers.suppression import SuppressionWorker
@@ -52,20 +52,20 @@ def wire_fields(settings: Settings, connection: redis.Redis, value: dict[str, An
     return client_for(settings, connection).make_turn(value).to_stream_fields()
 
 
-def ingest_worker(settings: Settings, connection: redis.Redis, store: Store,
+def ingest_worker(settings: Settings, connection: redis.Redis, store: PostgresStore,
                   truncation: TruncationCounter | None = None) -> IngestWorker:
     return IngestWorker(settings, connection, store, load_encoder(settings), truncation or TruncationCounter(),
                         ServiceMetrics())
 
 
-def query_service(settings: Settings, connection: redis.Redis, store: Store,
+def query_service(settings: Settings, connection: redis.Redis, store: PostgresStore,
                   reranker: Reranker | None | str = "settings") -> QueryService:
     chosen = load_reranker(settings) if reranker == "settings" else reranker
     return QueryService(settings, connection, store, load_encoder(settings), chosen,  # type: ignore[arg-type]
                         ServiceMetrics())
 
 
-def suppression_worker(settings: Settings, connection: redis.Redis, store: Store) -> SuppressionWorker:
+def suppression_worker(settings: Settings, connection: redis.Redis, store: PostgresStore) -> SuppressionWorker:
     return SuppressionWorker(settings, connection, store, ServiceMetrics())
 
 
@@ -120,18 +120,18 @@ def run_loop_until(worker: IngestWorker | SuppressionWorker, until: Callable[[],
     return done
 
 
-def entries(store: Store, tenant: str) -> list[tuple]:
+def entries(store: PostgresStore, tenant: str) -> list[tuple]:
     """``(entry_id, turn_id, text, canonical_entry_id)`` of ``tenant``, by entry id."""
     with store.tenant_tx(tenant) as conn:
         return conn.execute("SELECT entry_id, turn_id, text, canonical_entry_id FROM entries"
                             " WHERE tenant_id = %s ORDER BY entry_id", (tenant,)).fetchall()
 
 
-def turn_ids(store: Store, tenant: str) -> list[str]:
+def turn_ids(store: PostgresStore, tenant: str) -> list[str]:
     return [row[1] for row in entries(store, tenant)]
 
 
-def dead_letters(store: Store) -> list[tuple]:
+def dead_letters(store: PostgresStore) -> list[tuple]:
     """``(stream, reason, detail, tenant_id, turn_id, payload)`` of every dead letter, in order.
 
     Read as the login role (the table owner), as an operator would: the app role only sees the
@@ -142,11 +142,11 @@ def dead_letters(store: Store) -> list[tuple]:
                             " ORDER BY dead_letter_id").fetchall()
 
 
-def reasons(store: Store) -> list[str]:
+def reasons(store: PostgresStore) -> list[str]:
     return [row[1] for row in dead_letters(store)]
 
 
-def suppression_rows(store: Store, tenant: str) -> dict[tuple[int, int], float]:
+def suppression_rows(store: PostgresStore, tenant: str) -> dict[tuple[int, int], float]:
     with store.tenant_tx(tenant) as conn:
         rows = conn.execute("SELECT entry_id, cluster, score FROM suppression WHERE tenant_id = %s",
                             (tenant,)).fetchall()

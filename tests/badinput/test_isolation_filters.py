@@ -31,7 +31,7 @@ from tests.badinput.harness import (
 from tests.support import JOB_TTLS
 from workers.query import build_worker
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ FILTERS = [  # (filters, names only what alpha never used)
 AS_OFS = [None, "2024-03-01T09:02:00Z", "2030-01-01T00:00:00Z"]
 
 
-def ingest(settings: Settings, connection: redis.Redis, store: Store, tenant: str, rows: list[tuple]) -> None:
+def ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str, rows: list[tuple]) -> None:
     have = len(turn_ids(store, tenant))
     publish(settings, connection, [turn(tenant, f"{tenant}{have + i}", text, session=session, role=role,
                                         minutes=have + i) for i, (session, role, text) in enumerate(rows)])
@@ -61,11 +61,11 @@ def ingest(settings: Settings, connection: redis.Redis, store: Store, tenant: st
     assert run_loop_until(worker, lambda: len(turn_ids(store, tenant)) >= have + len(rows))
 
 
-def _ids(store: Store, tenant: str) -> set[int]:
+def _ids(store: PostgresStore, tenant: str) -> set[int]:
     return {int(r[0]) for r in entries(store, tenant)}
 
 
-def _version(store: Store, tenant: str) -> list:
+def _version(store: PostgresStore, tenant: str) -> list:
     with store.tenant_tx(tenant) as conn:
         return conn.execute("SELECT memory_version FROM tenants").fetchall()
 

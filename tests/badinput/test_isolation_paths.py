@@ -38,7 +38,7 @@ from tests.badinput.harness import (
 from tests.support import JOB_TTLS
 from workers.query import QueryService, build_worker
 from workers.settings import Settings, to_environment
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +52,14 @@ QUERIES = ["coffee", "Ana Lisbon", "spare key", "grey cat Pixel", "dentist", "vo
            "zeppelin Reykjavik", "first dog password", "bakery", "?!"]
 
 
-def ingest(settings: Settings, connection: redis.Redis, store: Store, tenant: str, texts: list[str],
+def ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str, texts: list[str],
            start: int = 0) -> None:
     publish(settings, connection, [turn(tenant, f"u{start + i}", t, minutes=start + i) for i, t in enumerate(texts)])
     worker = ingest_worker(settings, connection, store)
     assert run_loop_until(worker, lambda: len(turn_ids(store, tenant)) >= start + len(texts))
 
 
-def entry_ids(store: Store, tenant: str) -> set[int]:
+def entry_ids(store: PostgresStore, tenant: str) -> set[int]:
     return {int(r[0]) for r in entries(store, tenant)}
 
 
@@ -67,7 +67,7 @@ def outcomes(connection: redis.Redis, settings: Settings) -> list[Outcome]:
     return [Outcome.from_stream_fields(fields) for _, fields in connection.xrange(settings.outcomes_stream)]
 
 
-def b_state(store: Store) -> tuple:
+def b_state(store: PostgresStore) -> tuple:
     with store.tenant_tx("beta") as conn:
         return (conn.execute("SELECT memory_version FROM tenants").fetchall(),
                 conn.execute("SELECT count(*) FROM suppression").fetchone(),

@@ -29,7 +29,7 @@ from tests.badinput.harness import (
     turn_ids,
 )
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.wire import outcome_record
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 TENANT = "acme"
 
 
-def seed_entries(settings: Settings, connection: redis.Redis, store: Store, tenant: str = TENANT) -> list[int]:
+def seed_entries(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str = TENANT) -> list[int]:
     publish(settings, connection, [turn(tenant, f"{tenant}-{i}", text, minutes=i) for i, text in enumerate(
         ["the red kite nests in the old oak", "my dentist moved to Elm Street", "we sold the blue canoe"])])
     assert run_loop_until(ingest_worker(settings, connection, store), lambda: len(turn_ids(store, tenant)) == 3)
@@ -50,12 +50,12 @@ def good_outcome(ids: list[int], outcome_id: str = "good-after", tenant: str = T
     return Outcome(outcome_id, tenant, 0, 3, pool)
 
 
-def applied(store: Store, tenant: str = TENANT) -> list[str]:
+def applied(store: PostgresStore, tenant: str = TENANT) -> list[str]:
     with store.tenant_tx(tenant) as conn:
         return [r[0] for r in conn.execute("SELECT outcome_id FROM applied_outcomes ORDER BY outcome_id")]
 
 
-def feed(settings: Settings, connection: redis.Redis, store: Store, ids: list[int], *bad: dict[Any, Any]):
+def feed(settings: Settings, connection: redis.Redis, store: PostgresStore, ids: list[int], *bad: dict[Any, Any]):
     for fields in bad:
         connection.xadd(settings.outcomes_stream, fields)
     connection.xadd(settings.outcomes_stream, good_outcome(ids).to_stream_fields())
@@ -75,7 +75,7 @@ def body(ids: list[int], **changes: Any) -> dict[str, str]:
     return {**fields, "outcome": json.dumps(data)}
 
 
-def one_letter(store: Store, reason: Reason) -> tuple:
+def one_letter(store: PostgresStore, reason: Reason) -> tuple:
     letters = dead_letters(store)
     assert [row[1] for row in letters] == [reason.value], letters
     return letters[0]

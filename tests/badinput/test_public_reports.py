@@ -53,16 +53,17 @@ from tests.badinput.harness import (
 )
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.settings import Settings, to_environment
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.streams import StreamMessage
 from workers.wire import outcome_record
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def version(store: Store, tenant: str) -> int | None:
-    with store.tenant_tx(tenant) as conn:
-        return Store.memory_version(conn, tenant)
+def version(store: PostgresStore, tenant: str) -> int | None:
+    with store.tenant(tenant) as tx:
+        row = tx.tenant()
+    return None if row is None else row.memory_version
 
 
 # 1 -----------------------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def test_two_ingest_workers_dedupe_coffee_at_the_same_instant(settings, redis_cl
 
 # 2 -----------------------------------------------------------------------------------------------
 
-def snapshot(store: Store, tenant: str) -> tuple:
+def snapshot(store: PostgresStore, tenant: str) -> tuple:
     with store.tenant_tx(tenant) as conn:
         rows = conn.execute("SELECT entry_id, turn_id, canonical_entry_id, text FROM entries ORDER BY entry_id").fetchall()
         sup = conn.execute("SELECT entry_id, cluster, score FROM suppression ORDER BY 1, 2").fetchall()

@@ -29,7 +29,7 @@ from tests.support import JOB_TTLS
 from workers.models import TruncationCounter, bi_encoder_dir
 from workers.query import build_worker
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ FACTS = ["I adopted a grey cat named Pixel last spring", "my sister Ana lives in
          "the car is booked for a service on Friday"]
 
 
-def ingest(settings: Settings, connection: redis.Redis, store: Store, tenant: str, texts: list[str],
+def ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str, texts: list[str],
            truncation: TruncationCounter | None = None) -> None:
     publish(settings, connection, [turn(tenant, f"{tenant}-{i}", t, minutes=i) for i, t in enumerate(texts)])
     worker = ingest_worker(settings, connection, store, truncation)
@@ -49,7 +49,7 @@ def outcomes_published(settings: Settings, connection: redis.Redis) -> int:
     return int(connection.xlen(settings.outcomes_stream))
 
 
-def run_raw_job(settings: Settings, connection: redis.Redis, store: Store, payload: Any):
+def run_raw_job(settings: Settings, connection: redis.Redis, store: PostgresStore, payload: Any):
     queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
     job = queue.enqueue("workers.query.retrieval_job", payload, **JOB_TTLS)
     service = query_service(settings, connection, store)

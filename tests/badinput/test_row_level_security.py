@@ -29,7 +29,7 @@ from tests.badinput.harness import (
 )
 from workers.metrics import STAGES
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.streams import StreamSampler
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ TENANT_TABLES = ("tenants", "entries", "suppression", "centroids", "query_buffer
 
 
 @pytest.fixture
-def populated(settings: Settings, redis_client, store: Store) -> Settings:
+def populated(settings: Settings, redis_client, store: PostgresStore) -> Settings:
     """Both tenants with entries, a suppression row, a ledger row, a buffered query and centroids each."""
     settings = settings.replace(clusters_k=2, bootstrap_factor=1)
     for tenant in (TENANT_A, TENANT_B):
@@ -123,7 +123,7 @@ def test_the_app_role_cannot_switch_the_policies_off(app_conn: psycopg.Connectio
         app_conn.execute("ALTER TABLE entries DISABLE ROW LEVEL SECURITY")
 
 
-def test_the_app_role_is_not_privileged_and_the_store_uses_it(populated: Settings, store: Store) -> None:
+def test_the_app_role_is_not_privileged_and_the_store_uses_it(populated: Settings, store: PostgresStore) -> None:
     with store.tenant_tx(TENANT_A) as conn:
         user = conn.execute("SELECT current_user").fetchone()[0]
         super_, bypass = conn.execute("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user"
@@ -144,7 +144,7 @@ def test_every_table_with_a_tenant_column_forces_a_policy(populated: Settings) -
     assert set(TENANT_TABLES) <= set(tables)
 
 
-def test_dead_letters_of_one_tenant_are_not_readable_under_another(populated: Settings, store: Store) -> None:
+def test_dead_letters_of_one_tenant_are_not_readable_under_another(populated: Settings, store: PostgresStore) -> None:
     """Dead letters keep a tenant's refused text: a session scoped to B must not read A's."""
     with store.tenant_tx(TENANT_B) as conn:
         rows = conn.execute("SELECT payload FROM dead_letters WHERE tenant_id = %s", (TENANT_A,)).fetchall()
@@ -152,7 +152,7 @@ def test_dead_letters_of_one_tenant_are_not_readable_under_another(populated: Se
 
 
 def test_the_tenant_scope_ends_with_its_transaction(populated: Settings) -> None:
-    with Store(populated.database_url, populated.db_app_role, max_size=1) as one:
+    with PostgresStore(populated.database_url, populated.db_app_role, max_size=1) as one:
         with one.tenant_tx(TENANT_A) as conn:
             assert conn.execute("SELECT count(*) FROM entries").fetchone()[0] == 3
         with one.plain_tx() as conn:  # the same pooled connection, no tenant
@@ -166,7 +166,7 @@ def test_the_tenant_scope_ends_with_its_transaction(populated: Settings) -> None
 ALLOWED_LABELS = {"reason", "status", "stage", "stream", "group", "queue", "worker", "le"}  # le: histogram buckets
 
 
-def test_tenant_ids_and_text_never_appear_in_metric_labels(populated: Settings, redis_client, store: Store) -> None:
+def test_tenant_ids_and_text_never_appear_in_metric_labels(populated: Settings, redis_client, store: PostgresStore) -> None:
     settings = populated
     ingest = ingest_worker(settings, redis_client, store)
     publish(settings, redis_client, [turn(TENANT_A, "late", "zebra crossing near the aurora office"),

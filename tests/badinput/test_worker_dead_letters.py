@@ -31,7 +31,7 @@ from tests.badinput.harness import (
 from workers.dead_letters import MAX_PAYLOAD_FIELD_CHARS
 from workers.ingest import IngestWorker
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def base(settings: Settings, connection: redis.Redis, turn_id: str = "bad") -> d
     return dict(wire_fields(settings, connection, turn(TENANT, turn_id, "a perfectly fine turn")))
 
 
-def feed(settings: Settings, connection: redis.Redis, store: Store, *bad: dict[Any, Any],
+def feed(settings: Settings, connection: redis.Redis, store: PostgresStore, *bad: dict[Any, Any],
          worker: IngestWorker | None = None) -> IngestWorker:
     """XADD ``bad`` raw, then one good turn; run the loop until the good turn is stored."""
     for fields in bad:
@@ -55,7 +55,7 @@ def feed(settings: Settings, connection: redis.Redis, store: Store, *bad: dict[A
     return worker
 
 
-def assert_one_letter(settings: Settings, connection: redis.Redis, store: Store, worker: IngestWorker,
+def assert_one_letter(settings: Settings, connection: redis.Redis, store: PostgresStore, worker: IngestWorker,
                       reason: Reason, *, field_hint: str | None = None) -> tuple:
     letters = dead_letters(store)
     assert [row[1] for row in letters] == [reason.value]

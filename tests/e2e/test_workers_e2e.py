@@ -15,7 +15,7 @@ import redis
 from api.heartbeats import live_workers
 from tests.integration.factories import client_for, conversation_turns, turn
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.supervisor import spawn_workers, stop_workers
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +56,7 @@ def _wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> No
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _count(store: Store, tenant: str, table: str) -> int:
+def _count(store: PostgresStore, tenant: str, table: str) -> int:
     with store.tenant_tx(tenant) as conn:
         return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])  # noqa: S608 (fixed names)
 
@@ -67,7 +67,7 @@ def _metrics(port: int) -> str:
 
 
 def test_publish_retrieve_and_suppress_through_processes(e2e_settings: Settings, redis_client: redis.Redis,
-                                                         store: Store, running: list[subprocess.Popen]) -> None:
+                                                         store: PostgresStore, running: list[subprocess.Popen]) -> None:
     client = client_for(e2e_settings, redis_client)
     client.publish_turns(conversation_turns("alice", "a") + conversation_turns("bob", "b"))
     _wait_for(lambda: _count(store, "alice", "entries") == 8 and _count(store, "bob", "entries") == 8,
@@ -98,7 +98,7 @@ def test_publish_retrieve_and_suppress_through_processes(e2e_settings: Settings,
 
 
 def test_killed_ingest_worker_loses_and_duplicates_nothing(e2e_settings: Settings, redis_client: redis.Redis,
-                                                           store: Store) -> None:
+                                                           store: PostgresStore) -> None:
     settings = e2e_settings.replace(ingest_batch_size=8, metrics_enabled=False)
     client = client_for(settings, redis_client)
     # enough turns that the kill lands mid-stream: with the fake encoder and batched inserts the
@@ -123,7 +123,7 @@ def test_killed_ingest_worker_loses_and_duplicates_nothing(e2e_settings: Setting
 
 
 def test_retrieve_times_out_with_a_typed_error_when_the_query_worker_is_killed(
-        e2e_settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        e2e_settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     from api.errors import RetrievalTimeout
 
     settings = e2e_settings.replace(metrics_enabled=False)

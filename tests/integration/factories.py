@@ -18,7 +18,7 @@ from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, load_encoder
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 T = TypeVar("T")
@@ -29,7 +29,7 @@ def client_for(settings: Settings, connection: redis.Redis) -> MnemosClient:
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s)
 
 
-def ingest_worker(settings: Settings, connection: redis.Redis, store: Store,
+def ingest_worker(settings: Settings, connection: redis.Redis, store: PostgresStore,
                   truncation: TruncationCounter | None = None) -> IngestWorker:
     return IngestWorker(settings, connection, store, load_encoder(settings), truncation or TruncationCounter(),
                         ServiceMetrics())
@@ -55,7 +55,7 @@ def drain(worker: IngestWorker, name: str = "c1", rounds: int = 5) -> int:
     return handled
 
 
-def query_service(settings: Settings, connection: redis.Redis, store: Store):
+def query_service(settings: Settings, connection: redis.Redis, store: PostgresStore):
     from workers.metrics import ServiceMetrics
     from workers.models import load_reranker
     from workers.query import QueryService
@@ -64,7 +64,7 @@ def query_service(settings: Settings, connection: redis.Redis, store: Store):
                         ServiceMetrics())
 
 
-def suppression_worker(settings: Settings, connection: redis.Redis, store: Store):
+def suppression_worker(settings: Settings, connection: redis.Redis, store: PostgresStore):
     from workers.suppression import SuppressionWorker
 
     return SuppressionWorker(settings, connection, store, ServiceMetrics())

@@ -17,7 +17,7 @@ from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.query import build_worker
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 
 def _jobs_with_origin(client: redis.Redis, queue_name: str) -> list[bytes]:
@@ -27,7 +27,7 @@ def _jobs_with_origin(client: redis.Redis, queue_name: str) -> list[bytes]:
 
 
 def test_teardown_deletes_every_job_and_result_of_the_test_queue(settings: Settings, redis_client: redis.Redis,
-                                                                 store: Store) -> None:
+                                                                 store: PostgresStore) -> None:
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     # rq's default ttls (a failed job is kept one year), as a careless raw enqueue would leave them
     done = queue.enqueue("workers.query.retrieval_job", RetrievalRequest("alice", "cat", k=1).to_payload())

@@ -30,7 +30,7 @@ from tests.support import PG_ADMIN_URL, REDIS_URL
 from workers.cli import cli
 from workers.migrate import ensure_database
 from workers.settings import Settings, to_environment
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def test_a_database_that_does_not_exist(settings: Settings) -> None:
     assert out.returncode == 1 and "FAIL postgres: database" in out.stdout and "mnemos migrate" in out.stdout
 
 
-def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
     drain(ingest_worker(settings, redis_client, store))  # dimension 64
     other = settings.replace(fake_encoder_dim=32)
@@ -225,7 +225,7 @@ def test_a_benchmark_that_cannot_reach_its_database_is_one_line(settings: Settin
     assert SECRET not in out.stdout + out.stderr
 
 
-def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
     drain(ingest_worker(settings, redis_client, store))  # creates the tenant at dimension 64
     with psycopg.connect(settings.database_url, autocommit=True) as conn:  # many more rows, fast

@@ -23,7 +23,7 @@ from tests.integration.factories import (
 )
 from workers.cli import cli
 from workers.settings import Settings, to_environment
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def _invoke(settings: Settings, *args: str):
     return CliRunner().invoke(cli, ["retrieve", *args], env=to_environment(settings), catch_exceptions=False)
 
 
-def test_cli_sends_as_of_and_filters_to_the_worker(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_cli_sends_as_of_and_filters_to_the_worker(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     turns = conversation_turns("alice", "a") + [turn("alice", "kyoto", "We booked a trip to Kyoto in October",
                                                       session="s4", minutes=99)]
     client_for(settings, redis_client).publish_turns(turns)

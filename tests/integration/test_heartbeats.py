@@ -21,7 +21,7 @@ from tests.integration.factories import answered_by_worker, client_for, ingest_w
 from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings, to_environment
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def test_the_record_lives_for_its_ttl_longer_while_busy_and_goes_on_a_clean_stop
 
 
 def test_the_stream_loop_beats_while_idle_and_busy(settings: Settings, redis_client: redis.Redis,
-                                                   store: Store) -> None:
+                                                   store: PostgresStore) -> None:
     worker = ingest_worker(settings, redis_client, store)
     beat = Heartbeat(redis_client, settings.replace(heartbeat_ttl_s=3.0), "ingest", "loop", metrics=worker.metrics,
                      busy_s=60.0)
@@ -94,7 +94,7 @@ def test_the_stream_loop_beats_while_idle_and_busy(settings: Settings, redis_cli
 
 
 def test_the_query_worker_beats_from_rq_and_sets_the_gauge(settings: Settings, redis_client: redis.Redis,
-                                                           store: Store) -> None:
+                                                           store: PostgresStore) -> None:
     service = query_service(settings, redis_client, store)
     client = client_for(settings, redis_client)
     result = answered_by_worker(settings, redis_client, service, client.retrieve, "nobody", "anything")

@@ -15,30 +15,31 @@ from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, bi_encoder_dir
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.streams import run_consumer
 
 pytestmark = pytest.mark.integration
 
 
-def _entries(store: Store, tenant: str) -> list[tuple]:
+def _entries(store: PostgresStore, tenant: str) -> list[tuple]:
     with store.tenant_tx(tenant) as conn:
         return conn.execute(
             "SELECT entry_id, turn_id, text, canonical_entry_id FROM entries ORDER BY entry_id").fetchall()
 
 
-def _version(store: Store, tenant: str) -> int | None:
-    with store.tenant_tx(tenant) as conn:
-        return Store.memory_version(conn, tenant)
+def _version(store: PostgresStore, tenant: str) -> int | None:
+    with store.tenant(tenant) as tx:
+        row = tx.tenant()
+    return None if row is None else row.memory_version
 
 
-def _dead(store: Store) -> list[tuple]:
+def _dead(store: PostgresStore) -> list[tuple]:
     with psycopg.connect(store.database_url) as conn:  # as the owner: the app role sees one tenant's letters
         return conn.execute("SELECT reason, tenant_id, turn_id FROM dead_letters ORDER BY dead_letter_id").fetchall()
 
 
 def test_turns_become_entries_with_aliases_per_tenant(settings: Settings, redis_client: redis.Redis,
-                                                      store: Store) -> None:
+                                                      store: PostgresStore) -> None:
     client = client_for(settings, redis_client)
     client.publish_turns([
         turn("alice", "a1", "I really like coffee"),
@@ -65,7 +66,7 @@ def _caption(item: dict[str, object], caption: str) -> dict[str, object]:
 
 @pytest.mark.slow
 def test_the_dedupe_guard_keeps_facts_the_encoder_cannot_see(settings: Settings, redis_client: redis.Redis,
-                                                              store: Store) -> None:
+                                                              store: PostgresStore) -> None:
     """Real bi-encoder: each blocked pair has cosine >= 0.95 (tests/unit/test_dedupe_real.py); the
     second batch meets the first as stored canonical entries, with a warm cache and a cold one."""
     settings = settings.replace(bi_encoder="bundled")
@@ -92,7 +93,7 @@ def test_the_dedupe_guard_keeps_facts_the_encoder_cannot_see(settings: Settings,
         assert canonical_of["p-new-again"] == rows["p-new"][0], tenant  # ... the stored copy of itself
 
 
-def test_redelivered_batch_changes_nothing(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_redelivered_batch_changes_nothing(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client_for(settings, redis_client).publish_turns([turn("t", f"x{i}", f"fact number {i} about cats") for i in range(3)])
     worker = ingest_worker(settings, redis_client, store)
     consumer = worker.consumer("c1")
@@ -105,7 +106,7 @@ def test_redelivered_batch_changes_nothing(settings: Settings, redis_client: red
 
 
 def test_malformed_turns_are_dead_lettered_and_the_worker_goes_on(settings: Settings, redis_client: redis.Redis,
-                                                                  store: Store) -> None:
+                                                                  store: PostgresStore) -> None:
     good = client_for(settings, redis_client).make_turn(turn("t", "ok1", "valid turn")).to_stream_fields()
     stream = settings.turns_stream
     redis_client.xadd(stream, {**good, "text": "   "})
@@ -124,7 +125,7 @@ def test_malformed_turns_are_dead_lettered_and_the_worker_goes_on(settings: Sett
     assert redis_client.xpending(stream, "ingest")["pending"] == 0
 
 
-def test_turn_id_conflict_first_write_wins(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_turn_id_conflict_first_write_wins(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client = client_for(settings, redis_client)
     client.publish_turn(turn("t", "same", "the first version"))
     client.publish_turn(turn("t", "same", "a different second version"))
@@ -133,7 +134,7 @@ def test_turn_id_conflict_first_write_wins(settings: Settings, redis_client: red
     assert _dead(store) == [("turn_id_conflict", "t", "same")]
 
 
-def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client_for(settings, redis_client).publish_turns([turn("t", f"k{i}", f"turn {i} of a flaky day") for i in range(4)])
     worker = ingest_worker(settings, redis_client, store)
     real = worker._write_tenant
@@ -163,7 +164,7 @@ def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: re
 
 
 def test_idle_entries_of_a_dead_consumer_are_claimed(settings: Settings, redis_client: redis.Redis,
-                                                     store: Store) -> None:
+                                                     store: PostgresStore) -> None:
     settings = settings.replace(claim_idle_ms=200, claim_interval_s=0.0)
     client_for(settings, redis_client).publish_turns([turn("t", f"d{i}", f"orphaned turn {i}") for i in range(3)])
     dead = ingest_worker(settings, redis_client, store).consumer("dead")
@@ -178,7 +179,7 @@ def test_idle_entries_of_a_dead_consumer_are_claimed(settings: Settings, redis_c
 
 
 def test_long_turn_keeps_its_full_text_and_counts_the_truncation(settings: Settings, redis_client: redis.Redis,
-                                                                 store: Store) -> None:
+                                                                 store: PostgresStore) -> None:
     path = bi_encoder_dir(settings.replace(bi_encoder="bundled"))
     assert path is not None
     text = "filler words about nothing in particular " * 110 + "The locker code is 4721."
@@ -191,7 +192,7 @@ def test_long_turn_keeps_its_full_text_and_counts_the_truncation(settings: Setti
     assert worker.metrics.ingest_truncated._value.get() == 1
 
 
-def test_two_workers_dedupe_the_same_instant(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_two_workers_dedupe_the_same_instant(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client = client_for(settings, redis_client)
     workers = [ingest_worker(settings, redis_client, store) for _ in range(2)]
     consumers = [w.consumer(f"w{i}") for i, w in enumerate(workers)]
@@ -219,7 +220,7 @@ def test_two_workers_dedupe_the_same_instant(settings: Settings, redis_client: r
 
 
 def test_a_message_the_worker_fails_on_is_dead_lettered_and_the_rest_goes_on(
-        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client_for(settings, redis_client).publish_turns(
         [turn("good", "g1", "first good turn"), turn("bad", "b1", "this one trips a bug"),
          turn("good", "g2", "second good turn")])

@@ -10,7 +10,7 @@ import pytest
 
 from workers.errors import MigrationError
 from workers.migrate import discover, run_migrations
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def test_failing_migration_rolls_back(database_url: str, tmp_path: Path) -> None
         assert conn.execute("SELECT to_regclass('half_done')").fetchone() == (None,)
 
 
-def _seed_two_tenants(store: Store) -> None:
+def _seed_two_tenants(store: PostgresStore) -> None:
     for tenant in ("alice", "bob"):
         with store.tenant_tx(tenant) as conn:
             conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES (%s, 1)", (tenant,))
@@ -51,7 +51,7 @@ def _seed_two_tenants(store: Store) -> None:
             )
 
 
-def test_row_level_security_through_the_store(store: Store) -> None:
+def test_row_level_security_through_the_store(store: PostgresStore) -> None:
     _seed_two_tenants(store)
     with store.tenant_tx("alice") as conn:
         rows = conn.execute("SELECT tenant_id FROM entries").fetchall()
@@ -67,7 +67,7 @@ def test_row_level_security_through_the_store(store: Store) -> None:
         assert conn.execute("SELECT count(*) FROM entries").fetchone() == (0,)
 
 
-def test_row_level_security_for_a_non_superuser_login(store: Store, database_url: str) -> None:
+def test_row_level_security_for_a_non_superuser_login(store: PostgresStore, database_url: str) -> None:
     _seed_two_tenants(store)
     login = f"mnemos_login_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as admin:

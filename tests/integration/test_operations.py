@@ -32,7 +32,7 @@ from workers.metrics import LIVENESS_PATH, ServiceMetrics, start_server
 from workers.process import open_checked_store
 from workers.query import QueryWorker, retrieval_job
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.streams import StreamConsumer, run_consumer
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,7 @@ def _intermediate(queue: Queue) -> list[str]:
 
 
 def test_a_job_enqueued_without_a_timeout_is_stopped_at_the_workers_job_timeout(
-        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     settings = settings.replace(job_timeout_s=1)
     service = query_service(settings, redis_client, store)
     service.handle_payload = lambda payload: time.sleep(4) or {}  # a job that would outlive the timeout
@@ -92,7 +92,7 @@ def test_a_job_enqueued_without_a_timeout_is_stopped_at_the_workers_job_timeout(
 
 
 def test_queue_wait_and_end_to_end_time_are_measured_from_the_enqueue(
-        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     service = query_service(settings, redis_client, store)
     job = _queue(settings, redis_client).enqueue(retrieval_job, _payload("nobody"), job_timeout=30, **JOB_TTLS)
     clock = _Clock(job.enqueued_at.timestamp() + 7.5)  # the job waited 7.5 s for a worker
@@ -119,7 +119,7 @@ class _StoppedAfterDequeue(QueryWorker):
 
 
 def test_a_job_stranded_by_a_stop_between_dequeue_and_start_is_run_by_the_next_worker(
-        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client_for(settings, redis_client).publish_turns([turn("alice", "a1", "I adopted a grey cat named Pixel")])
     drain(ingest_worker(settings, redis_client, store))
     service = query_service(settings, redis_client, store)
@@ -163,7 +163,7 @@ def test_the_sweep_leaves_started_and_fresh_jobs_alone_and_moves_each_id_once(
 
 
 def test_expired_and_abandoned_jobs_are_counted_once(settings: Settings, redis_client: redis.Redis,
-                                                    store: Store) -> None:
+                                                    store: PostgresStore) -> None:
     service = query_service(settings, redis_client, store)
     queue = _queue(settings, redis_client)
     expired = queue.enqueue(retrieval_job, _payload(), **JOB_TTLS)
@@ -185,7 +185,7 @@ def test_expired_and_abandoned_jobs_are_counted_once(settings: Settings, redis_c
 
 
 def test_the_service_honours_k_for_every_k_up_to_max_k(settings: Settings, redis_client: redis.Redis,
-                                                       store: Store) -> None:
+                                                       store: PostgresStore) -> None:
     turns = [turn("alice", f"t{i}", f"note {i} on topic{i % 7} with item{i} and tag{i * 13}", session=f"s{i % 5}",
                   role="user" if i % 3 else "assistant", minutes=i) for i in range(45)]
     client_for(settings, redis_client).publish_turns(turns)

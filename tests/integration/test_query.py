@@ -25,18 +25,18 @@ from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.query import build_worker, retrieval_job
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
 
-def _ingest(settings: Settings, connection: redis.Redis, store: Store, turns: list) -> None:
+def _ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list) -> None:
     client_for(settings, connection).publish_turns(turns)
     drain(ingest_worker(settings, connection, store))
 
 
 def test_answers_from_one_tenant_only_and_emits_an_outcome(settings: Settings, redis_client: redis.Redis,
-                                                           store: Store) -> None:
+                                                           store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
     service = query_service(settings, redis_client, store)
     result = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
@@ -56,7 +56,7 @@ def test_answers_from_one_tenant_only_and_emits_an_outcome(settings: Settings, r
             assert all(h.turn_id.startswith("a") for h in hits)
 
 
-def test_unknown_tenant_gets_an_empty_result(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_unknown_tenant_gets_an_empty_result(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     service = query_service(settings, redis_client, store)
     for _ in range(20):
         result = service.answer(RetrievalRequest("nobody", "anything at all", k=10))
@@ -65,7 +65,7 @@ def test_unknown_tenant_gets_an_empty_result(settings: Settings, redis_client: r
 
 
 def test_index_refreshes_incrementally_by_memory_version(settings: Settings, redis_client: redis.Redis,
-                                                         store: Store) -> None:
+                                                         store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings, redis_client, store)
     service.answer(RetrievalRequest("alice", "cat", k=3))
@@ -82,7 +82,7 @@ def test_index_refreshes_incrementally_by_memory_version(settings: Settings, red
 
 
 def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_client: redis.Redis,
-                                                    store: Store) -> None:
+                                                    store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
@@ -125,7 +125,7 @@ def test_client_times_out_with_a_typed_error_when_no_worker_takes_the_job(settin
         client.retrieve("alice", "fine", k=0)
 
 
-def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     service = query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     job = queue.enqueue("workers.query.retrieval_job", {"v": 99, "tenant_id": "a", "query": "q"}, **JOB_TTLS)
@@ -136,7 +136,7 @@ def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Red
 
 
 def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings, redis_client: redis.Redis,
-                                                              store: Store) -> None:
+                                                              store: PostgresStore) -> None:
     cat_talk = ["the cat sleeps all day on the sofa", "the cat eats tuna every evening",
                 "Pixel is a happy cat who purrs", "we took the cat to the vet in March"]
     other = ["a cat", "we talked about taxes for an hour", "the dentist appointment was moved to Friday",
@@ -167,7 +167,7 @@ def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings
 
 @pytest.mark.slow
 def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
-        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     """Real bi-encoder: the two phone numbers (cosine 0.98) stay two entries and the new one is found;
     a word only the alias says finds the canonical entry listing the alias, whether the query worker
     folds the alias into a warm index or builds the tenant from scratch."""
@@ -205,7 +205,7 @@ def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
 
 
 def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redis_client: redis.Redis,
-                                                         store: Store) -> None:
+                                                         store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings.replace(rerank_cache_pairs=1000), redis_client, store)
     inner = service.rerank_cache.inner

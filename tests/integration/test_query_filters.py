@@ -29,14 +29,14 @@ from tests.integration.factories import (
 from tests.support import JOB_TTLS
 from workers.query import QueryService, build_worker
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
 KYOTO = "We booked a trip to Kyoto in October"
 
 
-def _ingest(settings: Settings, connection: redis.Redis, store: Store, turns: list) -> None:
+def _ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list) -> None:
     client_for(settings, connection).publish_turns(turns)
     drain(ingest_worker(settings, connection, store))
 
@@ -55,7 +55,7 @@ def _outcome_entry_ids(connection: redis.Redis, settings: Settings) -> list[set[
 
 def test_as_of_hides_later_turns_and_a_session_filter_keeps_one_session(settings: Settings,
                                                                         redis_client: redis.Redis,
-                                                                        store: Store) -> None:
+                                                                        store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a")
             + [turn("alice", "kyoto", KYOTO, session="s4", minutes=99)])
     service = query_service(settings, redis_client, store)
@@ -89,7 +89,7 @@ def test_as_of_hides_later_turns_and_a_session_filter_keeps_one_session(settings
 
 
 def test_a_deduplicated_turn_lets_its_canonical_entry_through(settings: Settings, redis_client: redis.Redis,
-                                                              store: Store) -> None:
+                                                              store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
     _ingest(settings, redis_client, store, [turn("alice", "dup", "I adopted a grey cat named Pixel last spring",
                                                  session="s9", minutes=500)])
@@ -114,7 +114,7 @@ def test_a_deduplicated_turn_lets_its_canonical_entry_through(settings: Settings
 
 
 def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settings, redis_client: redis.Redis,
-                                                               store: Store) -> None:
+                                                               store: PostgresStore) -> None:
     client = client_for(settings, redis_client)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     for kwargs, reason in ((dict(filters={"colour": "red"}), Reason.BAD_FILTER),
@@ -136,7 +136,7 @@ def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settin
     assert service.metrics.query_jobs.labels(status="error")._value.get() == 1
 
 
-def test_as_of_is_the_reference_time_of_the_core(settings: Settings, redis_client: redis.Redis, store: Store,
+def test_as_of_is_the_reference_time_of_the_core(settings: Settings, redis_client: redis.Redis, store: PostgresStore,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import workers.query
 

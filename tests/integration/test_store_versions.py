@@ -27,7 +27,7 @@ from workers.errors import EmbeddingVersionError, ReindexError, SchemaOutdatedEr
 from workers.migrate import discover, ensure_database, run_migrations
 from workers.reindex import run_reindex
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.store_state import EmbeddingVersion, check_schema, check_store, current_version, tenant_versions
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ def _staged(settings: Settings, tenant: str) -> int:
                                 (tenant,)).fetchone()[0])
 
 
-def _ingest(settings: Settings, connection: redis.Redis, store: Store, turns: list) -> None:
+def _ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list) -> None:
     client_for(settings, connection).publish_turns(turns)
     drain(ingest_worker(settings, connection, store))
 
@@ -83,13 +83,13 @@ def bare_database(services: None) -> Iterator[str]:
 # migration 0004 and the start-up checks ------------------------------------------------------------
 
 def test_migration_0004_backfills_rendering_0_and_the_stored_dimension(bare_database: str, tmp_path: Path) -> None:
-    with Store(bare_database) as store, pytest.raises(SchemaOutdatedError, match="mnemos migrate"):
+    with PostgresStore(bare_database) as store, pytest.raises(SchemaOutdatedError, match="mnemos migrate"):
         check_schema(store)
     for migration in discover():
         if migration.version < "0004":
             (tmp_path / migration.path.name).write_text(migration.sql_text())
     run_migrations(bare_database, tmp_path)
-    with Store(bare_database) as store, pytest.raises(SchemaOutdatedError, match="predates migration 0004"):
+    with PostgresStore(bare_database) as store, pytest.raises(SchemaOutdatedError, match="predates migration 0004"):
         check_schema(store)
     with psycopg.connect(bare_database, autocommit=True) as conn:  # data written before 0004, as the owner
         conn.execute("INSERT INTO tenants (tenant_id) VALUES ('old'), ('empty')")
@@ -97,7 +97,7 @@ def test_migration_0004_backfills_rendering_0_and_the_stored_dimension(bare_data
             conn.execute("INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
                          " VALUES ('old', %s, 's', 'user', 'x', now(), %s)", (turn_id, b"\0" * 4 * 12))
     assert run_migrations(bare_database) == [m.version for m in discover() if m.version >= "0004"]
-    with Store(bare_database) as store:
+    with PostgresStore(bare_database) as store:
         check_schema(store)
         assert tenant_versions(store) == {"old": EmbeddingVersion(0, 12), "empty": EmbeddingVersion(0, None)}
         with pytest.raises(EmbeddingVersionError) as info:
@@ -108,7 +108,7 @@ def test_migration_0004_backfills_rendering_0_and_the_stored_dimension(bare_data
 
 
 def test_ingest_records_its_version_and_the_start_up_check_compares_every_tenant(
-        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
     assert _tenant_row(settings, "alice")[:2] == (1, 64)
     check_store(store, current_version(64))  # fits
@@ -121,7 +121,7 @@ def test_ingest_records_its_version_and_the_start_up_check_compares_every_tenant
 
 
 def test_ingest_refuses_to_write_into_a_tenant_of_another_version(settings: Settings, redis_client: redis.Redis,
-                                                                  store: Store) -> None:
+                                                                  store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, [turn("alice", "a0", "first"), turn("bob", "b0", "first")])
     _set_version(settings, "bob", 0, 64)  # e.g. reindexed to another version while this worker runs
     worker = ingest_worker(settings, redis_client, store)
@@ -139,7 +139,7 @@ def test_ingest_refuses_to_write_into_a_tenant_of_another_version(settings: Sett
 
 def test_a_tenant_without_embeddings_takes_the_version_of_its_first_writer(settings: Settings,
                                                                            redis_client: redis.Redis,
-                                                                           store: Store) -> None:
+                                                                           store: PostgresStore) -> None:
     with store.tenant_tx("hollow") as conn:  # e.g. a tenant row left by migration 0004 without entries
         conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES ('hollow', 0)")
     check_store(store, current_version(64))
@@ -148,7 +148,7 @@ def test_a_tenant_without_embeddings_takes_the_version_of_its_first_writer(setti
 
 
 def test_the_query_worker_refuses_a_tenant_of_another_version(settings: Settings, redis_client: redis.Redis,
-                                                              store: Store) -> None:
+                                                              store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings, redis_client, store)
     assert service.answer(RetrievalRequest("alice", "grey cat Pixel", k=3)).hits
@@ -187,7 +187,7 @@ class _Interrupted(Exception):
 
 
 def test_reindex_is_resumable_and_moves_every_row(settings: Settings, redis_client: redis.Redis,
-                                                  store: Store) -> None:
+                                                  store: PostgresStore) -> None:
     turns = conversation_turns("alice", "a") + [turn("alice", "dup", "I adopted a grey cat named Pixel last spring",
                                                      minutes=30)]
     _ingest(settings, redis_client, store, turns + conversation_turns("bob", "b"))
@@ -228,7 +228,7 @@ def test_reindex_is_resumable_and_moves_every_row(settings: Settings, redis_clie
 
 
 def test_rows_an_old_ingest_worker_writes_during_a_reindex_end_at_the_new_version(
-        settings: Settings, redis_client: redis.Redis, store: Store) -> None:
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
     old_worker = ingest_worker(settings, redis_client, store)  # dimension 64, running all along
     client = client_for(settings, redis_client)

@@ -17,20 +17,20 @@ from tests.integration.factories import (
     suppression_worker,
 )
 from workers.settings import Settings
-from workers.store import Store
+from workers.store import PostgresStore
 from workers.wire import outcome_record
 
 pytestmark = pytest.mark.integration
 
 
-def _entry_ids(settings: Settings, connection: redis.Redis, store: Store, tenant: str = "alice") -> list[int]:
+def _entry_ids(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str = "alice") -> list[int]:
     client_for(settings, connection).publish_turns(conversation_turns(tenant, tenant[0]))
     drain(ingest_worker(settings, connection, store))
     with store.tenant_tx(tenant) as conn:
         return [int(r[0]) for r in conn.execute("SELECT entry_id FROM entries ORDER BY entry_id")]
 
 
-def _scores(store: Store, tenant: str = "alice") -> dict[tuple[int, int], float]:
+def _scores(store: PostgresStore, tenant: str = "alice") -> dict[tuple[int, int], float]:
     with store.tenant_tx(tenant) as conn:
         rows = conn.execute("SELECT entry_id, cluster, score FROM suppression").fetchall()
     return {(int(e), int(c)): float(s) for e, c, s in rows}
@@ -41,7 +41,7 @@ def _outcome(outcome_id: str, ids: list[int], cluster: int | None, embedding=Non
     return Outcome(outcome_id, "alice", cluster, len(ids), pool, embedding)
 
 
-def _ledger_recomputation(store: Store) -> dict[tuple[int, int], float]:
+def _ledger_recomputation(store: PostgresStore) -> dict[tuple[int, int], float]:
     total: dict[tuple[int, int], float] = {}
     with store.tenant_tx("alice") as conn:
         for (deltas,) in conn.execute("SELECT deltas FROM applied_outcomes"):
@@ -51,7 +51,7 @@ def _ledger_recomputation(store: Store) -> dict[tuple[int, int], float]:
 
 
 def test_outcome_applied_once_even_when_redelivered(settings: Settings, redis_client: redis.Redis,
-                                                    store: Store) -> None:
+                                                    store: PostgresStore) -> None:
     settings = settings.replace(clusters_k=1)
     ids = _entry_ids(settings, redis_client, store)
     worker = suppression_worker(settings, redis_client, store)
@@ -67,7 +67,7 @@ def test_outcome_applied_once_even_when_redelivered(settings: Settings, redis_cl
 
 
 def test_batch_and_one_at_a_time_give_identical_scores(settings: Settings, redis_client: redis.Redis,
-                                                       store: Store) -> None:
+                                                       store: PostgresStore) -> None:
     settings = settings.replace(clusters_k=1)
     ids = _entry_ids(settings, redis_client, store)
     messages = [_outcome(f"o{i}", ids[i % 3: i % 3 + 4], 0) for i in range(6)]
@@ -91,7 +91,7 @@ def test_batch_and_one_at_a_time_give_identical_scores(settings: Settings, redis
 
 
 def test_bootstrap_buffers_then_freezes_centroids(settings: Settings, redis_client: redis.Redis,
-                                                  store: Store) -> None:
+                                                  store: PostgresStore) -> None:
     ids = _entry_ids(settings, redis_client, store)  # K = 2, factor 2: freeze after 4 queries
     worker = suppression_worker(settings, redis_client, store)
     rng = np.random.default_rng(0)
@@ -110,7 +110,7 @@ def test_bootstrap_buffers_then_freezes_centroids(settings: Settings, redis_clie
 
 
 def test_outcomes_never_touch_another_tenants_entries(settings: Settings, redis_client: redis.Redis,
-                                                      store: Store) -> None:
+                                                      store: PostgresStore) -> None:
     settings = settings.replace(clusters_k=1)
     ids = _entry_ids(settings, redis_client, store)
     bob_ids = _entry_ids(settings, redis_client, store, "bob")
@@ -121,7 +121,7 @@ def test_outcomes_never_touch_another_tenants_entries(settings: Settings, redis_
 
 
 def test_query_outcomes_become_suppression_rows(settings: Settings, redis_client: redis.Redis,
-                                                store: Store) -> None:
+                                                store: PostgresStore) -> None:
     settings = settings.replace(clusters_k=1, update_rule="uniform")  # uniform: every pooled entry moves
     _entry_ids(settings, redis_client, store)
     service = query_service(settings, redis_client, store)
@@ -138,7 +138,7 @@ def test_query_outcomes_become_suppression_rows(settings: Settings, redis_client
 
 
 def test_each_applied_outcome_bumps_the_suppression_version_once(settings: Settings, redis_client: redis.Redis,
-                                                                 store: Store) -> None:
+                                                                 store: PostgresStore) -> None:
     ids = _entry_ids(settings, redis_client, store)  # clusters_k=2, bootstrap_factor=2: 4 embeddings bootstrap
     worker = suppression_worker(settings, redis_client, store)
     service = query_service(settings, redis_client, store)
@@ -148,10 +148,10 @@ def test_each_applied_outcome_bumps_the_suppression_version_once(settings: Setti
     assert worker.apply(_outcome("o2", ids[:5], None, embedding)) is True
     assert worker.apply(_outcome("o1", ids[:5], None, embedding)) is False  # a redelivery: no new version
     assert worker.apply(_outcome("o3", ids[1:6], 0)) is True
-    with store.tenant_tx("alice") as conn:
-        assert Store.versions(conn, "alice") == (1, 3)
-        ledger = conn.execute("SELECT outcome_id, suppression_version FROM applied_outcomes"
-                              " ORDER BY suppression_version").fetchall()
+    with store.tenant("alice") as tx:
+        row = tx.tenant()
+        assert row is not None and (row.memory_version, row.suppression_version) == (1, 3)
+        ledger = [(r.outcome_id, r.suppression_version) for r in tx.ledger()]
     assert ledger == [("o1", 1), ("o2", 2), ("o3", 3)]
     # the query worker reads the version in the snapshot it reads the scores from
     assert service.answer(RetrievalRequest("alice", "grey cat")).suppression_version == 3

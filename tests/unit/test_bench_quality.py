@@ -141,23 +141,23 @@ def test_markdown_and_plot(report, tmp_path) -> None:
 
 def test_persistent_caches_answer_reruns_without_loading_models(tmp_path) -> None:
     fake = FakeReranker()
-    first = PersistentReranker("m1", tmp_path / "s.sqlite", lambda: fake)
+    first = PersistentReranker("m1", tmp_path / "scores", lambda: fake)
     scores = first.score("q", ["a q", "b"])
     assert first.model_pairs_scored == 2
 
     def refuse():
         raise AssertionError("model loaded although every pair was cached")
 
-    second = PersistentReranker("m1", tmp_path / "s.sqlite", refuse)
+    second = PersistentReranker("m1", tmp_path / "scores", refuse)
     assert second.score("q", ["b", "a q"]).tolist() == [scores[1], scores[0]]
-    other = PersistentReranker("m2", tmp_path / "s.sqlite", lambda: FakeReranker(fn=lambda q, t: 9.0))
+    other = PersistentReranker("m2", tmp_path / "scores", lambda: FakeReranker(fn=lambda q, t: 9.0))
     assert other.score("q", ["b"]).tolist() == [9.0]  # another model never reads m1's scores
 
-    enc = PersistentEncoder("e", 64, tmp_path / "e.sqlite", lambda: HashingEncoder(64))
+    enc = PersistentEncoder("e", 64, tmp_path / "embeddings", lambda: HashingEncoder(64))
     vectors = enc.encode(["x y", "z", "x y"])
-    again = PersistentEncoder("e", 64, tmp_path / "e.sqlite", refuse).encode(["z", "x y"])
+    again = PersistentEncoder("e", 64, tmp_path / "embeddings", refuse).encode(["z", "x y"])
     assert (again == vectors[[1, 0]]).all() and enc.encoded == 2
-    assert PersistentEncoder("e", 64, tmp_path / "e.sqlite", refuse).encode([]).shape == (0, 64)
+    assert PersistentEncoder("e", 64, tmp_path / "embeddings", refuse).encode([]).shape == (0, 64)
 
 
 def test_parse_fold_spec() -> None:

@@ -1,10 +1,11 @@
-"""Postgres adapter shared by the workers: a connection pool, tenant-scoped transactions, codecs.
+"""The Postgres store: a connection pool, tenant-scoped transactions, the statements of the service.
 
-Every statement on a tenant table runs inside :meth:`Store.tenant_tx`, which sets the
+Every statement on a tenant table runs inside :meth:`PostgresStore.tenant_tx`, which sets the
 transaction-local ``mnemos.tenant_id`` that the row-level security policies of migration 0002
 compare against; connections switch to the non-superuser ``db_app_role`` when they open, so the
 policies apply even when the login role is a superuser. A forgotten tenant scope therefore reads
-and writes nothing, instead of another tenant's rows.
+and writes nothing, instead of another tenant's rows. The statements of one tenant's
+transaction are the methods of :class:`workers.store.postgres_tenant.PostgresTenantSession`.
 """
 
 from __future__ import annotations
@@ -13,44 +14,24 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import numpy as np
 import psycopg
 from psycopg import sql
+from psycopg.rows import class_row, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from workers.errors import DatabaseMissingError, StoreError
 from workers.redaction import redact, secrets_of
+from workers.store.postgres_tenant import PostgresTenantSession, insert_dead_letters
+from workers.store.rows import SchemaState, TenantVersionRow
+
+if TYPE_CHECKING:
+    from workers.dead_letters import DeadLetter
 
 log = logging.getLogger(__name__)
 
 _MISSING_DATABASE = re.compile(r'database "(?P<name>[^"]+)" does not exist')
-
-VECTOR_DTYPE = np.dtype("<f4")  # embeddings are stored as little-endian float32 bytes
-
-
-def vector_to_bytes(vector: np.ndarray) -> bytes:
-    """Bytes of one ``(dim,)`` vector (or a ``(k, dim)`` matrix, row-major) as little-endian float32."""
-    return np.ascontiguousarray(vector, dtype=VECTOR_DTYPE).tobytes()
-
-
-def vectors_from_bytes(blobs: Sequence[bytes], dim: int) -> np.ndarray:
-    """``(len(blobs), dim)`` float32 matrix from per-row bytes; raises StoreError on a bad length."""
-    out = np.zeros((len(blobs), dim), dtype=np.float32)
-    for row, blob in enumerate(blobs):
-        vector = np.frombuffer(blob, dtype=VECTOR_DTYPE)
-        if vector.shape[0] != dim:
-            raise StoreError(f"stored embedding has {vector.shape[0]} floats, expected {dim}")
-        out[row] = vector
-    return out
-
-
-def matrix_from_bytes(blob: bytes, rows: int, dim: int) -> np.ndarray:
-    """``(rows, dim)`` float32 matrix from one row-major blob; raises StoreError on a bad length."""
-    flat = np.frombuffer(blob, dtype=VECTOR_DTYPE)
-    if flat.shape[0] != rows * dim:
-        raise StoreError(f"stored matrix has {flat.shape[0]} floats, expected {rows}x{dim}")
-    return flat.reshape(rows, dim).astype(np.float32)
 
 
 def one_line(text: str) -> str:
@@ -77,7 +58,7 @@ def probe(database_url: str, timeout_s: float = 5.0) -> None:
                          transient=isinstance(exc, psycopg.OperationalError)) from exc
 
 
-class Store:
+class PostgresStore:
     """A small pool of Postgres connections (psycopg 3) for one worker process.
 
     Args:
@@ -106,7 +87,7 @@ class Store:
             name="mnemos-store",
         )
 
-    def open(self, wait: bool = True) -> Store:
+    def open(self, wait: bool = True) -> PostgresStore:
         """Open the pool; with ``wait`` block until one connection works.
 
         With ``wait``, one direct connection first tells a missing database or a malformed URL at
@@ -140,7 +121,7 @@ class Store:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> PostgresStore:
         return self.open()
 
     def __exit__(self, *exc: object) -> None:
@@ -156,7 +137,9 @@ class Store:
 
     @contextmanager
     def tenant_tx(self, tenant_id: str, *, snapshot: bool = False) -> Iterator[psycopg.Connection]:
-        """One transaction scoped to ``tenant_id`` (row-level security); commits on clean exit.
+        """One transaction scoped to ``tenant_id`` (row-level security) on a raw connection; commits on
+        clean exit. The workers use :meth:`tenant`; the raw connection is for this package and for
+        tests that inspect the database directly.
 
         ``snapshot`` makes it REPEATABLE READ READ ONLY: every read sees one consistent snapshot
         (the query worker reads a memory version and its entries together).
@@ -172,7 +155,8 @@ class Store:
 
     @contextmanager
     def plain_tx(self) -> Iterator[psycopg.Connection]:
-        """A transaction without tenant scope: it may record dead letters, and reads nothing of any tenant."""
+        """A raw transaction without tenant scope: it may record dead letters, and reads nothing of any
+        tenant (for this package and for tests, like :meth:`tenant_tx`)."""
         with self._transaction() as conn:
             yield conn
 
@@ -193,28 +177,36 @@ class Store:
         with self.plain_tx() as conn:
             conn.execute("SELECT 1")
 
-    # reads shared by several workers ------------------------------------------------------------
+    # the typed API (workers.store.protocol.Store) ---------------------------------------------------
 
-    @staticmethod
-    def memory_version(conn: psycopg.Connection, tenant_id: str) -> int | None:
-        """The tenant's memory version, or None for an unknown tenant (inside its tenant_tx)."""
-        row = conn.execute("SELECT memory_version FROM tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
-        return None if row is None else int(row[0])
+    @contextmanager
+    def tenant(self, tenant_id: str, *, snapshot: bool = False) -> Iterator[PostgresTenantSession]:
+        """:meth:`tenant_tx` as a :class:`~workers.store.protocol.TenantSession`."""
+        with self.tenant_tx(tenant_id, snapshot=snapshot) as conn:
+            yield PostgresTenantSession(conn, tenant_id)
 
-    @staticmethod
-    def versions(conn: psycopg.Connection, tenant_id: str) -> tuple[int, int] | None:
-        """``(memory_version, suppression_version)`` of the tenant, or None for an unknown tenant
-        (inside its tenant_tx; read both in one snapshot to know which state a retrieval used)."""
-        row = conn.execute("SELECT memory_version, suppression_version FROM tenants WHERE tenant_id = %s",
-                           (tenant_id,)).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]))
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        """Insert ``letters`` in a transaction without tenant scope (the insert policy of migration
+        0003 lets any letter in; none can be read back there)."""
+        if letters:
+            with self.plain_tx() as conn:
+                insert_dead_letters(conn, letters)
 
-    @staticmethod
-    def centroids(conn: psycopg.Connection, tenant_id: str) -> np.ndarray | None:
-        """The tenant's frozen ``(k, dim)`` centroids, or None before bootstrap (inside its tenant_tx)."""
-        row = conn.execute(
-            "SELECT k, dim, vectors FROM centroids WHERE tenant_id = %s", (tenant_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        return matrix_from_bytes(bytes(row[2]), int(row[0]), int(row[1]))
+    def schema_state(self) -> SchemaState:
+        with self.plain_tx() as conn, conn.cursor(row_factory=dict_row) as cur:
+            cur.execute("SELECT to_regclass('schema_migrations') IS NOT NULL AS present,"
+                        " to_regclass('schema_migrations') IS NOT NULL"
+                        " AND has_table_privilege(to_regclass('schema_migrations'), 'SELECT') AS readable")
+            state = cur.fetchone()
+            assert state is not None
+            if not (state["present"] and state["readable"]):
+                return SchemaState(bool(state["present"]), bool(state["readable"]))
+            cur.execute("SELECT version FROM schema_migrations")
+            return SchemaState(True, True, frozenset(str(r["version"]) for r in cur))
+
+    def tenant_versions(self) -> list[TenantVersionRow]:
+        """Read through ``mnemos_tenant_versions()`` (migration 0004): row-level security shows the
+        service's role one tenant per transaction."""
+        with self.plain_tx() as conn, conn.cursor(row_factory=class_row(TenantVersionRow)) as cur:
+            cur.execute("SELECT tenant_id, rendering_version, embedding_dim FROM mnemos_tenant_versions()")
+            return cur.fetchall()

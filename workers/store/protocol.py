@@ -1,0 +1,203 @@
+"""What the workers need from their database, as two Protocols: :class:`Store` and :class:`TenantSession`.
+
+A :class:`Store` opens transactions. Everything about one tenant happens in a
+:class:`TenantSession`, one transaction scoped to that tenant: it sees and writes only that
+tenant's rows (Postgres enforces it with row-level security, docs/architecture.md "Tables"),
+commits when the ``with`` block ends cleanly and rolls back everything when it raises. With
+``snapshot`` the session is REPEATABLE READ READ ONLY: every read sees one consistent state (the
+query worker reads a memory version and the entries behind it together) and a write raises.
+
+Implementations: :class:`workers.store.PostgresStore` (the service's) and
+:class:`workers.store.FakeStore` (in memory, for fast tests of the worker logic). Errors of either
+are :class:`workers.errors.StoreError` (``transient`` when retrying may help).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from workers.store.rows import (
+    CanonicalRow,
+    Deltas,
+    EntryRow,
+    LedgerRow,
+    NewEntry,
+    SchemaState,
+    StagedEmbedding,
+    StagingRow,
+    StoredTurn,
+    TenantLock,
+    TenantRow,
+    TenantVersionRow,
+)
+
+if TYPE_CHECKING:
+    from workers.dead_letters import DeadLetter
+
+
+class TenantSession(Protocol):
+    """One transaction of one tenant (see the module docstring). Methods by the worker that uses them."""
+
+    @property
+    def tenant_id(self) -> str:
+        """The tenant this transaction is scoped to."""
+        ...
+
+    # the tenant row -------------------------------------------------------------------------------
+
+    def lock(self, lock: TenantLock) -> None:
+        """Take the tenant's ``lock`` until the transaction ends (waits for another holder)."""
+        ...
+
+    def tenant(self) -> TenantRow | None:
+        """The tenant's row, or None for an unknown tenant."""
+        ...
+
+    def create_tenant(self, rendering: int, dim: int) -> None:
+        """Create the tenant's row with this embedding version unless it exists (then nothing changes)."""
+        ...
+
+    def set_embedding_version(self, rendering: int, dim: int) -> None:
+        """Record the rendering and dimension of the tenant's stored embeddings."""
+        ...
+
+    def bump_memory_version(self) -> None:
+        """Add one to the tenant's memory version (every commit that changed its entries)."""
+        ...
+
+    # ingest ---------------------------------------------------------------------------------------
+
+    def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
+        """The stored turns among ``turn_ids`` (any order)."""
+        ...
+
+    def canonical_entries(self, after: int) -> list[CanonicalRow]:
+        """Canonical entries with ``entry_id > after``, by id."""
+        ...
+
+    def allocate_entry_ids(self, n: int) -> list[int]:
+        """``n`` fresh entry ids, ascending (never handed out again, even after a rollback)."""
+        ...
+
+    def insert_entries(self, rows: Sequence[NewEntry]) -> set[int]:
+        """Insert ``rows``; a turn id the tenant already has is skipped. Returns the ids inserted."""
+        ...
+
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        """Record refused messages; a second letter for the same stream message is dropped."""
+        ...
+
+    # query ----------------------------------------------------------------------------------------
+
+    def entries_after(self, after: int) -> list[EntryRow]:
+        """Every stored turn (canonical entries and aliases) with ``entry_id > after``, by id."""
+        ...
+
+    def count_entries(self) -> int:
+        """How many turns the tenant has stored (aliases included)."""
+        ...
+
+    def centroids(self) -> np.ndarray | None:
+        """The tenant's frozen ``(k, dim)`` query centroids, or None before its bootstrap."""
+        ...
+
+    def suppression_scores(self, cluster: int | None = None) -> dict[tuple[int, int], float]:
+        """Suppression scores by ``(entry_id, cluster)``, of one cluster or (None) of all."""
+        ...
+
+    # suppression ----------------------------------------------------------------------------------
+
+    def own_entry_ids(self, entry_ids: Sequence[int]) -> set[int]:
+        """The ids among ``entry_ids`` that are this tenant's entries."""
+        ...
+
+    def record_outcome(self, outcome_id: str, cluster: int | None, deltas: Deltas, stream_id: str | None) -> bool:
+        """Add the outcome's ledger row; False (and nothing written) when it is already there."""
+        ...
+
+    def bump_suppression_version(self, outcome_id: str) -> int | None:
+        """Add one to the tenant's suppression version and record it on the outcome's ledger row;
+        returns the new version (None: the tenant has no row). Serialises writers of one tenant."""
+        ...
+
+    def add_suppression(self, deltas: Deltas) -> None:
+        """Add each delta to the score of its ``(entry_id, cluster)`` (a missing score starts at 0)."""
+        ...
+
+    def ledger(self) -> list[LedgerRow]:
+        """Every applied outcome, by the suppression version it produced, then by application time."""
+        ...
+
+    def buffer_query(self, outcome_id: str, embedding: np.ndarray) -> None:
+        """Append a ``(dim,)`` query embedding to the tenant's bootstrap buffer."""
+        ...
+
+    def buffered_count(self) -> int:
+        """How many query embeddings the bootstrap buffer holds."""
+        ...
+
+    def buffered_queries(self) -> list[bytes]:
+        """The buffered query embeddings (float32 bytes), in the order they were buffered."""
+        ...
+
+    def save_centroids(self, centroids: np.ndarray, n_queries: int) -> None:
+        """Freeze the tenant's ``(k, dim)`` centroids, fitted on ``n_queries`` buffered queries."""
+        ...
+
+    # reindex --------------------------------------------------------------------------------------
+
+    def count_unstaged(self, rendering: int, dim: int) -> tuple[int, int]:
+        """``(stored turns, turns without a staged embedding of this rendering and dimension)``."""
+        ...
+
+    def unstaged_entries(self, rendering: int, dim: int, *, after: int, limit: int) -> list[StagingRow]:
+        """Up to ``limit`` turns with ``entry_id > after`` not staged for this version, by id."""
+        ...
+
+    def stage_embeddings(self, rendering: int, staged: Sequence[StagedEmbedding]) -> None:
+        """Stage new embeddings beside the live ones (the live ``embedding`` is untouched)."""
+        ...
+
+    def swap_staged(self) -> None:
+        """Make every staged embedding live and clear the staging; raises StoreError when a turn has
+        none staged (nothing is changed then)."""
+        ...
+
+    def clear_suppression_state(self) -> None:
+        """Drop the tenant's suppression scores, centroids and bootstrap buffer."""
+        ...
+
+
+class Store(Protocol):
+    """The workers' database (see the module docstring)."""
+
+    def tenant(self, tenant_id: str, *, snapshot: bool = False) -> AbstractContextManager[TenantSession]:
+        """One transaction scoped to ``tenant_id``; commits on a clean exit, rolls back on an error.
+
+        Raises StoreError for an empty tenant id (never retried) and on connection or server errors.
+        """
+        ...
+
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        """Record refused messages of any tenant (or of none) in a transaction of their own."""
+        ...
+
+    def schema_state(self) -> SchemaState:
+        """Which migrations the database has (see :class:`SchemaState`)."""
+        ...
+
+    def tenant_versions(self) -> list[TenantVersionRow]:
+        """The embedding version of every tenant, by tenant id."""
+        ...
+
+    def ping(self) -> None:
+        """Raise StoreError unless the database answers."""
+        ...
+
+    def close(self) -> None:
+        """Release the connections."""
+        ...

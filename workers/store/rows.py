@@ -1,0 +1,172 @@
+"""The typed rows the store reads and writes, and the byte codec of stored embeddings.
+
+Every row is a frozen dataclass whose field names are the column names (the Postgres store reads
+them with psycopg's ``class_row``; the fake store builds the same objects). Embeddings travel as
+the bytes of little-endian float32 vectors, as stored; :func:`vectors_from_bytes` turns a list of
+them into a matrix and checks their length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from workers.errors import StoreError
+
+VECTOR_DTYPE = np.dtype("<f4")  # embeddings are stored as little-endian float32 bytes
+
+
+def vector_to_bytes(vector: np.ndarray) -> bytes:
+    """Bytes of one ``(dim,)`` vector (or a ``(k, dim)`` matrix, row-major) as little-endian float32."""
+    return np.ascontiguousarray(vector, dtype=VECTOR_DTYPE).tobytes()
+
+
+def vectors_from_bytes(blobs: Sequence[bytes], dim: int) -> np.ndarray:
+    """``(len(blobs), dim)`` float32 matrix from per-row bytes; raises StoreError on a bad length."""
+    out = np.zeros((len(blobs), dim), dtype=np.float32)
+    for row, blob in enumerate(blobs):
+        vector = np.frombuffer(blob, dtype=VECTOR_DTYPE)
+        if vector.shape[0] != dim:
+            raise StoreError(f"stored embedding has {vector.shape[0]} floats, expected {dim}")
+        out[row] = vector
+    return out
+
+
+def matrix_from_bytes(blob: bytes, rows: int, dim: int) -> np.ndarray:
+    """``(rows, dim)`` float32 matrix from one row-major blob; raises StoreError on a bad length."""
+    flat = np.frombuffer(blob, dtype=VECTOR_DTYPE)
+    if flat.shape[0] != rows * dim:
+        raise StoreError(f"stored matrix has {flat.shape[0]} floats, expected {rows}x{dim}")
+    return flat.reshape(rows, dim).astype(np.float32)
+
+
+class TenantLock(IntEnum):
+    """Per-tenant locks held until the end of the transaction (Postgres advisory locks keyed by
+    ``(class, hashtext(tenant_id))``; the value is the class key)."""
+
+    INGEST = 0x4D4E4931  # "MNI1": one writer of a tenant's entries at a time (ids grow in commit order)
+    SUPPRESSION = 0x4D4E5331  # "MNS1": serialises one tenant's cluster bootstrap across workers
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    """A ``tenants`` row: versions of the tenant's memory, suppression state and stored embeddings
+    (``embedding_dim`` None: no embedding stored yet)."""
+
+    tenant_id: str
+    memory_version: int
+    rendering_version: int
+    embedding_dim: int | None
+    suppression_version: int
+
+
+@dataclass(frozen=True)
+class TenantVersionRow:
+    """The embedding version of one tenant, as listed across tenants (``mnemos_tenant_versions()``)."""
+
+    tenant_id: str
+    rendering_version: int
+    embedding_dim: int | None
+
+
+@dataclass(frozen=True)
+class StoredTurn:
+    """The content of a stored turn, compared with a redelivered one (idempotency by turn id)."""
+
+    turn_id: str
+    session_id: str
+    role: str
+    text: str
+    occurred_at: datetime
+
+
+@dataclass(frozen=True)
+class CanonicalRow:
+    """A canonical entry as dedupe reads it: its embedding bytes and what its signature is made of."""
+
+    entry_id: int
+    embedding: bytes
+    role: str
+    text: str
+    image_caption: str | None
+
+
+@dataclass(frozen=True)
+class EntryRow:
+    """A stored turn as the query worker indexes it (``canonical_entry_id`` None: a canonical entry)."""
+
+    entry_id: int
+    turn_id: str
+    session_id: str
+    role: str
+    text: str
+    occurred_at: datetime
+    embedding: bytes
+    canonical_entry_id: int | None
+    image_caption: str | None
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    """A turn to insert with the id it was allocated; ``embedding`` is its ``(dim,)`` float32 vector."""
+
+    entry_id: int
+    turn_id: str
+    session_id: str
+    role: str
+    text: str
+    occurred_at: datetime
+    embedding: np.ndarray
+    canonical_entry_id: int | None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    encoder_truncated: bool = False
+    stream_id: str | None = None
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One applied outcome: its cluster, the suppression version it produced (None: applied before
+    migration 0005) and its deltas as ``(entry_id, cluster, delta)``."""
+
+    outcome_id: str
+    cluster: int | None
+    suppression_version: int | None
+    deltas: tuple[tuple[int, int, float], ...]
+
+
+@dataclass(frozen=True)
+class StagingRow:
+    """A stored turn whose embedding ``mnemos reindex`` must (re)stage: what its rendering is made of."""
+
+    entry_id: int
+    role: str
+    text: str
+    image_caption: str | None
+
+
+@dataclass(frozen=True)
+class StagedEmbedding:
+    """A new embedding for ``entry_id`` (``(dim,)`` float32) and whether the encoder truncated its input."""
+
+    entry_id: int
+    embedding: np.ndarray
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    """What the database says about its migrations: whether ``schema_migrations`` exists, whether the
+    connection's role may read it (the grant came with migration 0004) and the versions applied."""
+
+    exists: bool
+    readable: bool
+    applied: frozenset[str] = frozenset()
+
+
+Deltas = Mapping[tuple[int, int], float]
+"""Suppression deltas keyed by ``(entry_id, cluster)`` (already summed per key)."""
