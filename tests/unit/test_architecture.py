@@ -1,13 +1,16 @@
-"""Structure checks over the source: who may import whom, and no machine paths in committed files.
+"""Structure checks over the source: who may import whom, where SQL may be, and no machine paths
+in committed files.
 
 docs/architecture.md "Modules" states the layering these tests hold: the pure core (``mnemos``)
 imports none of the other parts; the service (``workers``) and the client (``api``) never import
-the benchmark part (``bench``), which reaches the CLI only as an entry-point plugin.
+the benchmark part (``bench``), which reaches the CLI only as an entry-point plugin. Every SQL
+statement lives in the store (``workers/store/``) or in ``migrations/``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +57,98 @@ def test_the_core_imports_no_other_part() -> None:
 
 def test_the_client_does_not_import_the_service_or_the_core() -> None:
     assert _offenders("api", {"workers", "mnemos"}) == []
+
+
+# A string constant is SQL when, after leading whitespace, it opens like a statement: a keyword
+# followed by what only SQL puts after it (so "Create the database" or "Select a model" in a help
+# text is not SQL, while "SELECT 1", "UPDATE t SET", "DROP DATABASE {}" and "SET ROLE {}" are).
+_SQL = re.compile(
+    r"""\A\s*(?:
+        SELECT\s+(?:\*|\d|DISTINCT\b|[\w.]+\s*(?:\(|,|\bAS\b|\bFROM\b))
+      | INSERT\s+(?:OR\s+\w+\s+)?INTO\b
+      | UPDATE\s+[\w.]+\s+(?:AS\s+\w+\s+)?SET\b
+      | DELETE\s+FROM\b
+      | (?:CREATE|DROP|ALTER|TRUNCATE)\s+(?:OR\s+REPLACE\s+|UNIQUE\s+|TEMP(?:ORARY)?\s+)?
+        (?:TABLE|INDEX|DATABASE|ROLE|SCHEMA|VIEW|FUNCTION|POLICY|SEQUENCE|EXTENSION|TRIGGER|TYPE|USER)\b
+      | WITH\s+(?:RECURSIVE\s+)?\w+\s*(?:\([^)]*\)\s*)?AS\s*\(
+      | SET\s+(?:ROLE|SESSION|LOCAL|TRANSACTION|search_path|statement_timeout|row_security)\b
+      | (?:GRANT|REVOKE)\s+[\w, ]+\s+ON\b
+      | PRAGMA\s+\w+
+    )""",
+    re.IGNORECASE | re.VERBOSE,
+)
+SQL_HOMES = ("workers/store/", "migrations/")
+"""Where SQL text may live. ``tests/`` is not scanned: tests check the real database (row-level
+security, what the workers committed) with statements of their own, independent of the store."""
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of every docstring constant in ``tree`` (they document; they are not statements)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _sql_strings(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, first words) of every string constant in ``path`` that reads as SQL (f-string parts included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+                and _SQL.match(node.value)):
+            yield node.lineno, " ".join(node.value.split())[:60]
+
+
+def _python_sources() -> Iterator[Path]:
+    """The repository's Python files, except ``tests/``, hidden folders (a virtual environment) and
+    build outputs."""
+    for top in sorted(REPO.iterdir()):
+        if top.name.startswith(".") or top.name in {"tests", "build", "dist"}:
+            continue
+        if top.is_dir():
+            yield from sorted(top.rglob("*.py"))
+        elif top.suffix == ".py":
+            yield top
+
+
+@pytest.mark.parametrize("text", [
+    "SELECT 1", "select count(*) FROM entries", "SELECT entry_id, score FROM suppression WHERE x = %s",
+    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", "  INSERT INTO entries (a) VALUES (%s)",
+    "INSERT OR REPLACE INTO t VALUES (?)", "UPDATE tenants SET memory_version = 1", "DELETE FROM t",
+    "DROP DATABASE IF EXISTS {} WITH (FORCE)", "CREATE TABLE IF NOT EXISTS t (x int)", "SET ROLE {}",
+    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", "WITH new AS (SELECT 1) SELECT * FROM new",
+    "ALTER TABLE entries ENABLE ROW LEVEL SECURITY", "PRAGMA journal_mode=WAL", "SELECT version FROM t",
+])
+def test_the_sql_recogniser_sees_statements(text: str) -> None:
+    assert _SQL.match(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Create the database if needed and apply pending migrations.", "Delete every job of the queue",
+    "Select the arm to run", "Update the README when a setting changes", "Commit time", "commit",
+    "Truncate a sentence-transformers CrossEncoder", "with --data give exactly one of --conversations",
+    "Drop the cache", "Set the weight to 2", "select", "Select models", "Do you want ideas for things to do?",
+])
+def test_the_sql_recogniser_ignores_prose(text: str) -> None:
+    assert not _SQL.match(text)
+
+
+def test_the_sql_walker_skips_docstrings_and_reads_f_strings(tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text('def f(table):\n    """SELECT 1 FROM documentation"""\n'
+                      '    return f"DELETE FROM {table} WHERE x = 1"\n', encoding="utf-8")
+    assert [line for line, _ in _sql_strings(source)] == [3]
+
+
+def test_no_sql_outside_the_store_and_the_migrations() -> None:
+    offenders = [f"{path.relative_to(REPO).as_posix()}:{line}: {text}"
+                 for path in _python_sources() if not path.relative_to(REPO).as_posix().startswith(SQL_HOMES)
+                 for line, text in _sql_strings(path)]
+    assert offenders == [], "SQL outside workers/store/ and migrations/:\n" + "\n".join(offenders)
 
 
 def _git(*args: str) -> str:
