@@ -69,7 +69,7 @@ class Audit:
 
     def _rows(self, query: str) -> list[dict[str, Any]]:
         with self._conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(query)  # type: ignore[arg-type]  # fixed statements of this module
+            cur.execute(query)
             return cur.fetchall()
 
     def turn_keys(self) -> set[tuple[str, str]]:

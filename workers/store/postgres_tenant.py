@@ -67,12 +67,12 @@ class PostgresTenantSession:
 
     def _rows(self, cls: type[R], query: str, params: Sequence[Any] | dict[str, Any]) -> list[R]:
         with self._conn.cursor(row_factory=class_row(cls)) as cur:
-            cur.execute(query, params)  # type: ignore[arg-type]  # fixed statements of this module
+            cur.execute(query, params)
             return cur.fetchall()
 
     def _one(self, query: str, params: Sequence[Any] | dict[str, Any]) -> dict[str, Any] | None:
         with self._conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, params)  # type: ignore[arg-type]
+            cur.execute(query, params)
             return cur.fetchone()
 
     # the tenant row -------------------------------------------------------------------------------

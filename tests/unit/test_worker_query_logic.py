@@ -1,0 +1,83 @@
+"""The query service's logic against the in-memory store (tests/unit/worker_fakes.py).
+
+The same behaviours run against the real Redis and Postgres in tests/integration/test_query.py;
+here: answers from the stored entries with the versions they read, the outcome on its stream, the
+index extended by memory version, unknown tenants, version refusals and the suppression penalty.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.schemas import RetrievalRequest
+from tests.unit.worker_fakes import (
+    DIM,
+    RecordingRedis,
+    conversation,
+    ingest_worker,
+    query_service,
+    turn_message,
+    unit_settings,
+)
+from workers.errors import EmbeddingVersionError
+from workers.store import FakeStore
+
+
+def _stored(tenant: str = "alice") -> tuple[FakeStore, RecordingRedis]:
+    store, redis = FakeStore(), RecordingRedis()
+    ingest_worker(store, redis).handle(conversation(tenant))
+    return store, redis
+
+
+def test_an_answer_reads_the_stored_entries_and_sends_its_outcome() -> None:
+    store, redis = _stored()
+    service = query_service(store, redis)
+    result = service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=3, request_id="r1"))
+    assert result.hits[0].turn_id == "alice-t0"
+    assert (result.memory_version, result.suppression_version, result.cluster) == (1, 0, None)
+    (message,) = redis.streams["unit:outcomes"]
+    body = json.loads(message["outcome"])
+    assert message["tenant_id"] == "alice" and body["outcome_id"] == "r1"
+    assert len(body["query_embedding"]) == DIM  # no frozen clusters yet: the bootstrap needs it
+
+
+def test_an_unknown_tenant_gets_an_empty_answer_and_sends_nothing() -> None:
+    store, redis = _stored()
+    result = query_service(store, redis).answer(RetrievalRequest("nobody", "grey cat"))
+    assert result.hits == () and result.memory_version == 0
+    assert "unit:outcomes" not in redis.streams
+
+
+def test_the_index_is_extended_when_the_memory_version_moves() -> None:
+    store, redis = _stored()
+    service = query_service(store, redis)
+    service.answer(RetrievalRequest("alice", "cello teacher"))
+    ingest_worker(store, redis).handle([turn_message("50-0", "alice", "late", "My violin teacher is Marta",
+                                                     session="s9", minutes=90)])
+    result = service.answer(RetrievalRequest("alice", "violin teacher Marta", k=1))
+    assert result.memory_version == 2 and result.hits[0].turn_id == "late"
+    state = service.cache.get("alice")
+    assert state is not None and state.index.version == 2
+
+
+def test_a_tenant_of_another_embedding_version_is_refused_and_forgotten() -> None:
+    store, redis = _stored()
+    service = query_service(store, redis)
+    service.answer(RetrievalRequest("alice", "grey cat"))
+    with store.tenant("alice") as tx:
+        tx.set_embedding_version(1, DIM * 2)  # as `mnemos reindex` with another encoder would leave it
+    with pytest.raises(EmbeddingVersionError):
+        service.answer(RetrievalRequest("alice", "grey cat"))
+    assert service.cache.get("alice") is None
+
+
+def test_the_suppression_of_the_query_cluster_pushes_an_entry_down() -> None:
+    store, redis = _stored()
+    service = query_service(store, redis, unit_settings(clusters_k=1), rerank=False)  # K = 1: cluster 0 always
+    first = service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=1)).hits[0]
+    with store.tenant("alice") as tx:
+        tx.add_suppression({(first.entry_id, 0): 100.0})
+    again = service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=1))
+    assert again.cluster == 0 and again.hits[0].entry_id != first.entry_id

@@ -1,0 +1,94 @@
+"""Builders for the worker-logic tests: the in-memory store, a Redis stand-in, fake models, messages.
+
+The workers' logic (ingest, suppression, query service) runs here against
+:class:`workers.store.FakeStore` and :class:`RecordingRedis`, in milliseconds and without servers;
+the same workers are tested against the real Redis and Postgres in ``tests/integration/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from api.schemas import Outcome, PoolRow, Turn
+from mnemos.encoder import HashingEncoder
+from mnemos.rerank import FakeReranker
+from workers.ingest import IngestWorker
+from workers.metrics import ServiceMetrics
+from workers.models import TruncationCounter
+from workers.query import QueryService
+from workers.settings import FAKE_MODEL, Settings
+from workers.store import FakeStore
+from workers.streams import StreamMessage
+from workers.suppression import SuppressionWorker
+
+BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
+NOW = datetime(2024, 6, 1, tzinfo=UTC)  # the ingest worker's clock: every turn above is in its past
+DIM = 64
+
+
+class RecordingRedis:
+    """What the workers call on Redis here (``xadd``, a pipeline of them), recorded per stream."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, list[dict[str, str]]] = {}
+
+    def xadd(self, name: str, fields: Mapping[str, Any], *args: Any, **kwargs: Any) -> str:
+        entries = self.streams.setdefault(name, [])
+        entries.append({str(k): str(v) for k, v in fields.items()})
+        return f"{len(entries)}-0"
+
+    def pipeline(self, transaction: bool = True) -> RecordingRedis:
+        return self
+
+    def execute(self) -> list[Any]:
+        return []
+
+
+def unit_settings(**changes: Any) -> Settings:
+    return Settings(bi_encoder=FAKE_MODEL, cross_encoder=FAKE_MODEL, fake_encoder_dim=DIM, metrics_enabled=False,
+                    stream_prefix="unit", clusters_k=2, bootstrap_factor=2).replace(**changes)
+
+
+def ingest_worker(store: FakeStore, redis: RecordingRedis, settings: Settings | None = None) -> IngestWorker:
+    return IngestWorker(settings or unit_settings(), redis, store, HashingEncoder(DIM),  # type: ignore[arg-type]
+                        TruncationCounter(), ServiceMetrics(), clock=lambda: NOW)
+
+
+def suppression_worker(store: FakeStore, redis: RecordingRedis, settings: Settings | None = None) -> SuppressionWorker:
+    return SuppressionWorker(settings or unit_settings(), redis, store, ServiceMetrics())  # type: ignore[arg-type]
+
+
+def query_service(store: FakeStore, redis: RecordingRedis, settings: Settings | None = None, *,
+                  rerank: bool = True) -> QueryService:
+    return QueryService(settings or unit_settings(), redis, store, HashingEncoder(DIM),  # type: ignore[arg-type]
+                        FakeReranker() if rerank else None, ServiceMetrics())
+
+
+def turn_message(stream_id: str, tenant: str, turn_id: str, text: str, *, session: str = "s1", role: str = "user",
+                 minutes: int = 0) -> StreamMessage:
+    turn = Turn(tenant, session, turn_id, role, text, BASE_TIME + timedelta(minutes=minutes))
+    return StreamMessage(stream_id, {k.encode(): v.encode() for k, v in turn.to_stream_fields().items()})
+
+
+CONVERSATION = (
+    ("s1", "user", "I adopted a grey cat named Pixel last spring"),
+    ("s1", "assistant", "Pixel sounds lovely, how old is she"),
+    ("s2", "user", "My brother Tomas moved to Porto for a job at a bakery"),
+    ("s2", "user", "He bakes sourdough bread every morning at five"),
+    ("s3", "user", "I started learning the cello in January"),
+    ("s3", "user", "My cello teacher is called Ines and she is strict"),
+)
+
+
+def conversation(tenant: str, first_id: int = 1) -> list[StreamMessage]:
+    return [turn_message(f"{first_id + i}-0", tenant, f"{tenant}-t{i}", text, session=session, role=role, minutes=i)
+            for i, (session, role, text) in enumerate(CONVERSATION)]
+
+
+def outcome(outcome_id: str, tenant: str, ids: list[int], cluster: int | None,
+            embedding: tuple[float, ...] | None = None) -> Outcome:
+    """Every pooled entry falls: the first ranked is last after the rerank."""
+    pool = tuple(PoolRow(e, rank, len(ids) + 1 - rank, 2.0 - rank) for rank, e in enumerate(ids, start=1))
+    return Outcome(outcome_id, tenant, cluster, len(ids), pool, embedding)
