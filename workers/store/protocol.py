@@ -2,7 +2,7 @@
 
 A :class:`Store` opens transactions. Everything about one tenant happens in a
 :class:`TenantSession`, one transaction scoped to that tenant: it sees and writes only that
-tenant's rows (Postgres enforces it with row-level security, docs/architecture.md "Tables"),
+tenant's rows (Postgres enforces it with row-level security, docs/architecture.md "Invariants"),
 commits when the ``with`` block ends cleanly and rolls back everything when it raises. With
 ``snapshot`` the session is REPEATABLE READ READ ONLY: every read sees one consistent state (the
 query worker reads a memory version and the entries behind it together) and a write raises.
