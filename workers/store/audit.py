@@ -58,10 +58,13 @@ class Audit:
 
     @classmethod
     @contextmanager
-    def connect(cls, database_url: str, timeout_s: float = 10.0) -> Iterator[Audit]:
-        """An :class:`Audit` on a fresh connection; raises StoreError when Postgres fails."""
+    def connect(cls, database_url: str, timeout_s: float | None = None) -> Iterator[Audit]:
+        """An :class:`Audit` on a fresh connection (``timeout_s``: seconds to connect, None: libpq's
+        default); raises StoreError when Postgres fails."""
+        url = database_url if timeout_s is None else psycopg.conninfo.make_conninfo(
+            database_url, connect_timeout=max(1, round(timeout_s)))
         try:
-            with psycopg.connect(database_url, connect_timeout=max(1, round(timeout_s))) as conn:
+            with psycopg.connect(url) as conn:
                 yield cls(conn)
         except psycopg.Error as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}",
