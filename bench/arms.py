@@ -39,6 +39,7 @@ from mnemos.suppression import UpdateRule
 __all__ = [
     "ARM_NAMES",
     "BASELINE_ARM",
+    "GAP_ARM",
     "FEATURE_FUNCTIONS",
     "SUPPRESSION_ARMS",
     "Arm",
@@ -58,6 +59,7 @@ __all__ = [
 ]
 
 BASELINE_ARM = "hybrid_rerank"
+GAP_ARM = "+clustered_rif_gap"
 """The baseline of *Clustered Retrieval-Induced Forgetting* (§4.3): BM25 + dense, RRF, cross-encoder, no suppression."""
 
 

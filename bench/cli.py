@@ -184,6 +184,7 @@ def run_quality_command(
     only_conversations: list[str] | None = None,
     variants: list[str] | None = None,
     compare_rerankers: list[str] | None = None,
+    suppression_study: bool = False,
 ) -> int:
     """Load data and models, run :func:`bench.quality.run_quality`, write the outputs.
 
@@ -220,7 +221,7 @@ def run_quality_command(
             protocols=tuple(Protocol(p) for p in protocols),
             burnin_factor=burnin_factor, clusters=clusters, queries_per_cluster=queries_per_cluster, seed=seed,
             n_resamples=resamples, abstain_threshold=abstain_threshold, dedupe_threshold=0.95 if dedupe else None,
-            limit=limit, full_features=full_features,
+            limit=limit, full_features=full_features, suppression_study=suppression_study,
         )
     except (DatasetError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -339,6 +340,8 @@ def bench() -> None:
               help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANT_NAMES),
               help="An ablation measured beside the main run (repeatable).")
+@click.option("--suppression-study", is_flag=True, default=False,
+              help="Also run the dev-split suppression study (alpha x evidence threshold grid; bench/suppression_study.py).")
 @click.option("--compare-rerankers", "compare_rerankers", multiple=True, metavar="NAME=DIR[,DIR...][@MAX_LENGTH]",
               help="Other reranker folds measured beside the main ones, quality and time per pool (repeatable).")
 def quality(**kwargs: Any) -> None:
@@ -358,6 +361,6 @@ def quality(**kwargs: Any) -> None:
             full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
             batch_size=kwargs["batch_size"], bi_encoder=kwargs["bi_encoder"], command=command,
             only_conversations=_split(kwargs["conversations"]) or None, variants=list(kwargs["variants"]),
-            compare_rerankers=list(kwargs["compare_rerankers"]),
+            compare_rerankers=list(kwargs["compare_rerankers"]), suppression_study=kwargs["suppression_study"],
         )
     )

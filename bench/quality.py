@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.arms import ARM_NAMES, BASELINE_ARM, arm_by_name
+from bench.arms import ARM_NAMES, BASELINE_ARM, GAP_ARM, arm_by_name
 from bench.corpora import CorpusMode
 from bench.datasets import Conversation
 from bench.engine import (
@@ -33,6 +33,7 @@ from bench.engine import (
     prepare_questions,
 )
 from bench.report import render_markdown, run_row
+from bench.suppression_study import study_markdown, suppression_study
 from bench.selection import SUPPRESSION_OFF, Selection, overall_question, select_full
 from bench.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired
 from bench.variants import Variant, run_variant
@@ -42,7 +43,6 @@ __all__ = ["QualityOptions", "QualityReport", "run_quality"]
 
 logger = logging.getLogger(__name__)
 
-GAP_ARM = "+clustered_rif_gap"
 FULL_ARM = "mnemos_full"
 _DEEP_VARIANT = "+clustered_rif_gap+deep_pass"
 
@@ -66,6 +66,7 @@ class QualityOptions:
     limit: int | None = None
     full_features: str = "auto"
     alpha: float = 0.05
+    suppression_study: bool = False
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.arms if a not in ARM_NAMES]
@@ -255,6 +256,8 @@ def _header(document: Mapping[str, Any]) -> list[str]:
                 f"NDCG@10 {item['delta']:+.4f} [{item['ci95'][0]:+.4f}, {item['ci95'][1]:+.4f}], p={item['p']:.3f}"
             )
     lines += _variant_lines(document.get("variants") or [])
+    if document.get("suppression_study"):
+        lines += [""] + study_markdown(document["suppression_study"])
     return lines
 
 
@@ -379,6 +382,12 @@ def run_quality(
                     engine.run_suppressed(mode, protocol, base_arm, variant) if selection.suppression
                     else baseline[mode])
 
+    study = None
+    if options.suppression_study and rerank_needed and Protocol.HELDOUT in options.protocols:
+        t0 = time.perf_counter()
+        study = suppression_study(engine, options.modes, n_resamples=options.n_resamples, seed=options.seed)
+        engine.seconds["suppression_study"] = time.perf_counter() - t0
+
     # 4. metrics, statistics, rows
     metrics: dict[tuple[CorpusMode, Protocol, str], dict[str, QuestionMetrics]] = {}
     for (mode, protocol, name), res in results.items():
@@ -456,6 +465,7 @@ def run_quality(
             "protocols": [p.value for p in options.protocols],
             "alpha": arm_by_name(GAP_ARM).config.alpha,
             "eta": arm_by_name(GAP_ARM).config.eta,
+            "suppression_threshold": arm_by_name(GAP_ARM).config.suppression_threshold,
             "pool_size": arm_by_name(GAP_ARM).config.pool_size,
             "n_candidates": arm_by_name(GAP_ARM).config.n_candidates,
             "k_rule": f"min({options.clusters}, max(2, distinct burn-in questions // {options.queries_per_cluster})); "
@@ -469,6 +479,7 @@ def run_quality(
         "cost": _cost(rerankers, engine, time.perf_counter() - started),
         "runs": runs,
         "variants": variant_blocks,
+        "suppression_study": study,
     }
     per_question = {
         f"{m.value}/{p.value}/{a}": {k: [v.ndcg10, v.recall10, v.recall30] for k, v in values.items()}

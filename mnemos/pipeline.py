@@ -22,6 +22,7 @@ Nothing here reads the environment, a clock it was not handed, or another tenant
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -62,6 +63,9 @@ class RetrievalConfig:
         rerank: rerank the pool (needs a reranker); off gives the fused order and no outcome.
         alpha: suppression strength (0.3). eta: suppression learning rate (0.1), used by the
             consumer of the outcome. update_rule: Eq. 1 or Eq. 2 (rank-gap, the default).
+        suppression_threshold: evidence threshold tau; the penalty is ``alpha * max(0, s - tau)``,
+            so a score starts to count only after demotions worth more than tau have accumulated
+            (0 is seed 000's rule; docs/architecture.md "Suppression").
         suppression: subtract the suppression penalty before the pool cut.
         features: post-rerank feature settings (:class:`~mnemos.features.FeatureSetting`),
             applied in order to the reranked pool; empty (the default) leaves the rerank order.
@@ -80,6 +84,7 @@ class RetrievalConfig:
     eta: float = 0.1
     update_rule: UpdateRule = UpdateRule.RANK_GAP
     suppression: bool = True
+    suppression_threshold: float = 0.0
     features: tuple[FeatureSetting, ...] = ()
 
     def __post_init__(self) -> None:
@@ -92,6 +97,8 @@ class RetrievalConfig:
             raise InvalidParameterError("at least one of use_bm25 and use_dense must be on")
         if self.alpha < 0 or self.eta < 0:
             raise InvalidParameterError(f"alpha and eta must be >= 0, got {self.alpha}, {self.eta}")
+        if not self.suppression_threshold >= 0 or not math.isfinite(self.suppression_threshold):
+            raise InvalidParameterError(f"suppression_threshold must be a finite number >= 0, got {self.suppression_threshold}")
         object.__setattr__(self, "update_rule", UpdateRule(self.update_rule))
         features = tuple(self.features)
         if not all(isinstance(f, FeatureSetting) for f in features):
@@ -149,11 +156,12 @@ def _adjust(
     table: SuppressionTable | None,
     cluster: int | None,
     alpha: float,
+    threshold: float = 0.0,
 ) -> list[tuple[int, float]]:
-    """Subtract ``alpha * s(d)_c`` from fused scores and re-sort (ties by entry id)."""
+    """Subtract ``alpha * max(0, s(d)_c - threshold)`` from fused scores and re-sort (ties by entry id)."""
     if table is None or cluster is None or alpha == 0.0:
         return fused
-    adjusted = [(eid, score - alpha * table.penalty(eid, cluster)) for eid, score in fused]
+    adjusted = [(eid, score - alpha * max(0.0, table.penalty(eid, cluster) - threshold)) for eid, score in fused]
     adjusted.sort(key=lambda item: (-item[1], item[0]))
     return adjusted
 
@@ -287,7 +295,7 @@ def retrieve(
     watch.start("fusion")
     fused = reciprocal_rank_fusion([ids[: config.n_candidates] for ids in lists], k=config.rrf_k)
     watch.start("suppression")
-    adjusted = _adjust(fused, table, active_cluster, config.alpha)
+    adjusted = _adjust(fused, table, active_cluster, config.alpha, config.suppression_threshold)
     watch.stop()
 
     def finish(hits: list[Hit], outcome: Outcome | None, pool_size: int, deep: bool, top: float | None):
@@ -325,7 +333,7 @@ def retrieve(
         watch.start("fusion")
         deep_fused = reciprocal_rank_fusion(lists, k=config.rrf_k)
         watch.start("suppression")
-        deep_adjusted = _adjust(deep_fused, table, active_cluster, config.alpha)
+        deep_adjusted = _adjust(deep_fused, table, active_cluster, config.alpha, config.suppression_threshold)
         watch.start("rerank")
         in_pool = set(pool)
         room = config.deep_pool_size - len(pool)

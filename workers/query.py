@@ -83,6 +83,7 @@ def retrieval_config(settings: Settings, *, rerank: bool) -> RetrievalConfig:
         n_candidates=settings.n_candidates, pool_size=settings.pool_size, deep_pool_size=settings.deep_pool_size,
         deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, rerank=rerank, alpha=settings.alpha,
         eta=settings.eta, update_rule=UpdateRule(settings.update_rule), suppression=settings.suppression,
+        suppression_threshold=settings.suppression_threshold,
         features=feature_settings(settings))
 
 

@@ -59,6 +59,7 @@ class Settings:
     eta: float = 0.1
     update_rule: str = "rank_gap"  # rank_gap | uniform
     suppression: bool = True
+    suppression_threshold: float = 0.0  # evidence threshold tau: penalty alpha * max(0, s - tau)
     clusters_k: int = 30
     bootstrap_factor: int = 10  # k-means after bootstrap_factor * clusters_k queries
     # post-rerank features (seed 003 §4 / §3.2.3; mnemos.features); weights in logit units of the
@@ -123,6 +124,8 @@ class Settings:
             raise SettingsError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.update_rule not in ("rank_gap", "uniform"):
             raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
+        if not (math.isfinite(self.suppression_threshold) and self.suppression_threshold >= 0):
+            raise SettingsError(f"suppression_threshold must be a finite number >= 0, got {self.suppression_threshold}")
         if self.rerank_cache_pairs < 0:
             raise SettingsError(f"rerank_cache_pairs must be >= 0, got {self.rerank_cache_pairs}")
         if self.blas_threads is not None and self.blas_threads < 1:

@@ -110,6 +110,31 @@ def test_penalty_arithmetic_on_fused_scores(index, encoder):
     assert moved.score == pytest.approx(first.score - 0.3 * (gap / 0.3 + 1e-6))
 
 
+def test_suppression_threshold_counts_only_evidence_above_tau(index, encoder):
+    query = "Lisbon flight"
+    base = _run(index, encoder, query, k=10, reranker=None)
+    first, second = base.hits[0], base.hits[1]
+    gap = first.score - second.score
+    score = gap / 0.3 + 0.5  # enough to drop the leader below the runner-up without a threshold
+    table = SuppressionTable({(first.entry_id, 0): score})
+    below = _run(index, encoder, query, k=10, reranker=None, suppression=table, cluster=0,
+                 config=RetrievalConfig(suppression_threshold=score))
+    assert [h.entry_id for h in below.hits] == [h.entry_id for h in base.hits]
+    assert below.hits[0].score == pytest.approx(first.score)
+    tau = 0.25
+    above = _run(index, encoder, query, k=10, reranker=None, suppression=table, cluster=0,
+                 config=RetrievalConfig(suppression_threshold=tau))
+    moved = next(h for h in above.hits if h.entry_id == first.entry_id)
+    assert moved.score == pytest.approx(first.score - 0.3 * (score - tau))
+    assert above.hits[0].entry_id == second.entry_id
+
+
+@pytest.mark.parametrize("tau", [-0.1, float("nan"), float("inf")])
+def test_suppression_threshold_must_be_finite_and_non_negative(tau):
+    with pytest.raises(InvalidParameterError, match="suppression_threshold"):
+        RetrievalConfig(suppression_threshold=tau)
+
+
 def test_closed_loop_outcome_feeds_the_next_retrieval(index, encoder):
     query = "the dog"
     config = RetrievalConfig(deep_threshold=None)
