@@ -33,9 +33,9 @@ from bench.engine import (
     prepare_questions,
 )
 from bench.report import render_markdown, run_row
-from bench.suppression_study import study_markdown, suppression_study
 from bench.selection import SUPPRESSION_OFF, Selection, overall_question, select_full
 from bench.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired
+from bench.suppression_study import study_markdown, suppression_study
 from bench.variants import Variant, run_variant
 from mnemos.encoder import Encoder
 
