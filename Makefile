@@ -29,12 +29,15 @@ run: check-data setup
 check-data:
 	@test -z "$(DATA)" || test -f "$(DATA)" || { echo "make: no LoCoMo file at $(DATA) (relative to $(CURDIR)); run: make run DATA=/path/to/locomo10.json, or leave DATA out to use the shared copy or download it" >&2; exit 2; }
 
-# Fine-tune a cross-encoder from the bundled MiniLM on LoCoMo conversations 1-5 (fold a) into
-# RERANKER_OUT; `make run RERANKER=models/locomo-fold-a` then evaluates it on conversations 6-10.
-RERANKER_OUT ?= models/locomo-fold-a
+# Reproduce the shipped cross-encoder (mnemos/shipped/reranker): fine-tuned from the bundled MiniLM on
+# LoCoMo conv-26..conv-43 (fold a), every mined pair, 3 epochs, seed 0, stored as fp16 safetensors with
+# mnemos_provenance.json. RERANKER_OUT=dir writes elsewhere; the fold-b model of the quality bench is
+# `make reranker RERANKER_OUT=models/locomo-fold-b FOLD=conv-44,conv-47,conv-48,conv-49,conv-50`.
+RERANKER_OUT ?= mnemos/shipped/reranker
+FOLD ?= conv-26,conv-30,conv-41,conv-42,conv-43
 reranker: check-data setup
 	$(BIN)/mnemos reranker train --data $(or $(DATA),$(LOCOMO_SHARED)) \
-		--conversations conv-26,conv-30,conv-41,conv-42,conv-43 --out $(RERANKER_OUT) --max-pairs 10000 --epochs 1 --seed 0
+		--conversations $(FOLD) --out $(RERANKER_OUT) --epochs 3 --seed 0 --fp16
 
 demo: setup
 	$(BIN)/mnemos demo
