@@ -49,6 +49,6 @@ def test_quality_report_carries_the_study_when_asked() -> None:
                              n_resamples=100, suppression_study=True)
     report = run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=rerankers, options=options,
                          dataset={"name": "synthetic", "path": "-"})
-    assert len(report.document["suppression_study"]["grid"]) == 8
+    assert len(report.document["suppression_study"]["grid"]) == 4
     assert report.document["settings"]["suppression_threshold"] == 0.0
     assert "Suppression study on the dev" in report.markdown
