@@ -12,6 +12,8 @@ import json
 import pytest
 
 from api.schemas import RetrievalRequest
+from mnemos.encoder import HashingEncoder
+from mnemos.rerank import CachedReranker, FakeReranker
 from tests.unit.worker_fakes import (
     DIM,
     RecordingRedis,
@@ -21,8 +23,6 @@ from tests.unit.worker_fakes import (
     turn_message,
     unit_settings,
 )
-from mnemos.encoder import HashingEncoder
-from mnemos.rerank import CachedReranker, FakeReranker
 from workers.errors import EmbeddingVersionError
 from workers.metrics import ServiceMetrics
 from workers.query import QueryService, RerankCounts
