@@ -4,20 +4,26 @@ Source: seed 000 §2.2 (ms-marco-MiniLM-L-6-v2 cross-encoder rescoring the fused
 are raw logits: the suppression rules apply ``sigmoid(-s_xenc)`` themselves (Eq. 1, Eq. 2) and
 the deep-pass threshold compares logits, so no activation is applied here.
 
-``CrossEncoder.predict([])`` raises; every reranker here returns an empty array for no texts
-without touching the model.
+The cross-encoder adapter tokenizes and batches pairs itself (:mod:`mnemos.rerank_pairs`:
+truncation by tokens of the turn, never the query; length-sorted batches) and calls the model's
+forward pass, rather than ``CrossEncoder.predict`` (whose ``longest_first`` truncation also cuts
+queries). Every reranker here returns an empty array for no texts without touching the model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from mnemos.errors import ModelLoadError
+from mnemos.rerank_pairs import PaddedBatch, cut_lengths, length_sorted_batches, pad_batch
 from mnemos.tokenizer import tokenize
 
 logger = logging.getLogger(__name__)
@@ -47,74 +53,198 @@ class Reranker(Protocol):
         ...
 
 
+class RerankPrecision(StrEnum):
+    """Floating-point format the cross-encoder computes in (``MNEMOS_RERANK_PRECISION``).
+
+    ``fp16`` runs on CUDA only (CPU half-precision matmuls are slow and lose accuracy);
+    ``bf16`` runs on either device. Scores are returned as float32 whatever the precision.
+    """
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+TRUNCATION_SCHEME = "turn-only-v1"
+"""Names the pair truncation rule of :mod:`mnemos.rerank_pairs`; part of a reranker's ``model_version``."""
+
+_DIGEST_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.txt")
+
+
+def model_digest(model_name_or_path: str | Path) -> str:
+    """``"<directory name>@<first 16 hex of a sha1 over its config, weight and tokenizer files>"``.
+
+    The file contents decide the digest, not where the directory lies. A name that is not a
+    local directory (or a directory with none of those files) is returned unchanged.
+    """
+    path = Path(model_name_or_path)
+    digest = hashlib.sha1()
+    found = False
+    for name in _DIGEST_FILES:
+        file = path / name
+        if file.is_file():
+            found = True
+            digest.update(name.encode("utf-8"))
+            with file.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return f"{path.name}@{digest.hexdigest()[:16]}" if found else str(model_name_or_path)
+
+
 class CrossEncoderReranker:
-    """A ``sentence_transformers.CrossEncoder`` with one output logit.
+    """A ``sentence_transformers.CrossEncoder`` with one output logit, fed length-sorted batches.
+
+    Each pool is tokenized with the model's own tokenizer: the query once, every text without
+    special tokens. Pairs longer than ``max_length`` lose tokens of the text, never of the query,
+    unless the query alone would crowd the text out (:func:`mnemos.rerank_pairs.cut_lengths`).
+    Pairs are sorted by token length and batched so a batch pads little; scores come back in the
+    caller's order. Counters: ``pairs_truncated`` (pairs that lost any token) and
+    ``queries_truncated`` (pairs whose query lost tokens, the last resort).
 
     Args:
         model_name_or_path: a local directory, e.g. one written by ``mnemos reranker train`` or
             baked into the image (the service runs offline: nothing is fetched from a model hub).
-        max_length: tokens per (query, text) pair; longer pairs are truncated.
+        max_length: tokens per (query, text) pair, special tokens included (at least special + 2).
         batch_size: pairs per forward pass.
         device: torch device string.
+        precision: :class:`RerankPrecision` (or its value) the model computes in.
+
+    Attributes:
+        model_version: ``"<model digest>|max_length=<n>|<precision>|<truncation scheme>"``: every
+            input that changes a score; :class:`CachedReranker` keys its entries with it.
 
     Raises:
-        ModelLoadError: if the model cannot be loaded.
+        ModelLoadError: if the model cannot be loaded, or its tokenizer is not a fast (``tokenizers``) one.
+        ValueError: for an unknown precision, ``fp16`` on a CPU device, or a ``max_length`` too small.
     """
 
-    def __init__(
-        self, model_name_or_path: str | Path, max_length: int = 128, batch_size: int = 32, device: str = "cpu"
-    ) -> None:
-        try:
-            import torch
-            from sentence_transformers import CrossEncoder
-
-            self._model = CrossEncoder(
-                str(model_name_or_path),
-                max_length=max_length,
-                device=device,
-                activation_fn=torch.nn.Identity(),  # logits, whatever the saved config says
-            )
-            if device == "cpu":  # weights may be stored as float16 (the shipped model): compute in float32
-                self._model.model.float()
-        except Exception as exc:  # the library raises many unrelated types
-            raise ModelLoadError(str(model_name_or_path), f"{type(exc).__name__}: {exc}") from exc
+    def __init__(self, model_name_or_path: str | Path, max_length: int = 128, batch_size: int = 32,
+                 device: str = "cpu", precision: RerankPrecision | str = RerankPrecision.FP32) -> None:
+        precision = RerankPrecision(precision)
+        if precision is RerankPrecision.FP16 and device.startswith("cpu"):
+            raise ValueError("fp16 reranking needs a CUDA device; use bf16 or fp32 on a CPU")
+        self._model = _load_cross_encoder(model_name_or_path, max_length, device, precision)
+        self._tokenizer = _pair_tokenizer(self._model, model_name_or_path)
+        self._special = self._tokenizer.num_special_tokens_to_add(True)
+        if max_length - self._special < 2:
+            raise ValueError(f"max_length {max_length} leaves no room beside {self._special} special tokens")
+        self._pad_id = int(getattr(self._model.tokenizer, "pad_token_id", None) or 0)
         self.model_name_or_path = str(model_name_or_path)
         self.max_length = max_length
         self.batch_size = batch_size
-        logger.info("loaded cross-encoder %s (max_length %d)", self.model_name_or_path, max_length)
+        self.precision = precision
+        self.device = device
+        self.model_version = (f"{model_digest(model_name_or_path)}|max_length={max_length}|{precision.value}"
+                              f"|{TRUNCATION_SCHEME}")
+        self.pairs_truncated = 0
+        self.queries_truncated = 0
+        logger.info("loaded cross-encoder %s (max_length %d, %s on %s)", self.model_name_or_path, max_length,
+                    precision.value, device)
 
     def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
-        """``(len(texts),)`` float32 logits; ``[]`` without calling the model."""
+        """``(len(texts),)`` float32 logits in the order of ``texts``; ``[]`` without calling the model."""
         if len(texts) == 0:
             return np.zeros(0, dtype=np.float32)
-        logits = self._model.predict(
-            [(query, text) for text in texts],
-            batch_size=self.batch_size,
-            show_progress_bar=False,
-            convert_to_numpy=True,
+        sequences, type_ids = self._encode_pairs(query, texts)
+        out = np.zeros(len(texts), dtype=np.float32)
+        for rows in length_sorted_batches([len(s) for s in sequences], self.batch_size):
+            batch = pad_batch([sequences[i] for i in rows], [type_ids[i] for i in rows], self._pad_id)
+            out[rows] = self._forward(batch)
+        return out
+
+    def _encode_pairs(self, query: str, texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each pair's token ids with special tokens and its token type ids, cut to ``max_length``."""
+        tokenizer = self._tokenizer
+        query_enc = tokenizer.encode(query, add_special_tokens=False)
+        budget = self.max_length - self._special
+        sequences, type_ids = [], []
+        for text_enc in tokenizer.encode_batch(list(texts), add_special_tokens=False):
+            cut = cut_lengths(len(query_enc.ids), len(text_enc.ids), budget)
+            q, t = query_enc, text_enc
+            if cut.query_cut:
+                q = tokenizer.encode(query, add_special_tokens=False)
+                q.truncate(cut.query_kept)
+                self.queries_truncated += 1
+            if cut.turn_cut:
+                t.truncate(cut.turn_kept)
+            self.pairs_truncated += int(cut.truncated)
+            pair = tokenizer.post_process(q, t, add_special_tokens=True)
+            sequences.append(pair.ids)
+            type_ids.append(pair.type_ids)
+        return sequences, type_ids
+
+    def _forward(self, batch: PaddedBatch) -> np.ndarray:
+        """``(n_pairs,)`` float32 logits of one padded batch."""
+        import torch
+
+        features = {"input_ids": torch.from_numpy(batch.input_ids), "attention_mask": torch.from_numpy(batch.attention_mask)}
+        if "token_type_ids" in getattr(self._model.tokenizer, "model_input_names", ()):
+            features["token_type_ids"] = torch.from_numpy(batch.token_type_ids)
+        features = {k: v.to(self._model.device) for k, v in features.items()}
+        with torch.inference_mode():
+            scores = self._model(features)["scores"]
+        return np.asarray(scores.float().reshape(-1).cpu().numpy(), dtype=np.float32)
+
+
+def _load_cross_encoder(model_name_or_path: str | Path, max_length: int, device: str,
+                        precision: RerankPrecision) -> Any:
+    """The ``CrossEncoder`` in ``precision`` on ``device``, returning raw logits; raises ModelLoadError."""
+    try:
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        model = CrossEncoder(
+            str(model_name_or_path),
+            max_length=max_length,
+            device=device,
+            activation_fn=torch.nn.Identity(),  # logits, whatever the saved config says
         )
-        return np.asarray(logits, dtype=np.float32).reshape(len(texts))
+        dtype = {RerankPrecision.FP32: torch.float32, RerankPrecision.FP16: torch.float16,
+                 RerankPrecision.BF16: torch.bfloat16}[precision]
+        model.to(dtype)  # weights may be stored in another format (the shipped model: float16)
+        model.eval()
+    except Exception as exc:  # the library raises many unrelated types
+        raise ModelLoadError(str(model_name_or_path), f"{type(exc).__name__}: {exc}") from exc
+    return model
+
+
+def _pair_tokenizer(model: Any, model_name_or_path: str | Path) -> Any:
+    """A private copy of the model's ``tokenizers.Tokenizer``, without truncation or padding."""
+    backend = getattr(model.tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ModelLoadError(str(model_name_or_path), "the cross-encoder needs a fast (tokenizers) tokenizer")
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(backend.to_str())
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 class CachedReranker:
-    """Wraps a reranker and caches scores by ``(query, text)``.
+    """Wraps a reranker and caches its scores in a size-bounded LRU keyed by
+    ``(model version, query hash, text hash)``.
 
-    Only pairs missing from the cache reach the inner reranker, in one call per :meth:`score`
-    (texts repeated within a call are scored once). Counters:
+    The model version is the inner reranker's ``model_version`` attribute, read on every call
+    (``""`` when it has none, e.g. a fake): a cache never answers for another model, ``max_length``
+    or precision. Keys are 16-byte BLAKE2b digests, so an entry costs the same whatever the
+    lengths of the query and the text. Only pairs missing from the cache reach the inner
+    reranker, in one call per :meth:`score` (texts repeated within a call are scored once).
+    Counters:
 
-    * ``pairs_scored``: pairs sent to the inner reranker;
+    * ``pairs_scored`` (also :attr:`cache_misses`): pairs sent to the inner reranker;
     * ``cache_hits``: pairs answered from the cache (including repeats within one call);
     * ``calls``: calls made to the inner reranker.
 
     Args:
         inner: the reranker to wrap.
-        max_entries: evict the oldest cached pairs beyond this many (None = unbounded).
+        max_entries: evict the least recently used pairs beyond this many (None = unbounded).
     """
 
     def __init__(self, inner: Reranker, max_entries: int | None = 100_000) -> None:
         self.inner = inner
         self.max_entries = max_entries
-        self._cache: dict[tuple[str, str], float] = {}
+        self._cache: OrderedDict[bytes, float] = OrderedDict()
         self.pairs_scored = 0
         self.cache_hits = 0
         self.calls = 0
@@ -122,32 +252,56 @@ class CachedReranker:
     def __len__(self) -> int:
         return len(self._cache)
 
+    @property
+    def cache_misses(self) -> int:
+        """Pairs the cache could not answer (sent to the inner reranker): ``pairs_scored``."""
+        return self.pairs_scored
+
+    @property
+    def model_version(self) -> str:
+        """The inner reranker's ``model_version`` (``""`` when it has none)."""
+        return str(getattr(self.inner, "model_version", ""))
+
+    def _keys(self, query: str, texts: Sequence[str]) -> list[bytes]:
+        version = self.model_version.encode("utf-8")
+        encoded = query.encode("utf-8")
+        prefix = hashlib.blake2b(digest_size=16)
+        for part in (version, encoded):  # length-prefixed: no two (version, query) pairs share bytes
+            prefix.update(len(part).to_bytes(8, "little"))
+            prefix.update(part)
+        keys = []
+        for text in texts:
+            h = prefix.copy()
+            h.update(text.encode("utf-8"))
+            keys.append(h.digest())
+        return keys
+
     def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """``(len(texts),)`` float32 scores, from the cache where possible."""
-        missing: list[str] = []
-        pending: set[str] = set()
-        for text in texts:
-            if (query, text) not in self._cache and text not in pending:
-                pending.add(text)
-                missing.append(text)
+        keys = self._keys(query, texts)
+        missing: dict[bytes, str] = {}
+        for key, text in zip(keys, texts, strict=True):
+            if key in self._cache:
+                self._cache.move_to_end(key)
+            elif key not in missing:
+                missing[key] = text
         self.cache_hits += len(texts) - len(missing)
-        fresh: dict[str, float] = {}
+        fresh: dict[bytes, float] = {}
         if missing:
             self.calls += 1
             self.pairs_scored += len(missing)
-            scores = np.asarray(self.inner.score(query, missing), dtype=np.float32)
-            fresh = {text: float(s) for text, s in zip(missing, scores, strict=True)}
-            for text, s in fresh.items():
-                self._cache[(query, text)] = s
-            self._evict()
-        out = [fresh[t] if t in fresh else self._cache[(query, t)] for t in texts]
+            scores = np.asarray(self.inner.score(query, list(missing.values())), dtype=np.float32)
+            fresh = {key: float(s) for key, s in zip(missing, scores, strict=True)}
+            self._cache.update(fresh)
+        out = [fresh[k] if k in fresh else self._cache[k] for k in keys]
+        self._evict()
         return np.asarray(out, dtype=np.float32).reshape(len(texts))
 
     def _evict(self) -> None:
         if self.max_entries is None:
             return
         while len(self._cache) > self.max_entries:
-            del self._cache[next(iter(self._cache))]
+            self._cache.popitem(last=False)
 
 
 class FakeReranker:

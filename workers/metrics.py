@@ -86,9 +86,7 @@ class ServiceMetrics:
                                          registry=r)
         self.query_pool_size = Histogram("mnemos_query_pool_size", "Entries reranked per retrieval",
                                          buckets=_POOL_BUCKETS, registry=r)
-        self.query_rerank_cache_hits = Counter(
-            "mnemos_query_rerank_cache_hits_total",
-            "(query, turn) pairs scored from the query worker's rerank cache instead of the model", registry=r)
+        self._register_rerank(r)
         self.query_index_refreshes = Counter(
             "mnemos_query_index_refreshes_total", "Tenant index loads or incremental refreshes", registry=r)
         self.query_queue_wait = Histogram(
@@ -146,6 +144,22 @@ class ServiceMetrics:
         for status in JOB_STATUSES:
             self.query_jobs.labels(status=status)
 
+    def _register_rerank(self, r: CollectorRegistry | None) -> None:
+        """The query worker's reranker counters (cache hits and misses, truncated pairs)."""
+        self.query_rerank_cache_hits = Counter(
+            "mnemos_query_rerank_cache_hits_total",
+            "(query, turn) pairs scored from the query worker's rerank cache instead of the model", registry=r)
+        self.query_rerank_cache_misses = Counter(
+            "mnemos_query_rerank_cache_misses_total",
+            "(query, turn) pairs the query worker's rerank cache could not answer (sent to the model)", registry=r)
+        self.query_rerank_pairs_truncated = Counter(
+            "mnemos_query_rerank_pairs_truncated_total",
+            "(query, turn) pairs longer than the cross-encoder's max length (the turn lost tokens)", registry=r)
+        self.query_rerank_queries_truncated = Counter(
+            "mnemos_query_rerank_queries_truncated_total",
+            "(query, turn) pairs whose query lost tokens too (the query alone nearly filled the max length)",
+            registry=r)
+
     # observers ----------------------------------------------------------------------------------
 
     def ingest_batch(self, *, read: int, claimed: int, embed_s: float, commit_s: float, indexed: int,
@@ -180,6 +194,15 @@ class ServiceMetrics:
         self.query_pool_size.observe(pool_size)
         if deep_pass:
             self.query_deep_passes.inc()
+
+    def query_rerank(self, *, cache_hits: int = 0, cache_misses: int = 0, pairs_truncated: int = 0,
+                     queries_truncated: int = 0) -> None:
+        """One retrieval's reranking counts: pairs answered by the cache or not, pairs truncated."""
+        for counter, n in ((self.query_rerank_cache_hits, cache_hits), (self.query_rerank_cache_misses, cache_misses),
+                           (self.query_rerank_pairs_truncated, pairs_truncated),
+                           (self.query_rerank_queries_truncated, queries_truncated)):
+            if n:
+                counter.inc(n)
 
     def outcome_applied(self, *, seconds: float, entries_updated: int, duplicate: bool) -> None:
         self.suppression_apply_seconds.observe(seconds)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, bundled_bi_encoder_path
 from mnemos.errors import ModelLoadError
-from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
-from workers.errors import ModelSetupError
-from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, SHIPPED_RERANKER, Settings
+from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, RerankPrecision, shipped_reranker_path
+from workers.errors import ModelSetupError, SettingsError
+from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, FP16_ON_CPU, SHIPPED_RERANKER, Settings
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,9 @@ def load_reranker(settings: Settings) -> Reranker | None:
 
     The query worker, the health check with models and the service benchmarks load their reranker
     here, so this is where a missing one is warned about (not when settings are read). Raises
-    ModelSetupError when the model cannot be loaded (the shipped one included, when absent).
+    ModelSetupError when the model cannot be loaded (the shipped one included, when absent), and
+    SettingsError for ``rerank_precision`` fp16 when the device resolves to the CPU (refused rather
+    than silently computed in another precision than the one configured).
     """
     location = cross_encoder_location(settings)
     if location is None:
@@ -156,8 +158,12 @@ def load_reranker(settings: Settings) -> Reranker | None:
         return None
     if location == FAKE_MODEL:
         return FakeReranker()
+    device = resolve_device(settings.device)
+    if settings.rerank_precision == "fp16" and device == "cpu":  # MNEMOS_DEVICE=auto found no GPU
+        raise SettingsError(FP16_ON_CPU)
     try:
         return CrossEncoderReranker(location, max_length=settings.rerank_max_length,
-                                    batch_size=settings.rerank_batch_size, device=resolve_device(settings.device))
+                                    batch_size=settings.rerank_batch_size, device=device,
+                                    precision=RerankPrecision(settings.rerank_precision))
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc

@@ -20,9 +20,12 @@ instead of mixing versions. The worker renews its heartbeat (:mod:`workers.heart
 loop: on every dequeue wait (every ``heartbeat_ttl_s / 3`` seconds while idle) and before each job.
 
 The reranker is wrapped in a :class:`mnemos.rerank.CachedReranker` of ``rerank_cache_pairs``
-(query, rendered turn) scores, so a repeated question skips the model for the turns it already
-scored; hits are counted in ``mnemos_query_rerank_cache_hits_total``. A cached score is the one
-the model gave the pair the first time (batch composition can move the last float bits).
+(model version, query, rendered turn) scores, least recently used evicted, so a repeated question
+at an unchanged memory skips the model for the turns it already scored. Per request the worker
+adds the reranker's counts to ``mnemos_query_rerank_cache_hits_total`` / ``_misses_total`` and to
+``mnemos_query_rerank_pairs_truncated_total`` / ``_queries_truncated_total`` (pairs longer than
+the cross-encoder's max length; see :mod:`mnemos.rerank_pairs`). A cached score is the one the
+model gave the pair the first time (batch composition can move the last float bits).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,6 +68,32 @@ log = logging.getLogger(__name__)
 
 _SERVICE: contextvars.ContextVar[QueryService | None] = contextvars.ContextVar("mnemos_query_service",
                                                                                 default=None)
+
+
+@dataclass(frozen=True)
+class RerankCounts:
+    """Running totals of a reranker chain (a cache and the model it wraps), for per-request deltas."""
+
+    cache_hits: int = 0
+    cache_misses: int = 0
+    pairs_truncated: int = 0
+    queries_truncated: int = 0
+
+    @classmethod
+    def of(cls, reranker: Reranker | None) -> RerankCounts:
+        """Sum the counters found along ``reranker`` and its ``inner`` rerankers (absent ones count 0)."""
+        totals = dict.fromkeys(("cache_hits", "cache_misses", "pairs_truncated", "queries_truncated"), 0)
+        node: object = reranker
+        while node is not None:
+            for name in totals:
+                totals[name] += int(getattr(node, name, 0))
+            node = getattr(node, "inner", None)
+        return cls(**totals)
+
+    def since(self, before: RerankCounts) -> RerankCounts:
+        return RerankCounts(self.cache_hits - before.cache_hits, self.cache_misses - before.cache_misses,
+                            self.pairs_truncated - before.pairs_truncated,
+                            self.queries_truncated - before.queries_truncated)
 
 
 def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
@@ -147,7 +177,7 @@ class QueryService:
             if cluster is not None and self.settings.suppression:
                 table = SuppressionTable(tx.suppression_scores(cluster))
         refresh_s = self.clock() - refresh_started
-        hits_before = 0 if self.rerank_cache is None else self.rerank_cache.cache_hits
+        counts_before = RerankCounts.of(self.reranker)
         # the knowledge time also anchors relative time expressions; without it they stay unresolved
         core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config.for_k(request.k),
                         reranker=self.reranker, suppression=table, cluster=cluster,
@@ -163,8 +193,9 @@ class QueryService:
                   "total": self.clock() - started,
                   "encode": encode_s}
         self.metrics.query_job("ok", stages, pool_size=core.pool_size, deep_pass=core.deep_pass, refreshed=refreshed)
-        if self.rerank_cache is not None and self.rerank_cache.cache_hits > hits_before:
-            self.metrics.query_rerank_cache_hits.inc(self.rerank_cache.cache_hits - hits_before)
+        counts = RerankCounts.of(self.reranker).since(counts_before)
+        self.metrics.query_rerank(cache_hits=counts.cache_hits, cache_misses=counts.cache_misses,
+                                  pairs_truncated=counts.pairs_truncated, queries_truncated=counts.queries_truncated)
         return result_message(core, request, stage_seconds=stages, memory_version=version,
                               suppression_version=suppression_version)
 

