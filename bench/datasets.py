@@ -14,8 +14,10 @@ Sources:
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import lzma
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,9 +107,18 @@ class Conversation:
 # shared helpers
 
 def _read_json(path: str | Path) -> Any:
+    """The JSON document in ``path``; ``.xz`` and ``.gz`` files are decompressed first (LongMemEval
+    is distributed as ``.json.xz``)."""
     path = Path(path)
     try:
-        raw = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        if path.suffix == ".xz":
+            data = lzma.decompress(data)
+        elif path.suffix == ".gz":
+            data = gzip.decompress(data)
+        raw = data.decode("utf-8")
+    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+        raise DatasetFormatError(path, "file", f"not a valid {path.suffix} archive ({exc})") from exc
     except UnicodeDecodeError as exc:
         raise DatasetFormatError(path, "file", f"not UTF-8 text ({exc.reason})") from exc
     try:

@@ -248,6 +248,21 @@ def test_longmemeval_items_become_conversations(tmp_path):
     assert first.observations == ()
 
 
+@pytest.mark.parametrize("suffix", [".xz", ".gz"])
+def test_longmemeval_compressed_files_load_like_plain_json(tmp_path, suffix):
+    import gzip
+    import lzma
+
+    packed = (lzma if suffix == ".xz" else gzip).compress(LONGMEMEVAL_FIXTURE.encode("utf-8"))
+    path = tmp_path / f"lme.json{suffix}"
+    path.write_bytes(packed)
+    plain = load_longmemeval(_write(tmp_path, LONGMEMEVAL_FIXTURE))
+    assert load_longmemeval(path) == plain
+    path.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(DatasetFormatError, match="archive"):
+        load_longmemeval(path)
+
+
 def _lme_variant(**changes) -> str:
     data = json.loads(LONGMEMEVAL_FIXTURE)
     data[0].update(changes)
