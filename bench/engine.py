@@ -1,6 +1,7 @@
 """The benchmark engine: retrievals of every arm over shared embeddings, indexes and rerankers.
 
-Protocol (seed 000 §4, adapted; the choices are recorded in the JSON under ``settings``):
+Protocol (§4 of *Clustered Retrieval-Induced Forgetting*, adapted; docs/architecture.md "Evaluation"; the choices are recorded in
+the JSON under ``settings``):
 
 * Non-suppression arms have no state, so one pass per corpus mode serves both protocols.
 * Suppression arms keep a :class:`~mnemos.suppression.SuppressionTable` and
@@ -8,15 +9,15 @@ Protocol (seed 000 §4, adapted; the choices are recorded in the JSON under ``se
   replacement (``burnin_factor x`` the burn-in set's size), applying each outcome's deltas;
   the state is then frozen and the evaluation questions are retrieved against it.
 
-  - ``transductive`` (the seed's): burn-in drawn from the tenant's own evaluation questions.
+  - ``transductive`` (the paper's): burn-in drawn from the tenant's own evaluation questions.
   - ``heldout``: each tenant's questions are split in two halves by a seeded shuffle (per
     conversation, so the pooled tenant is split the same way); burn-in on half A evaluates half
     B and vice versa, so no question is ever scored by state it contributed to.
 
   All suppression arms of one (mode, protocol, tenant, half) replay the same query sequence.
-* Clusters: seed 000 uses K = 30 for 500 evaluation queries (about 17 queries per cluster) and
+* Clusters: *Clustered Retrieval-Induced Forgetting* (§5.2) uses K = 30 for 500 evaluation queries (about 17 queries per cluster) and
   bootstraps on the first 10 x K queries. A LoCoMo conversation has 105-260 questions, so a
-  per-tenant K of 30 would leave 2-8 distinct questions per cluster. We keep the seed's ratio:
+  per-tenant K of 30 would leave 2-8 distinct questions per cluster. We keep the paper's ratio:
   ``K = min(clusters, max(2, distinct burn-in questions // queries_per_cluster))`` (pooled: 30),
   and bootstrap on the first 10 x K burn-in draws. Global RIF is K = 1.
 * Rerankers: each question is reranked by the fold model whose training conversations exclude
@@ -218,8 +219,8 @@ class StateRecord:
     ``burn_keys`` are the question keys drawn during its burn-in (the only questions whose
     queries touched the state), ``k`` the number of clusters, ``bootstrapped`` whether the
     cluster bootstrap completed, ``suppressed`` the number of (entry, cluster) scores held,
-    ``entries_touched`` the distinct entries with any score out of ``tenant_entries`` (seed 000
-    §5.4 reads this as saturation: 4% of LongMemEval's corpus, about 70% of NFCorpus).
+    ``entries_touched`` the distinct entries with any score out of ``tenant_entries`` (§5.4 of
+    *Clustered Retrieval-Induced Forgetting* reads this as saturation: 4% of LongMemEval's corpus, about 70% of NFCorpus).
     """
 
     tenant_id: str
@@ -434,7 +435,7 @@ class Engine:
     # ---- suppression arms --------------------------------------------------------------------
 
     def cluster_count(self, arm: Arm, distinct_burn_questions: int) -> int:
-        """K for one burn-in (module docstring): 1 for global RIF, else the seed's ratio."""
+        """K for one burn-in (module docstring): 1 for global RIF, else the paper's ratio."""
         assert arm.suppression is not None
         if not arm.suppression.clustered:
             return 1
@@ -543,7 +544,7 @@ class Engine:
 
     def metrics(self, mode: CorpusMode, question: BenchQuestion, ranking: Sequence[int], pool: PoolResult,
                 abstain_threshold: float | None, reranked: bool) -> QuestionMetrics:
-        """Metrics of one labelled question's final ranking (seed 000 §5.1 and §5.3)."""
+        """Metrics of one labelled question's final ranking (§5.1 and §5.3 of *Clustered Retrieval-Induced Forgetting*)."""
         tenant = self.tenant_of(mode, question)
         relevant = tenant.relevant_entries(question.relevant_turns)
         relevant_sessions = {tenant.entry_session[e] for e in relevant}

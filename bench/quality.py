@@ -470,7 +470,7 @@ def run_quality(
             "n_candidates": arm_by_name(GAP_ARM).config.n_candidates,
             "k_rule": f"min({options.clusters}, max(2, distinct burn-in questions // {options.queries_per_cluster})); "
                       f"global = 1; bootstrap after {options.bootstrap_factor} x K burn-in draws "
-                      "(seed 000: K = 30 at 500 queries)",
+                      "(Clustered Retrieval-Induced Forgetting: K = 30 at 500 queries)",
             "heldout_split": "per conversation, seeded shuffle into halves A/B; burn-in on A evaluates B and vice versa",
             "dev_split": "per conversation, an independent seeded half; used only to select mnemos_full",
         },

@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_STUDY_GRID", "study_markdown", "suppression_study"]
 DEFAULT_STUDY_GRID: tuple[tuple[float, float], ...] = tuple(
     (alpha, tau) for alpha in (0.3, 0.1) for tau in (0.0, 0.25, 0.5, 1.0)
 )
-"""(alpha, tau) settings tried; (0.3, 0.0) is seed 000's rule."""
+"""(alpha, tau) settings tried; (0.3, 0.0) is the rule of Clustered Retrieval-Induced Forgetting."""
 
 
 def _arm(alpha: float, tau: float) -> Arm:

@@ -1,12 +1,13 @@
-"""The retrieval pipeline of one query against one tenant (seed 000 Algorithm 1).
+"""The retrieval pipeline of one query against one tenant (Algorithm 1 of
+*Clustered Retrieval-Induced Forgetting*; docs/architecture.md "Retrieval").
 
 BM25 top-n and dense top-n are fused with RRF; the suppression penalty ``alpha * s(d)_c`` of the
 query's cluster is subtracted from every fused score and the list re-sorted (ties by entry id);
 the top ``pool_size`` entries are reranked by the cross-encoder. When the best rerank logit is
-below ``deep_threshold`` the pool widens to ``deep_pool_size`` (seed 004, adaptive deep pass,
-k_shallow 30 / k_deep 100): the retrievers' lists are read deeper, the first pool's scores are
+below ``deep_threshold`` the pool widens to ``deep_pool_size`` (the adaptive deep pass,
+k_shallow 30 / k_deep 100; docs/architecture.md "Sources"): the retrievers' lists are read deeper, the first pool's scores are
 reused and only the new entries are scored. Optionally, post-rerank features
-(:mod:`mnemos.features`: session-then-turn and temporal match, seed 003 §4 / §3.2.3) then add
+(:mod:`mnemos.features`: session-then-turn and temporal match, *AssoMem* §4.2 / §3.2.3) then add
 logit adjustments to the reranked pool and re-sort it. The result carries the hits, the
 :class:`~mnemos.records.Outcome` (the suppression update as data), per-stage seconds from the
 injected clock and diagnostics.
@@ -50,7 +51,8 @@ from mnemos.tenant_index import TenantIndex
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Knobs of :func:`retrieve`; defaults from seed 000 §4.3 / seed 004 (DESIGN.md "Defaults").
+    """Knobs of :func:`retrieve`; defaults from §4.3-§4.4 of *Clustered Retrieval-Induced Forgetting*
+    (docs/architecture.md "Retrieval").
 
     Attributes:
         n_candidates: entries taken from each retriever for the shallow pool (30).
@@ -65,7 +67,7 @@ class RetrievalConfig:
             consumer of the outcome. update_rule: Eq. 1 or Eq. 2 (rank-gap, the default).
         suppression_threshold: evidence threshold tau; the penalty is ``alpha * max(0, s - tau)``,
             so a score starts to count only after demotions worth more than tau have accumulated
-            (0 is seed 000's rule; docs/architecture.md "Suppression").
+            (0 is the paper's rule; docs/architecture.md "Suppression").
         suppression: subtract the suppression penalty before the pool cut.
         features: post-rerank feature settings (:class:`~mnemos.features.FeatureSetting`),
             applied in order to the reranked pool; empty (the default) leaves the rerank order.
@@ -246,7 +248,7 @@ def retrieve(
     sessions (``index.sessions``) for the query; the temporal feature compares the time spans
     the query names with each hit's session start (the earliest ``occurred_at`` of its session).
     The outcome is NOT affected: its ``initial_rank`` / ``final_rank`` are the fused and the
-    cross-encoder's ranks, because seed 000's rank-gap rule learns from the reranker's
+    cross-encoder's ranks, because the rank-gap rule (Eq. 2) learns from the reranker's
     promotion and demotion of fused candidates, not from the features' re-sort. Hit ranks and
     scores do follow the features.
 

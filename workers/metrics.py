@@ -1,4 +1,5 @@
-"""Every Prometheus metric of the service, in one observer module (names fixed by SPEC.md).
+"""Every Prometheus metric of the service, in one observer module (names fixed by
+docs/architecture.md "Metrics").
 
 A :class:`ServiceMetrics` owns its ``CollectorRegistry`` (tests make their own; a worker process
 makes one and serves it with :func:`serve`). Labels are low-cardinality enums only: never a
