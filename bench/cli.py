@@ -70,7 +70,7 @@ def display_path(path: Path) -> str:
 
 
 def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int):
-    """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.engine.FoldRerankers` (None for
+    """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.folds.FoldRerankers` (None for
     no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
     timing). Scores are cached per model identity and ``max_length``.
 
