@@ -40,6 +40,7 @@ __all__ = [
     "ARM_NAMES",
     "BASELINE_ARM",
     "GAP_ARM",
+    "FULL_ARM",
     "FEATURE_FUNCTIONS",
     "SUPPRESSION_ARMS",
     "Arm",
@@ -59,8 +60,11 @@ __all__ = [
 ]
 
 BASELINE_ARM = "hybrid_rerank"
-GAP_ARM = "+clustered_rif_gap"
 """The baseline of *Clustered Retrieval-Induced Forgetting* (§4.3): BM25 + dense, RRF, cross-encoder, no suppression."""
+GAP_ARM = "+clustered_rif_gap"
+"""The baseline with clustered rank-gap suppression (Eq. 2), the paper's best arm."""
+FULL_ARM = "mnemos_full"
+"""The best arm of this project: ``+clustered_rif_gap`` with the features its selection kept (:mod:`bench.selection`)."""
 
 
 @dataclass(frozen=True)

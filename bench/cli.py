@@ -20,14 +20,21 @@ import logging
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from workers.models import PROVENANCE_FILE
 
-__all__ = ["bench", "parse_fold_spec", "run_quality_command"]
+if TYPE_CHECKING:
+    from bench.caches import PersistentEncoder
+    from bench.datasets import Conversation
+    from bench.engine import FoldRerankers
+    from bench.quality import QualityOptions, QualityReport
+
+__all__ = ["QualityCommand", "bench", "parse_fold_spec", "run_quality_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +70,7 @@ def display_path(path: Path) -> str:
 
 
 def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int):
-    """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.engine.FoldRerankers` (None for
+    """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.folds.FoldRerankers` (None for
     no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
     timing). Scores are cached per model identity and ``max_length``.
 
@@ -154,38 +161,78 @@ def _tqdm_progress(total: int, description: str):
     return bar.update, bar.close
 
 
-def run_quality_command(
-    *,
-    data: Path,
-    data_format: str,
-    folds: list[str],
-    arms: list[str] | None,
-    corpora: list[str],
-    protocols: list[str],
-    limit: int | None,
-    json_path: Path | None,
-    markdown_path: Path | None,
-    plot_path: Path | None,
-    per_question_path: Path | None,
-    cache_dir: Path,
-    burnin_factor: float,
-    clusters: int,
-    queries_per_cluster: int,
-    seed: int,
-    resamples: int,
-    abstain_threshold: float,
-    dedupe: bool,
-    full_features: str,
-    threads: int,
-    max_length: int,
-    batch_size: int,
-    bi_encoder: Path | None,
-    command: str,
-    only_conversations: list[str] | None = None,
-    variants: list[str] | None = None,
-    compare_rerankers: list[str] | None = None,
-    suppression_study: bool = False,
-) -> int:
+@dataclass(frozen=True)
+class QualityCommand:
+    """What ``mnemos bench quality`` was asked to do: data, models, outputs and the run's options.
+
+    Attributes:
+        data / data_format: the dataset file and its format (``locomo`` or ``longmemeval``).
+        only_conversations: conversation ids to keep (empty: all).
+        folds: reranker fold specs (``DIR[=CONV,...]``, :func:`parse_fold_spec`).
+        arms / corpora / protocols: names as given (empty ``arms``: every arm); validated by
+            :meth:`quality_options`.
+        burnin_factor ... suppression_study: the :class:`~bench.quality.QualityOptions` of the run
+            (``resamples`` is its ``n_resamples``; ``dedupe`` False turns the 0.95 dedupe off).
+        json_path / markdown_path / plot_path / per_question_path: outputs (None: not written).
+        cache_dir: rerank-score and embedding caches. threads: torch threads. max_length /
+            batch_size: of the cross-encoders. bi_encoder: directory (None: the bundled model).
+        variants / compare_rerankers: ablation names and reranker variant specs (:func:`build_variants`).
+        command: the command line, recorded in the report.
+    """
+
+    data: Path
+    data_format: str = "locomo"
+    only_conversations: tuple[str, ...] = ()
+    folds: tuple[str, ...] = ()
+    arms: tuple[str, ...] = ()
+    corpora: tuple[str, ...] = ("per_tenant", "pooled")
+    protocols: tuple[str, ...] = ("heldout", "transductive")
+    limit: int | None = None
+    burnin_factor: float = 5.0
+    clusters: int = 30
+    queries_per_cluster: int = 17
+    seed: int = 0
+    resamples: int = 10_000
+    abstain_threshold: float = 0.0
+    dedupe: bool = True
+    full_features: str = "auto"
+    suppression_study: bool = False
+    json_path: Path | None = None
+    markdown_path: Path | None = None
+    plot_path: Path | None = None
+    per_question_path: Path | None = None
+    cache_dir: Path = DEFAULT_CACHE_DIR
+    threads: int = 2
+    max_length: int = 128
+    batch_size: int = 32
+    bi_encoder: Path | None = None
+    variants: tuple[str, ...] = ()
+    compare_rerankers: tuple[str, ...] = ()
+    command: str = "mnemos bench quality"
+
+    def quality_options(self) -> QualityOptions:
+        """The run's options.
+
+        Raises:
+            ValueError: on an unknown arm, corpus mode or protocol, or an invalid option value.
+        """
+        from bench.arms import ARM_NAMES
+        from bench.corpora import CorpusMode
+        from bench.engine import Protocol
+        from bench.quality import QualityOptions
+
+        return QualityOptions(
+            arms=self.arms or ARM_NAMES,
+            modes=tuple(CorpusMode(c) for c in self.corpora),
+            protocols=tuple(Protocol(p) for p in self.protocols),
+            burnin_factor=self.burnin_factor, clusters=self.clusters, queries_per_cluster=self.queries_per_cluster,
+            seed=self.seed, n_resamples=self.resamples, abstain_threshold=self.abstain_threshold,
+            dedupe_threshold=0.95 if self.dedupe else None, limit=self.limit, full_features=self.full_features,
+            suppression_study=self.suppression_study,
+        )
+
+
+def run_quality_command(request: QualityCommand) -> int:
     """Load data and models, run :func:`bench.quality.run_quality`, write the outputs.
 
     Returns 0 on success, 2 on unusable input (message on stderr).
@@ -193,106 +240,128 @@ def run_quality_command(
     import faiss
     import torch
 
-    from bench.arms import ARM_NAMES
-    from bench.caches import PersistentEncoder, model_identity
-    from bench.corpora import CorpusMode
-    from bench.datasets import DatasetError, load_locomo, load_longmemeval
-    from bench.engine import Protocol
-    from bench.plot import plot_ndcg
-    from bench.quality import QualityOptions, run_quality
-    from mnemos.encoder import SentenceTransformerEncoder, bundled_bi_encoder_path
+    from bench.datasets import DatasetError
+    from bench.quality import run_quality
     from mnemos.errors import MnemosError
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(request.threads)
     # One query at a time: faiss's OpenMP start-up costs more than the search itself (measured
     # ~1.7 ms vs ~0.3 ms per search on a LoCoMo-sized index), so search single-threaded.
     faiss.omp_set_num_threads(1)
     started = time.perf_counter()
     try:
-        conversations = load_locomo(data) if data_format == "locomo" else load_longmemeval(data)
-        if only_conversations:
-            unknown = sorted(set(only_conversations) - {c.conversation_id for c in conversations})
-            if unknown:
-                raise ValueError(f"--conversations: not in the data: {', '.join(unknown)}")
-            conversations = [c for c in conversations if c.conversation_id in set(only_conversations)]
-        options = QualityOptions(
-            arms=tuple(arms or ARM_NAMES),
-            modes=tuple(CorpusMode(c) for c in corpora),
-            protocols=tuple(Protocol(p) for p in protocols),
-            burnin_factor=burnin_factor, clusters=clusters, queries_per_cluster=queries_per_cluster, seed=seed,
-            n_resamples=resamples, abstain_threshold=abstain_threshold, dedupe_threshold=0.95 if dedupe else None,
-            limit=limit, full_features=full_features, suppression_study=suppression_study,
-        )
+        conversations = _load_conversations(request)
+        options = request.quality_options()
     except (DatasetError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
-
-    all_ids = [c.conversation_id for c in conversations]
     try:
-        router, loaders = load_folds(folds, cache_dir=cache_dir, max_length=max_length, batch_size=batch_size)
-        variant_list = build_variants(variants or [], compare_rerankers or [], cache_dir=cache_dir,
-                                      max_length=max_length, batch_size=batch_size, main_loaders=loaders)
+        router, loaders = load_folds(list(request.folds), cache_dir=request.cache_dir,
+                                     max_length=request.max_length, batch_size=request.batch_size)
+        variant_list = build_variants(list(request.variants), list(request.compare_rerankers),
+                                      cache_dir=request.cache_dir, max_length=request.max_length,
+                                      batch_size=request.batch_size, main_loaders=loaders)
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
-    fold_records = list(router.folds) if router else []
+    dataset = {"name": "LoCoMo" if request.data_format == "locomo" else "LongMemEval",
+               "format": request.data_format, "path": request.data.name, "sha256": _file_sha256(request.data)}
+    encoder = _bi_encoder(request)
+    reranker_info = _reranker_info(router, [c.conversation_id for c in conversations], request.max_length)
+    try:
+        report = run_quality(
+            conversations, encoder=encoder, rerankers=router, options=options, dataset=dataset,
+            reranker_info=reranker_info, command=request.command, progress=_tqdm_progress, variants=variant_list,
+        )
+    except (LookupError, ValueError, MnemosError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    click.echo(report.markdown)
+    _write_outputs(request, report)
+    cost = report.document["cost"]
+    click.echo(
+        f"total seconds: {time.perf_counter() - started:.1f}; reranker pairs: {cost['reranker_pairs']} "
+        f"({cost['reranker_pairs_scored_by_model']} scored by the model, the rest from {request.cache_dir})",
+        err=True,
+    )
+    return 0
 
-    encoder_path = bi_encoder or bundled_bi_encoder_path()
+
+def _load_conversations(request: QualityCommand) -> list[Conversation]:
+    """The dataset's conversations, only those of ``request.only_conversations`` when given.
+
+    Raises:
+        DatasetError: if the file cannot be read as its format.
+        ValueError: if a requested conversation is not in the data.
+    """
+    from bench.datasets import load_locomo, load_longmemeval
+
+    data = request.data
+    conversations = load_locomo(data) if request.data_format == "locomo" else load_longmemeval(data)
+    wanted = set(request.only_conversations)
+    if wanted:
+        unknown = sorted(wanted - {c.conversation_id for c in conversations})
+        if unknown:
+            raise ValueError(f"--conversations: not in the data: {', '.join(unknown)}")
+        conversations = [c for c in conversations if c.conversation_id in wanted]
+    return conversations
+
+
+def _bi_encoder(request: QualityCommand) -> PersistentEncoder:
+    """The bi-encoder (``request.bi_encoder`` or the bundled one) behind the disk embedding cache;
+    the model itself loads only when an embedding is missing."""
+    from bench.caches import PersistentEncoder, model_identity
+    from mnemos.encoder import SentenceTransformerEncoder, bundled_bi_encoder_path
+
+    encoder_path = request.bi_encoder or bundled_bi_encoder_path()
     config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
-    encoder = PersistentEncoder(
-        model_identity(encoder_path), int(config["hidden_size"]), cache_dir / "embeddings",
+    return PersistentEncoder(
+        model_identity(encoder_path), int(config["hidden_size"]), request.cache_dir / "embeddings",
         lambda: SentenceTransformerEncoder(encoder_path), progress=lambda n: _tqdm_progress(n, "embed"),
     )
+
+
+def _reranker_info(router: FoldRerankers | None, conversation_ids: list[str], max_length: int) -> dict[str, Any]:
+    """The report's ``reranker`` block: each fold with the conversations it trained on and evaluates."""
     assignment: dict[str, str] = {}
-    for conv in all_ids:
+    for conv in conversation_ids:
         try:
             assignment[conv] = router.fold_for(conv).name if router else ""
         except LookupError:
             assignment[conv] = ""
-    reranker_info = {
+    return {
         "selection": "per question: the first fold whose training conversations exclude the question's conversation",
         "max_length": max_length,
         "folds": [
             {
                 "name": f.name, "path": f.path, "identity": f.identity,
                 "train_conversations": sorted(f.train_conversations),
-                "evaluated_conversations": [c for c in all_ids if assignment[c] == f.name],
+                "evaluated_conversations": [c for c in conversation_ids if assignment[c] == f.name],
                 "provenance": f.provenance,
             }
-            for f in fold_records
+            for f in (router.folds if router else [])
         ],
     }
-    dataset = {"name": "LoCoMo" if data_format == "locomo" else "LongMemEval", "format": data_format,
-               "path": data.name, "sha256": _file_sha256(data)}
-    try:
-        report = run_quality(
-            conversations, encoder=encoder, rerankers=router, options=options, dataset=dataset,
-            reranker_info=reranker_info, command=command, progress=_tqdm_progress, variants=variant_list,
-        )
-    except (LookupError, ValueError, MnemosError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 2
+
+
+def _write_outputs(request: QualityCommand, report: QualityReport) -> None:
+    """Write the JSON document, the Markdown report, the plot and the per-question values that
+    ``request`` names (parent directories are created)."""
+    from bench.plot import plot_ndcg
+
     doc = report.document
-    click.echo(report.markdown)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-    if markdown_path:
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text(report.markdown, encoding="utf-8")
-    if plot_path:
-        plot_ndcg(doc["runs"], plot_path, title=f"{doc['dataset']['name']}: NDCG@10 per arm (95% CI)")
-    if per_question_path:
-        per_question_path.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(per_question_path, "wt", encoding="utf-8") as handle:
+    if request.json_path:
+        request.json_path.parent.mkdir(parents=True, exist_ok=True)
+        request.json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    if request.markdown_path:
+        request.markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        request.markdown_path.write_text(report.markdown, encoding="utf-8")
+    if request.plot_path:
+        plot_ndcg(doc["runs"], request.plot_path, title=f"{doc['dataset']['name']}: NDCG@10 per arm (95% CI)")
+    if request.per_question_path:
+        request.per_question_path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(request.per_question_path, "wt", encoding="utf-8") as handle:
             json.dump({"metrics": ["ndcg@10", "recall@10", "recall@30"], "runs": report.per_question}, handle)
-    cost = doc["cost"]
-    click.echo(
-        f"total seconds: {time.perf_counter() - started:.1f}; reranker pairs: {cost['reranker_pairs']} "
-        f"({cost['reranker_pairs_scored_by_model']} scored by the model, the rest from {cache_dir})",
-        err=True,
-    )
-    return 0
 
 
 def _split(value: str | None) -> list[str]:
@@ -326,7 +395,7 @@ def bench() -> None:
               show_default=True, help="Rerank-score and embedding caches (diskcache directories).")
 @click.option("--burnin-factor", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Burn-in draws per burn-in question.")
-@click.option("--clusters", type=click.IntRange(min=1), default=30, show_default=True, help="Max K (seed: 30).")
+@click.option("--clusters", type=click.IntRange(min=1), default=30, show_default=True, help="Max K (the paper: 30).")
 @click.option("--queries-per-cluster", type=click.IntRange(min=1), default=17, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resamples", type=click.IntRange(min=100), default=10_000, show_default=True)
@@ -348,19 +417,18 @@ def quality(**kwargs: Any) -> None:
     """Retrieval quality of every arm on identical questions (see bench/quality.py)."""
     command = "mnemos bench quality " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("quality") + 1:]) \
         if "quality" in sys.argv else "mnemos bench quality"
-    sys.exit(
-        run_quality_command(
-            data=kwargs["data"], data_format=kwargs["data_format"], folds=list(kwargs["folds"]),
-            arms=_split(kwargs["arms"]) or None, corpora=_split(kwargs["corpus"]),
-            protocols=_split(kwargs["protocol"]), limit=kwargs["limit"], json_path=kwargs["json_path"],
-            markdown_path=kwargs["markdown_path"], plot_path=kwargs["plot_path"],
-            per_question_path=kwargs["per_question_path"], cache_dir=kwargs["cache_dir"],
-            burnin_factor=kwargs["burnin_factor"], clusters=kwargs["clusters"],
-            queries_per_cluster=kwargs["queries_per_cluster"], seed=kwargs["seed"], resamples=kwargs["resamples"],
-            abstain_threshold=kwargs["abstain_threshold"], dedupe=kwargs["dedupe"],
-            full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
-            batch_size=kwargs["batch_size"], bi_encoder=kwargs["bi_encoder"], command=command,
-            only_conversations=_split(kwargs["conversations"]) or None, variants=list(kwargs["variants"]),
-            compare_rerankers=list(kwargs["compare_rerankers"]), suppression_study=kwargs["suppression_study"],
-        )
+    request = QualityCommand(
+        data=kwargs["data"], data_format=kwargs["data_format"], folds=tuple(kwargs["folds"]),
+        arms=tuple(_split(kwargs["arms"])), corpora=tuple(_split(kwargs["corpus"])),
+        protocols=tuple(_split(kwargs["protocol"])), limit=kwargs["limit"], json_path=kwargs["json_path"],
+        markdown_path=kwargs["markdown_path"], plot_path=kwargs["plot_path"],
+        per_question_path=kwargs["per_question_path"], cache_dir=kwargs["cache_dir"],
+        burnin_factor=kwargs["burnin_factor"], clusters=kwargs["clusters"],
+        queries_per_cluster=kwargs["queries_per_cluster"], seed=kwargs["seed"], resamples=kwargs["resamples"],
+        abstain_threshold=kwargs["abstain_threshold"], dedupe=kwargs["dedupe"],
+        full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
+        batch_size=kwargs["batch_size"], bi_encoder=kwargs["bi_encoder"], command=command,
+        only_conversations=tuple(_split(kwargs["conversations"])), variants=tuple(kwargs["variants"]),
+        compare_rerankers=tuple(kwargs["compare_rerankers"]), suppression_study=kwargs["suppression_study"],
     )
+    sys.exit(run_quality_command(request))

@@ -1,6 +1,7 @@
 """The benchmark engine: retrievals of every arm over shared embeddings, indexes and rerankers.
 
-Protocol (seed 000 §4, adapted; the choices are recorded in the JSON under ``settings``):
+Protocol (§4 of *Clustered Retrieval-Induced Forgetting*, adapted; docs/architecture.md "Evaluation"; the choices are recorded in
+the JSON under ``settings``):
 
 * Non-suppression arms have no state, so one pass per corpus mode serves both protocols.
 * Suppression arms keep a :class:`~mnemos.suppression.SuppressionTable` and
@@ -8,19 +9,19 @@ Protocol (seed 000 §4, adapted; the choices are recorded in the JSON under ``se
   replacement (``burnin_factor x`` the burn-in set's size), applying each outcome's deltas;
   the state is then frozen and the evaluation questions are retrieved against it.
 
-  - ``transductive`` (the seed's): burn-in drawn from the tenant's own evaluation questions.
+  - ``transductive`` (the paper's): burn-in drawn from the tenant's own evaluation questions.
   - ``heldout``: each tenant's questions are split in two halves by a seeded shuffle (per
     conversation, so the pooled tenant is split the same way); burn-in on half A evaluates half
     B and vice versa, so no question is ever scored by state it contributed to.
 
   All suppression arms of one (mode, protocol, tenant, half) replay the same query sequence.
-* Clusters: seed 000 uses K = 30 for 500 evaluation queries (about 17 queries per cluster) and
+* Clusters: *Clustered Retrieval-Induced Forgetting* (§5.2) uses K = 30 for 500 evaluation queries (about 17 queries per cluster) and
   bootstraps on the first 10 x K queries. A LoCoMo conversation has 105-260 questions, so a
-  per-tenant K of 30 would leave 2-8 distinct questions per cluster. We keep the seed's ratio:
+  per-tenant K of 30 would leave 2-8 distinct questions per cluster. We keep the paper's ratio:
   ``K = min(clusters, max(2, distinct burn-in questions // queries_per_cluster))`` (pooled: 30),
   and bootstrap on the first 10 x K burn-in draws. Global RIF is K = 1.
 * Rerankers: each question is reranked by the fold model whose training conversations exclude
-  the question's conversation (:class:`FoldRerankers`); every (query, text) pair is scored once
+  the question's conversation (:class:`~bench.folds.FoldRerankers`); every (query, text) pair is scored once
   per run (:class:`~mnemos.rerank.CachedReranker`) and persisted (:mod:`bench.caches`).
 * ``mnemos_full``: selected on a development half of the questions (seeded, per conversation)
   under the held-out protocol; see :mod:`bench.selection`. ``bench.quality`` orchestrates.
@@ -31,19 +32,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 
 import numpy as np
 
 from bench.arms import Arm
-from bench.corpora import CorpusMode, Tenant, build_tenants, global_id, rendered_texts
+from bench.corpora import CorpusMode, Tenant, build_tenants, rendered_texts
 from bench.datasets import Conversation
+from bench.folds import FoldRerankers, RerankerFold
+from bench.question_metrics import RECALL_DEPTH, QuestionMetrics, question_metrics
+from bench.questions import BenchQuestion, prepare_questions, stable_seed
 from mnemos.encoder import Encoder
-from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics, top1_behaviour
 from mnemos.features import (
     Feature,
     FeatureSetting,
@@ -54,7 +55,6 @@ from mnemos.features import (
 )
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rendering import RENDERING_VERSION, Rendering
-from mnemos.rerank import Reranker
 from mnemos.suppression import QueryClusters, SuppressionTable, outcome_deltas
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "PoolResult",
     "Protocol",
     "QuestionMetrics",
+    "RerankerFold",
     "RunKey",
     "StateRecord",
     "prepare_questions",
@@ -72,133 +73,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-RECALL_DEPTH = 30
-"""Hits kept per question for the metrics (Recall@30 is the deepest)."""
-
-
 class Protocol(StrEnum):
     """How suppression state is built before evaluation (module docstring)."""
 
     HELDOUT = "heldout"
     TRANSDUCTIVE = "transductive"
-
-
-def stable_seed(*parts: object) -> list[int]:
-    """A seed sequence from ints and strings that is stable across processes (CRC-32 of text)."""
-    return [p if isinstance(p, int) else zlib.crc32(str(p).encode("utf-8")) for p in parts]
-
-
-@dataclass(frozen=True)
-class BenchQuestion:
-    """One question as the benchmark uses it.
-
-    ``relevant_turns`` are global turn ids (empty: not evaluated, still usable in burn-in);
-    ``row`` indexes the question embedding matrix; ``half`` is the held-out half (0 = A, 1 = B);
-    ``dev`` marks the development split used to select ``mnemos_full``'s features.
-    """
-
-    key: str
-    conversation_id: str
-    text: str
-    category: int | None
-    question_date: datetime | None
-    relevant_turns: frozenset[str]
-    row: int
-    half: int
-    dev: bool
-
-    @property
-    def labelled(self) -> bool:
-        """True when the question has at least one valid evidence turn."""
-        return bool(self.relevant_turns)
-
-
-def _split(keys: Sequence[str], seed: int, *tag: object) -> set[str]:
-    """The first half (rounded down) of ``keys`` after a seeded shuffle."""
-    order = np.random.default_rng(stable_seed(seed, *tag)).permutation(len(keys))
-    return {keys[i] for i in order[: len(keys) // 2]}
-
-
-def prepare_questions(
-    conversations: Sequence[Conversation], *, seed: int = 0, limit: int | None = None
-) -> list[BenchQuestion]:
-    """Benchmark questions in dataset order, with held-out halves and the dev split.
-
-    ``limit`` keeps about ``limit`` questions in total, spread evenly over conversations (a
-    seeded sample per conversation); the corpus itself is never cut.
-    """
-    chosen: list[tuple[Conversation, list]] = []
-    per_conv = None if limit is None else max(1, -(-limit // max(1, len(conversations))))
-    for conv in conversations:
-        questions = list(conv.questions)
-        if per_conv is not None and len(questions) > per_conv:
-            pick = np.random.default_rng(stable_seed(seed, "limit", conv.conversation_id)).permutation(len(questions))
-            questions = [questions[i] for i in sorted(pick[:per_conv])]
-        chosen.append((conv, questions))
-    out: list[BenchQuestion] = []
-    for conv, questions in chosen:
-        keys = [q.question_id for q in questions]
-        half_a = _split(keys, seed, "heldout", conv.conversation_id)
-        dev = _split(keys, seed, "dev", conv.conversation_id)
-        for q in questions:
-            out.append(
-                BenchQuestion(
-                    key=q.question_id,
-                    conversation_id=conv.conversation_id,
-                    text=q.text,
-                    category=q.category,
-                    question_date=q.question_date,
-                    relevant_turns=frozenset(global_id(conv.conversation_id, t) for t in q.relevant_turn_ids),
-                    row=len(out),
-                    half=0 if q.question_id in half_a else 1,
-                    dev=q.question_id in dev,
-                )
-            )
-    return out
-
-
-@dataclass(frozen=True)
-class RerankerFold:
-    """One cross-encoder and the conversations it was trained on (never evaluated with it)."""
-
-    name: str
-    path: str
-    train_conversations: frozenset[str]
-    identity: str = ""
-    provenance: Mapping[str, object] = field(default_factory=dict)
-
-
-class FoldRerankers:
-    """Per-question reranker selection: the first fold not trained on the question's conversation."""
-
-    def __init__(self, folds: Sequence[RerankerFold], rerankers: Mapping[str, Reranker]) -> None:
-        if not folds:
-            raise ValueError("at least one reranker fold is needed")
-        self.folds = tuple(folds)
-        self.rerankers = dict(rerankers)
-
-    def fold_for(self, conversation_id: str) -> RerankerFold:
-        """The fold used for ``conversation_id``.
-
-        Raises:
-            LookupError: if every fold was trained on that conversation.
-        """
-        for fold in self.folds:
-            if conversation_id not in fold.train_conversations:
-                return fold
-        raise LookupError(f"every reranker fold was trained on {conversation_id}; refusing to evaluate it")
-
-    def for_conversation(self, conversation_id: str) -> Reranker:
-        """The reranker of :meth:`fold_for`."""
-        return self.rerankers[self.fold_for(conversation_id).name]
-
-    def deep_threshold_for(self, conversation_id: str, default: float) -> float:
-        """The deep-pass threshold calibrated for the fold of ``conversation_id`` (its provenance's
-        ``deep_threshold.value``, a percentile of training-pool top logits), else ``default``."""
-        calibrated = self.fold_for(conversation_id).provenance.get("deep_threshold")
-        if isinstance(calibrated, dict) and isinstance(calibrated.get("value"), int | float):
-            return float(calibrated["value"])
-        return default
 
 
 @dataclass(frozen=True)
@@ -218,8 +97,8 @@ class StateRecord:
     ``burn_keys`` are the question keys drawn during its burn-in (the only questions whose
     queries touched the state), ``k`` the number of clusters, ``bootstrapped`` whether the
     cluster bootstrap completed, ``suppressed`` the number of (entry, cluster) scores held,
-    ``entries_touched`` the distinct entries with any score out of ``tenant_entries`` (seed 000
-    §5.4 reads this as saturation: 4% of LongMemEval's corpus, about 70% of NFCorpus).
+    ``entries_touched`` the distinct entries with any score out of ``tenant_entries`` (§5.4 of
+    *Clustered Retrieval-Induced Forgetting* reads this as saturation: 4% of LongMemEval's corpus, about 70% of NFCorpus).
     """
 
     tenant_id: str
@@ -241,26 +120,6 @@ class RunKey:
     mode: CorpusMode
     protocol: Protocol | None
     variant: str
-
-
-@dataclass(frozen=True)
-class QuestionMetrics:
-    """Per-question metrics; behaviour flags as 0/1 floats, ``abstain`` None without a reranker.
-
-    Session metrics (:func:`mnemos.evaluation.session_metrics`) rank sessions by their best hit
-    among the top ``RECALL_DEPTH``; a session is relevant when it holds an evidence turn."""
-
-    ndcg10: float
-    recall10: float
-    recall30: float
-    exact_episode: float
-    wrong_family: float
-    sibling_confusion: float
-    abstain: float | None
-    deep_pass: bool
-    session_hit1: float = 0.0
-    session_ndcg5: float = 0.0
-    session_recall5: float = 0.0
 
 
 @dataclass
@@ -434,7 +293,7 @@ class Engine:
     # ---- suppression arms --------------------------------------------------------------------
 
     def cluster_count(self, arm: Arm, distinct_burn_questions: int) -> int:
-        """K for one burn-in (module docstring): 1 for global RIF, else the seed's ratio."""
+        """K for one burn-in (module docstring): 1 for global RIF, else the paper's ratio."""
         assert arm.suppression is not None
         if not arm.suppression.clustered:
             return 1
@@ -543,37 +402,12 @@ class Engine:
 
     def metrics(self, mode: CorpusMode, question: BenchQuestion, ranking: Sequence[int], pool: PoolResult,
                 abstain_threshold: float | None, reranked: bool) -> QuestionMetrics:
-        """Metrics of one labelled question's final ranking (seed 000 §5.1 and §5.3)."""
-        tenant = self.tenant_of(mode, question)
-        relevant = tenant.relevant_entries(question.relevant_turns)
-        relevant_sessions = {tenant.entry_session[e] for e in relevant}
-        top = ranking[0] if ranking else None
+        """Metrics of one labelled question's final ranking (§5.1 and §5.3 of *Clustered Retrieval-Induced Forgetting*)."""
         top_score = None
-        if reranked and top is not None:
-            top_score = pool.scores[pool.entry_ids.index(top)]
-        behaviour = top1_behaviour(
-            top_turn_ids=None if top is None else (str(top),),
-            top_session_id=None if top is None else tenant.entry_session[top],
-            relevant_turn_ids={str(e) for e in relevant},
-            relevant_session_ids=relevant_sessions,
-            top_rerank_score=top_score,
-            abstain_threshold=abstain_threshold if reranked else None,
-        )
-        ranked = list(ranking[:RECALL_DEPTH])
-        sessions = session_metrics(ranked, relevant, tenant.entry_session)
-        return QuestionMetrics(
-            ndcg10=ndcg_at_k(ranked, relevant, 10),
-            recall10=recall_at_k(ranked, relevant, 10),
-            recall30=recall_at_k(ranked, relevant, 30),
-            exact_episode=float(behaviour.exact_episode),
-            wrong_family=float(behaviour.wrong_family),
-            sibling_confusion=float(behaviour.sibling_confusion),
-            abstain=float(behaviour.abstain) if reranked else None,
-            deep_pass=pool.deep_pass,
-            session_hit1=sessions.hit1,
-            session_ndcg5=sessions.ndcg5,
-            session_recall5=sessions.recall5,
-        )
+        if reranked and ranking:
+            top_score = pool.scores[pool.entry_ids.index(ranking[0])]
+        return question_metrics(self.tenant_of(mode, question), question.relevant_turns, ranking, top_score=top_score,
+                                deep_pass=pool.deep_pass, abstain_threshold=abstain_threshold, reranked=reranked)
 
     def evaluate(self, mode: CorpusMode, results: Mapping[str, PoolResult], *, reranked: bool,
                  settings: Sequence[FeatureSetting] = (), abstain_threshold: float | None = 0.0,

@@ -43,26 +43,7 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     settings = run.settings("turns", plan)
     rng = random.Random(plan.seed)
     tenants = [f"tenant-{chr(97 + i)}{plan.seed}" for i in range(plan.tenants)]
-    good: list[dict[str, Any]] = []
-    pairs: list[tuple[str, str, str]] = []  # (tenant, original, near-duplicate)
-    bad: list[dict[str, str]] = []
-    last: dict[str, dict[str, Any]] = {}
-    for i in range(plan.turns):
-        tenant = tenants[i % len(tenants)]
-        text = words(rng, 8)
-        role = "user" if i % 2 else "assistant"
-        if i % 25 == 24 and tenant in last:
-            text = last[tenant]["text"] + "."
-            role = last[tenant]["role"]  # a near-duplicate repeats its speaker too (dedupe's guard)
-            pairs.append((tenant, last[tenant]["turn_id"], f"{tenant}-{i:06d}"))
-        turn = {"tenant_id": tenant, "session_id": f"s{i // 50}", "turn_id": f"{tenant}-{i:06d}",
-                "role": role, "text": text,
-                "occurred_at": (BASE_TIME + timedelta(seconds=i)).isoformat()}
-        good.append(turn)
-        last[tenant] = turn
-        if i % 97 == 50:
-            bad.append({"v": "1", "tenant_id": tenant, "session_id": "s", "turn_id": f"{tenant}-bad-{i}",
-                        "role": "user", "text": " ", "occurred_at": BASE_TIME.isoformat()})
+    good, pairs, bad = _turn_traffic(plan, rng, tenants)
     client = run.client(settings)
     batches: list[Callable[[], Any]] = []
     for start in range(0, len(good), 10):
@@ -105,18 +86,7 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     report.lost, report.duplicated = count_turns(accepted, [(r.tenant_id, r.turn_id) for r in rows], dead)
     report.dead_letters_found = len(bad_keys & dead)
     report.aliases = sum(r.canonical_entry_id is not None for r in rows)
-    by_key = {(r.tenant_id, r.turn_id): r for r in rows}
-    # an alias points at a canonical entry of its own tenant; each near-duplicate pair is one memory
-    report.dedupe_violations = sum(
-        r.canonical_entry_id is not None and (r.canonical_tenant_id != r.tenant_id or r.canonical_of_canonical is not None)
-        for r in rows)
-    for tenant, first, second in pairs:
-        a, b = by_key.get((tenant, first)), by_key.get((tenant, second))
-        if a is None or b is None:
-            continue
-        one_memory = ((a.canonical_entry_id is None and b.canonical_entry_id == a.entry_id)
-                      or (b.canonical_entry_id is None and a.canonical_entry_id == b.entry_id))
-        report.dedupe_violations += not one_memory
+    report.dedupe_violations = _dedupe_violations(rows, pairs)
     report.seconds = time.monotonic() - started
     return report
 
@@ -131,18 +101,7 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     seed_entries(run, settings, tenants, per_tenant=12)
     with Audit.connect(settings.database_url) as audit:
         ids = audit.entry_ids()
-    outcomes: list[Outcome] = []
-    for n in range(plan.outcomes):
-        tenant = tenants[n % len(tenants)]
-        members = rng.sample(ids[tenant], rng.randint(1, min(8, len(ids[tenant]))))
-        finals = list(range(1, len(members) + 1))
-        rng.shuffle(finals)
-        pool = tuple(PoolRow(e, i + 1, f, rng.uniform(-3, 3)) for i, (e, f) in enumerate(zip(members, finals,
-                                                                                              strict=True)))
-        vector = [rng.gauss(0, 1) for _ in range(settings.fake_encoder_dim)]
-        norm = math.sqrt(sum(x * x for x in vector))
-        outcomes.append(Outcome(f"{tenant}-o{n:06d}", tenant, rng.randrange(settings.clusters_k), len(pool), pool,
-                                tuple(x / norm for x in vector)))
+    outcomes = _random_outcomes(plan, rng, tenants, ids, settings)
     connection = run.client(settings).connection
     batches: list[Callable[[], Any]] = []
     for start in range(0, len(outcomes), 8):
@@ -180,12 +139,7 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         stop.set()
         for worker in workers:
             worker.terminate()
-    expected: dict[tuple[str, int, int], float] = {}
-    for outcome in outcomes:
-        for (entry, cluster), delta in outcome_deltas(outcome_record(outcome), UpdateRule.RANK_GAP,
-                                                      settings.eta).items():
-            key = (outcome.tenant_id, entry, cluster)
-            expected[key] = expected.get(key, 0.0) + delta
+    expected = _expected_scores(outcomes, settings.eta)
     with Audit.connect(settings.database_url) as audit:
         ledger = audit.ledger()
         actual = audit.suppression_scores()
@@ -206,6 +160,84 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         set(tenants) - frozen)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _turn_traffic(plan: FaultPlan, rng: random.Random, tenants: Sequence[str]
+                  ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]], list[dict[str, str]]]:
+    """The turns phase's traffic: ``plan.turns`` valid turns round-robin over ``tenants`` (every
+    25th a near-duplicate of its tenant's previous turn), the ``(tenant, original, near-duplicate)``
+    turn id pairs, and raw stream fields of invalid turns (one in 97, blank text) for the dead letter."""
+    good: list[dict[str, Any]] = []
+    pairs: list[tuple[str, str, str]] = []  # (tenant, original, near-duplicate)
+    bad: list[dict[str, str]] = []
+    last: dict[str, dict[str, Any]] = {}
+    for i in range(plan.turns):
+        tenant = tenants[i % len(tenants)]
+        text = words(rng, 8)
+        role = "user" if i % 2 else "assistant"
+        if i % 25 == 24 and tenant in last:
+            text = last[tenant]["text"] + "."
+            role = last[tenant]["role"]  # a near-duplicate repeats its speaker too (dedupe's guard)
+            pairs.append((tenant, last[tenant]["turn_id"], f"{tenant}-{i:06d}"))
+        turn = {"tenant_id": tenant, "session_id": f"s{i // 50}", "turn_id": f"{tenant}-{i:06d}",
+                "role": role, "text": text,
+                "occurred_at": (BASE_TIME + timedelta(seconds=i)).isoformat()}
+        good.append(turn)
+        last[tenant] = turn
+        if i % 97 == 50:
+            bad.append({"v": "1", "tenant_id": tenant, "session_id": "s", "turn_id": f"{tenant}-bad-{i}",
+                        "role": "user", "text": " ", "occurred_at": BASE_TIME.isoformat()})
+    return good, pairs, bad
+
+
+def _dedupe_violations(rows: Sequence[Any], pairs: Sequence[tuple[str, str, str]]) -> int:
+    """Aliases that point outside their tenant or at another alias, plus near-duplicate pairs that
+    did not end as one memory (one canonical entry and its alias). ``rows`` are
+    :meth:`~workers.store.audit.Audit.entry_links` rows."""
+    by_key = {(r.tenant_id, r.turn_id): r for r in rows}
+    # an alias points at a canonical entry of its own tenant; each near-duplicate pair is one memory
+    violations = sum(
+        r.canonical_entry_id is not None and (r.canonical_tenant_id != r.tenant_id or r.canonical_of_canonical is not None)
+        for r in rows)
+    for tenant, first, second in pairs:
+        a, b = by_key.get((tenant, first)), by_key.get((tenant, second))
+        if a is None or b is None:
+            continue
+        one_memory = ((a.canonical_entry_id is None and b.canonical_entry_id == a.entry_id)
+                      or (b.canonical_entry_id is None and a.canonical_entry_id == b.entry_id))
+        violations += not one_memory
+    return violations
+
+
+def _random_outcomes(plan: FaultPlan, rng: random.Random, tenants: Sequence[str],
+                     ids: dict[str, list[int]], settings: Settings) -> list[Outcome]:
+    """``plan.outcomes`` outcomes round-robin over ``tenants``: pools of 1-8 of the tenant's entry
+    ids (``ids``) with shuffled final ranks and random logits, a random cluster and a random unit
+    query embedding of ``settings.fake_encoder_dim``."""
+    outcomes: list[Outcome] = []
+    for n in range(plan.outcomes):
+        tenant = tenants[n % len(tenants)]
+        members = rng.sample(ids[tenant], rng.randint(1, min(8, len(ids[tenant]))))
+        finals = list(range(1, len(members) + 1))
+        rng.shuffle(finals)
+        pool = tuple(PoolRow(e, i + 1, f, rng.uniform(-3, 3)) for i, (e, f) in enumerate(zip(members, finals,
+                                                                                              strict=True)))
+        vector = [rng.gauss(0, 1) for _ in range(settings.fake_encoder_dim)]
+        norm = math.sqrt(sum(x * x for x in vector))
+        outcomes.append(Outcome(f"{tenant}-o{n:06d}", tenant, rng.randrange(settings.clusters_k), len(pool), pool,
+                                tuple(x / norm for x in vector)))
+    return outcomes
+
+
+def _expected_scores(outcomes: Sequence[Outcome], eta: float) -> dict[tuple[str, int, int], float]:
+    """``(tenant, entry, cluster) -> score`` after applying every outcome once (rank-gap rule)."""
+    expected: dict[tuple[str, int, int], float] = {}
+    for outcome in outcomes:
+        for (entry, cluster), delta in outcome_deltas(outcome_record(outcome), UpdateRule.RANK_GAP,
+                                                      eta).items():
+            key = (outcome.tenant_id, entry, cluster)
+            expected[key] = expected.get(key, 0.0) + delta
+    return expected
 
 
 def seed_entries(run: FaultRun, settings: Settings, tenants: Sequence[str], per_tenant: int) -> None:

@@ -17,11 +17,15 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bench.extras import require_extra
 from workers.models import resolve_device
+
+if TYPE_CHECKING:
+    from bench.training.pairs import PositivePair
 
 __all__ = ["reranker", "run_check", "run_train"]
 
@@ -65,7 +69,7 @@ def run_train(
     """
     import torch
 
-    from bench.datasets import DatasetError, load_locomo
+    from bench.datasets import DatasetError
     from bench.training import cross_encoder as training
     from bench.training import pairs as training_pairs
     from bench.training.errors import TrainingDataError
@@ -78,31 +82,7 @@ def run_train(
                                      "rendering_version": int(RENDERING_VERSION), "commit": _git_commit()}
     try:
         calibration: list[tuple[str, list[str]]] = []
-        if pairs is not None:
-            positives = training_pairs.read_pairs_jsonl(pairs)
-            corpora = None
-            provenance.update(pairs_file=pairs.name, pairs_sha256=_sha256(pairs))
-        else:
-            assert data is not None
-            convs = load_locomo(data)
-            all_ids = sorted(c.conversation_id for c in convs)
-            if fold is not None:
-                chosen, held_out = training_pairs.fold_conversations(all_ids, *fold)
-                provenance["fold"] = f"{fold[0]}/{fold[1]}"
-            else:
-                chosen = conversations or []
-                held_out = [c for c in all_ids if c not in chosen]
-            positives = training_pairs.locomo_positives(convs, chosen)
-            corpora = {c.conversation_id: list(training_pairs.turn_passages(c).values())
-                       for c in convs if c.conversation_id in chosen}
-            provenance.update(
-                data="LoCoMo (Maharana et al., ACL 2024), CC BY-NC 4.0",
-                data_file=data.name,
-                data_sha256=_sha256(data),
-                training_conversations=chosen,
-                held_out_conversations=held_out,
-                positive_sources="locomo observations + QA evidence (categories 1-4)",
-            )
+        positives, corpora = _positives(data, pairs, conversations, fold, provenance)
         encoder = _load_bi_encoder(device) if dense else None
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
         examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
@@ -135,6 +115,47 @@ def run_train(
     )
     click.echo(f"training time: {report.seconds:.1f} s on {device}; model saved to {report.out_dir}")
     return 0
+
+
+def _positives(data: Path | None, pairs: Path | None, conversations: list[str] | None,
+               fold: tuple[int, int] | None,
+               provenance: dict[str, object]) -> tuple[list[PositivePair], dict[str, list[str]] | None]:
+    """The positives to mine from, and the training conversations' rendered turns (None for a pairs
+    file): from ``pairs`` when given, else from LoCoMo ``data`` (``fold`` ``(i, k)`` or the
+    named ``conversations``). Records in ``provenance`` what was read (file name and sha256,
+    training and held-out conversations).
+
+    Raises:
+        TrainingDataError: on a malformed pairs file or unknown conversations.
+        DatasetError: if ``data`` is not a LoCoMo file.
+    """
+    from bench.datasets import load_locomo
+    from bench.training import pairs as training_pairs
+
+    if pairs is not None:
+        provenance.update(pairs_file=pairs.name, pairs_sha256=_sha256(pairs))
+        return training_pairs.read_pairs_jsonl(pairs), None
+    assert data is not None
+    convs = load_locomo(data)
+    all_ids = sorted(c.conversation_id for c in convs)
+    if fold is not None:
+        chosen, held_out = training_pairs.fold_conversations(all_ids, *fold)
+        provenance["fold"] = f"{fold[0]}/{fold[1]}"
+    else:
+        chosen = conversations or []
+        held_out = [c for c in all_ids if c not in chosen]
+    positives = training_pairs.locomo_positives(convs, chosen)
+    corpora = {c.conversation_id: list(training_pairs.turn_passages(c).values())
+               for c in convs if c.conversation_id in chosen}
+    provenance.update(
+        data="LoCoMo (Maharana et al., ACL 2024), CC BY-NC 4.0",
+        data_file=data.name,
+        data_sha256=_sha256(data),
+        training_conversations=chosen,
+        held_out_conversations=held_out,
+        positive_sources="locomo observations + QA evidence (categories 1-4)",
+    )
+    return positives, corpora
 
 
 def _sha256(path: Path) -> str:

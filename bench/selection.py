@@ -1,8 +1,9 @@
 """Choosing ``mnemos_full``: forward selection of candidate features on a development split.
 
-Start from ``+clustered_rif_gap`` (seed 000's best) under the held-out protocol. Candidates, in
-order: the adaptive deep pass (seed 004), then the post-rerank features of :mod:`bench.arms`
-(session-then-turn, temporal match, importance; seed 003). For each post-rerank family the best
+Start from ``+clustered_rif_gap`` (the best arm of *Clustered Retrieval-Induced Forgetting*) under the held-out protocol.
+Candidates, in order: the adaptive deep pass (docs/architecture.md "Retrieval"), then the
+post-rerank features of :mod:`bench.arms` (session-then-turn, temporal match, importance; from
+*AssoMem*, docs/architecture.md "Features"). For each post-rerank family the best
 grid setting is picked by mean NDCG@10 gain over corpus modes on the development questions
 (categories 1-4); a candidate is kept only if its NDCG@10 gain is positive in every corpus mode
 and significant (two-sided paired permutation p < ``alpha``) in at least one. Kept candidates

@@ -1,12 +1,13 @@
-"""The retrieval pipeline of one query against one tenant (seed 000 Algorithm 1).
+"""The retrieval pipeline of one query against one tenant (Algorithm 1 of
+*Clustered Retrieval-Induced Forgetting*; docs/architecture.md "Retrieval").
 
 BM25 top-n and dense top-n are fused with RRF; the suppression penalty ``alpha * s(d)_c`` of the
 query's cluster is subtracted from every fused score and the list re-sorted (ties by entry id);
 the top ``pool_size`` entries are reranked by the cross-encoder. When the best rerank logit is
-below ``deep_threshold`` the pool widens to ``deep_pool_size`` (seed 004, adaptive deep pass,
-k_shallow 30 / k_deep 100): the retrievers' lists are read deeper, the first pool's scores are
+below ``deep_threshold`` the pool widens to ``deep_pool_size`` (the adaptive deep pass,
+k_shallow 30 / k_deep 100; docs/architecture.md "Sources"): the retrievers' lists are read deeper, the first pool's scores are
 reused and only the new entries are scored. Optionally, post-rerank features
-(:mod:`mnemos.features`: session-then-turn and temporal match, seed 003 §4 / §3.2.3) then add
+(:mod:`mnemos.features`: session-then-turn and temporal match, *AssoMem* §4.2 / §3.2.3) then add
 logit adjustments to the reranked pool and re-sort it. The result carries the hits, the
 :class:`~mnemos.records.Outcome` (the suppression update as data), per-stage seconds from the
 injected clock and diagnostics.
@@ -50,7 +51,8 @@ from mnemos.tenant_index import TenantIndex
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Knobs of :func:`retrieve`; defaults from seed 000 §4.3 / seed 004 (DESIGN.md "Defaults").
+    """Knobs of :func:`retrieve`; defaults from §4.3-§4.4 of *Clustered Retrieval-Induced Forgetting*
+    (docs/architecture.md "Retrieval").
 
     Attributes:
         n_candidates: entries taken from each retriever for the shallow pool (30).
@@ -65,7 +67,7 @@ class RetrievalConfig:
             consumer of the outcome. update_rule: Eq. 1 or Eq. 2 (rank-gap, the default).
         suppression_threshold: evidence threshold tau; the penalty is ``alpha * max(0, s - tau)``,
             so a score starts to count only after demotions worth more than tau have accumulated
-            (0 is seed 000's rule; docs/architecture.md "Suppression").
+            (0 is the paper's rule; docs/architecture.md "Suppression").
         suppression: subtract the suppression penalty before the pool cut.
         features: post-rerank feature settings (:class:`~mnemos.features.FeatureSetting`),
             applied in order to the reranked pool; empty (the default) leaves the rerank order.
@@ -132,13 +134,14 @@ class RetrievalConfig:
 
 
 class _Stopwatch:
-    """Accumulates seconds per stage with an injected clock."""
+    """Accumulates seconds per stage with an injected clock; ``started`` is the clock at creation."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.seconds: dict[str, float] = {}
         self._stage: str | None = None
         self._started = 0.0
+        self.started = clock()
 
     def start(self, stage: str) -> None:
         self.stop()
@@ -150,46 +153,44 @@ class _Stopwatch:
             self.seconds[self._stage] = self.seconds.get(self._stage, 0.0) + elapsed
             self._stage = None
 
-
-def _adjust(
-    fused: list[tuple[int, float]],
-    table: SuppressionTable | None,
-    cluster: int | None,
-    alpha: float,
-    threshold: float = 0.0,
-) -> list[tuple[int, float]]:
-    """Subtract ``alpha * max(0, s(d)_c - threshold)`` from fused scores and re-sort (ties by entry id)."""
-    if table is None or cluster is None or alpha == 0.0:
-        return fused
-    adjusted = [(eid, score - alpha * max(0.0, table.penalty(eid, cluster) - threshold)) for eid, score in fused]
-    adjusted.sort(key=lambda item: (-item[1], item[0]))
-    return adjusted
-
-
-def _hit(index: TenantIndex, entry_id: int, score: float, rank: int) -> Hit:
-    entry = index.entry(entry_id)
-    return Hit(
-        entry_id=entry.entry_id,
-        turn_id=entry.turn_id,
-        session_id=entry.session_id,
-        role=entry.role,
-        text=entry.text,
-        occurred_at=entry.occurred_at,
-        score=score,
-        rank=rank,
-        aliases=entry.aliases,
-    )
+    def timings(self) -> StageTimings:
+        """Stop the running stage; seconds per stage so far and the total since creation."""
+        self.stop()
+        seconds = self.seconds
+        return StageTimings(
+            bm25=seconds.get("bm25", 0.0),
+            dense=seconds.get("dense", 0.0),
+            fusion=seconds.get("fusion", 0.0),
+            suppression=seconds.get("suppression", 0.0),
+            rerank=seconds.get("rerank", 0.0),
+            features=seconds.get("features", 0.0),
+            total=self.clock() - self.started,
+        )
 
 
-def _query_vector(query_embedding: np.ndarray | None, dim: int) -> np.ndarray | None:
-    if query_embedding is None:
-        return None
-    vec = np.asarray(query_embedding, dtype=np.float32)
-    if vec.ndim == 2 and vec.shape[0] == 1:
-        vec = vec[0]
-    if vec.shape != (dim,):
-        raise DimensionMismatchError("query embedding", (dim,), tuple(vec.shape))
-    return vec
+@dataclass(frozen=True)
+class _Suppression:
+    """The suppression that applies to one request: the tenant's table and the query's cluster,
+    both None when suppression is off, the table is missing or the query has no cluster yet."""
+
+    table: SuppressionTable | None
+    cluster: int | None
+
+    @classmethod
+    def of(cls, config: RetrievalConfig, table: SuppressionTable | None, cluster: int | None) -> _Suppression:
+        active = cluster if (config.suppression and table is not None) else None
+        return cls(table if active is not None else None, active)
+
+
+@dataclass(frozen=True)
+class _Reranked:
+    """The reranked pool: entry ids in suppressed fused order (``initial_rank`` order), the
+    cross-encoder logit of each, whether the deep pass ran and the best logit."""
+
+    pool: list[int]
+    scores: dict[int, float]
+    deep: bool
+    top: float
 
 
 def retrieve(
@@ -208,6 +209,10 @@ def retrieve(
     allowed: EntryFilter | None = None,
 ) -> RetrievalResult:
     """Retrieve the top ``k`` memories of ``index``'s tenant for ``query``.
+
+    The stages are the functions below, in the order of docs/architecture.md "Retrieval":
+    :func:`_candidates`, :func:`_fuse_and_suppress`, :func:`_pool`, :func:`_rerank`,
+    :func:`_deep_pass`, :func:`_outcome` and :func:`_features`.
 
     Args:
         index: the tenant's index (only this tenant's entries can be returned).
@@ -246,7 +251,7 @@ def retrieve(
     sessions (``index.sessions``) for the query; the temporal feature compares the time spans
     the query names with each hit's session start (the earliest ``occurred_at`` of its session).
     The outcome is NOT affected: its ``initial_rank`` / ``final_rank`` are the fused and the
-    cross-encoder's ranks, because seed 000's rank-gap rule learns from the reranker's
+    cross-encoder's ranks, because the rank-gap rule (Eq. 2) learns from the reranker's
     promotion and demotion of fused candidates, not from the features' re-sort. Hit ranks and
     scores do follow the features.
 
@@ -265,26 +270,74 @@ def retrieve(
     """
     config = config or RetrievalConfig()
     watch = _Stopwatch(clock)
-    started = clock()
+    q_vec = _query_vector(query, query_embedding, k, index.dim, config.use_dense)
+    active = _Suppression.of(config, suppression, cluster)
+    allowed_ids = None if allowed is None or allowed.is_open else index.allowed_entries(allowed)
+    if allowed_ids is not None and allowed_ids.size == 0:
+        return _empty_result(cluster, watch.clock() - watch.started)
+
+    reranks = config.rerank and reranker is not None
+    depth = max(config.n_candidates, config.deep_pool_size) if reranks and config.deep_enabled else config.n_candidates
+    lists = _candidates(index, query, q_vec, config, depth, allowed_ids, watch)
+    adjusted = _fuse_and_suppress(lists, config, active, watch, cut=config.n_candidates)
+    watch.stop()
+    if not config.rerank or reranker is None:
+        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None)
+
+    pool = _pool(adjusted, config.pool_size)
+    if not pool:
+        return _result(watch, cluster, [], None, 0, False, None)
+
+    watch.start("rerank")
+    reranked = _rerank(reranker, query, index, pool)
+    if config.deep_enabled and config.deep_threshold is not None and reranked.top < config.deep_threshold:
+        reranked = _deep_pass(reranker, query, index, lists, reranked, config, active, watch)
+    watch.stop()
+
+    outcome, final_order = _outcome(index, reranked, cluster, outcome_id, q_vec)
+    ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch)
+    hits = _hits(index, ranked[:k])
+    return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top)
+
+
+def _query_vector(
+    query: str, query_embedding: np.ndarray | None, k: int, dim: int, use_dense: bool
+) -> np.ndarray | None:
+    """Check the request; the query embedding as a ``(dim,)`` float32 vector, or None without one.
+
+    Raises:
+        EmptyQueryError: if ``query`` is empty or whitespace only.
+        InvalidParameterError: if ``k < 1``.
+        DimensionMismatchError: if the embedding is not ``(dim,)`` or ``(1, dim)``, or is None while
+            ``use_dense`` is on.
+    """
     if not query or not query.strip():
         raise EmptyQueryError(query)
     if k < 1:
         raise InvalidParameterError(f"k must be >= 1, got {k}")
-    q_vec = _query_vector(query_embedding, index.dim)
-    if config.use_dense and q_vec is None:
-        raise DimensionMismatchError("query embedding", (index.dim,), ())
+    if query_embedding is None:
+        if use_dense:
+            raise DimensionMismatchError("query embedding", (dim,), ())
+        return None
+    vec = np.asarray(query_embedding, dtype=np.float32)
+    if vec.ndim == 2 and vec.shape[0] == 1:
+        vec = vec[0]
+    if vec.shape != (dim,):
+        raise DimensionMismatchError("query embedding", (dim,), tuple(vec.shape))
+    return vec
 
-    active_cluster = cluster if (config.suppression and suppression is not None) else None
-    table = suppression if active_cluster is not None else None
-    will_rerank = config.rerank and reranker is not None
-    depth = config.n_candidates
-    if will_rerank and config.deep_enabled:
-        depth = max(depth, config.deep_pool_size)
 
-    allowed_ids = None if allowed is None or allowed.is_open else index.allowed_entries(allowed)
-    if allowed_ids is not None and allowed_ids.size == 0:
-        return _empty_result(cluster, clock() - started)
-
+def _candidates(
+    index: TenantIndex,
+    query: str,
+    q_vec: np.ndarray | None,
+    config: RetrievalConfig,
+    depth: int,
+    allowed_ids: np.ndarray | None,
+    watch: _Stopwatch,
+) -> list[list[int]]:
+    """Stage 1, candidates: entry ids of each enabled retriever (BM25, then dense), best first,
+    ``depth`` deep, restricted to ``allowed_ids`` inside the retrievers (None: every entry)."""
     lists: list[list[int]] = []
     watch.start("bm25")
     if config.use_bm25:
@@ -292,87 +345,94 @@ def retrieve(
     watch.start("dense")
     if config.use_dense and q_vec is not None:
         lists.append([eid for eid, _ in index.dense.search(q_vec, depth, allowed_ids)[0]])
+    return lists
+
+
+def _fuse_and_suppress(
+    lists: Sequence[Sequence[int]],
+    config: RetrievalConfig,
+    active: _Suppression,
+    watch: _Stopwatch,
+    cut: int | None,
+) -> list[tuple[int, float]]:
+    """Stages 2 and 3, fusion and suppression: RRF (``config.rrf_k``) of the first ``cut`` ids of
+    each list (all of them when ``cut`` is None), minus ``alpha * max(0, s(d)_c - tau)``,
+    re-sorted best first (ties by entry id). ``(entry_id, score)`` pairs."""
     watch.start("fusion")
-    fused = reciprocal_rank_fusion([ids[: config.n_candidates] for ids in lists], k=config.rrf_k)
+    fused = reciprocal_rank_fusion([ids[:cut] for ids in lists], k=config.rrf_k)
     watch.start("suppression")
-    adjusted = _adjust(fused, table, active_cluster, config.alpha, config.suppression_threshold)
-    watch.stop()
+    return _suppress(fused, active, config.alpha, config.suppression_threshold)
 
-    def finish(hits: list[Hit], outcome: Outcome | None, pool_size: int, deep: bool, top: float | None):
-        watch.stop()
-        seconds = watch.seconds
-        timings = StageTimings(
-            bm25=seconds.get("bm25", 0.0),
-            dense=seconds.get("dense", 0.0),
-            fusion=seconds.get("fusion", 0.0),
-            suppression=seconds.get("suppression", 0.0),
-            rerank=seconds.get("rerank", 0.0),
-            features=seconds.get("features", 0.0),
-            total=clock() - started,
-        )
-        return RetrievalResult(
-            hits=tuple(hits), outcome=outcome, timings=timings, pool_size=pool_size,
-            deep_pass=deep, cluster=cluster, top_rerank_score=top,
-        )
 
-    if not will_rerank:
-        hits = [_hit(index, eid, score, rank) for rank, (eid, score) in enumerate(adjusted[:k], start=1)]
-        return finish(hits, None, 0, False, None)
+def _suppress(
+    fused: list[tuple[int, float]], active: _Suppression, alpha: float, threshold: float
+) -> list[tuple[int, float]]:
+    """Subtract ``alpha * max(0, s(d)_c - threshold)`` from fused scores and re-sort (ties by entry id)."""
+    if active.table is None or active.cluster is None or alpha == 0.0:
+        return fused
+    table, cluster = active.table, active.cluster
+    adjusted = [(eid, score - alpha * max(0.0, table.penalty(eid, cluster) - threshold)) for eid, score in fused]
+    adjusted.sort(key=lambda item: (-item[1], item[0]))
+    return adjusted
 
-    assert reranker is not None
-    pool = [eid for eid, _ in adjusted[: config.pool_size]]
-    if not pool:
-        return finish([], None, 0, False, None)
 
-    watch.start("rerank")
+def _pool(adjusted: Sequence[tuple[int, float]], pool_size: int) -> list[int]:
+    """Stage 4a, the pool: the first ``pool_size`` entry ids of the suppressed fused order."""
+    return [eid for eid, _ in adjusted[:pool_size]]
+
+
+def _rerank(reranker: Reranker, query: str, index: TenantIndex, pool: list[int]) -> _Reranked:
+    """Stage 4b, rerank: cross-encoder logits of the (non-empty) shallow pool."""
     scores = _score_new(reranker, query, index, pool, {})
-    top = max(scores.values())
-    deep = False
-    if config.deep_enabled and config.deep_threshold is not None and top < config.deep_threshold:
-        deep = True
-        watch.start("fusion")
-        deep_fused = reciprocal_rank_fusion(lists, k=config.rrf_k)
-        watch.start("suppression")
-        deep_adjusted = _adjust(deep_fused, table, active_cluster, config.alpha, config.suppression_threshold)
-        watch.start("rerank")
-        in_pool = set(pool)
-        room = config.deep_pool_size - len(pool)
-        extra = [eid for eid, _ in deep_adjusted if eid not in in_pool][:room]
-        members = in_pool | set(extra)
-        pool = [eid for eid, _ in deep_adjusted if eid in members]
-        scores = _score_new(reranker, query, index, extra, scores)
-        top = max(scores.values())
-    watch.stop()
+    return _Reranked(pool=pool, scores=scores, deep=False, top=max(scores.values()))
 
+
+def _deep_pass(
+    reranker: Reranker,
+    query: str,
+    index: TenantIndex,
+    lists: Sequence[Sequence[int]],
+    shallow: _Reranked,
+    config: RetrievalConfig,
+    active: _Suppression,
+    watch: _Stopwatch,
+) -> _Reranked:
+    """Stage 5, the adaptive deep pass: fuse and suppress the retrievers' whole lists, widen the pool
+    to ``config.deep_pool_size`` with the best new entries (the pool keeps the deep fused order) and
+    score only those; the shallow pool's logits are reused."""
+    deep_adjusted = _fuse_and_suppress(lists, config, active, watch, cut=None)
+    watch.start("rerank")
+    in_pool = set(shallow.pool)
+    room = config.deep_pool_size - len(shallow.pool)
+    extra = [eid for eid, _ in deep_adjusted if eid not in in_pool][:room]
+    members = in_pool | set(extra)
+    pool = [eid for eid, _ in deep_adjusted if eid in members]
+    scores = _score_new(reranker, query, index, extra, shallow.scores)
+    return _Reranked(pool=pool, scores=scores, deep=True, top=max(scores.values()))
+
+
+def _outcome(
+    index: TenantIndex, reranked: _Reranked, cluster: int | None, outcome_id: str | None, q_vec: np.ndarray | None
+) -> tuple[Outcome, list[int]]:
+    """Stage 7, the outcome: every pooled entry's ``initial_rank`` (suppressed fused order),
+    ``final_rank`` (cross-encoder order, ties by initial rank) and logit; also the pool in final
+    order. ``outcome_id`` None draws a random one."""
+    pool, scores = reranked.pool, reranked.scores
     initial = {eid: rank for rank, eid in enumerate(pool, start=1)}
     final_order = sorted(pool, key=lambda eid: (-scores[eid], initial[eid]))
     final = {eid: rank for rank, eid in enumerate(final_order, start=1)}
-    rows = tuple(PoolEntry(eid, initial[eid], final[eid], scores[eid]) for eid in pool)
     outcome = Outcome(
         outcome_id=outcome_id if outcome_id is not None else uuid.uuid4().hex,
         tenant_id=index.tenant_id,
         cluster=cluster,
         pool_size=len(pool),
-        pool=rows,
+        pool=tuple(PoolEntry(eid, initial[eid], final[eid], scores[eid]) for eid in pool),
         query_embedding=tuple(float(x) for x in q_vec) if q_vec is not None else None,
     )
-    if config.features:
-        watch.start("features")
-        ranked = _apply_features(index, query, q_vec, final_order, scores, config.features, reference_time)
-        watch.stop()
-    else:
-        ranked = [(eid, scores[eid]) for eid in final_order]
-    hits = [_hit(index, eid, score, rank) for rank, (eid, score) in enumerate(ranked[:k], start=1)]
-    return finish(hits, outcome, len(pool), deep, top)
+    return outcome, final_order
 
 
-def _empty_result(cluster: int | None, total_seconds: float) -> RetrievalResult:
-    """The result of a request whose filter allows no entry: no hits, nothing reranked, no outcome."""
-    return RetrievalResult(hits=(), outcome=None, timings=StageTimings(total=total_seconds), pool_size=0,
-                           deep_pass=False, cluster=cluster, top_rerank_score=None)
-
-
-def _apply_features(
+def _features(
     index: TenantIndex,
     query: str,
     q_vec: np.ndarray | None,
@@ -380,8 +440,13 @@ def _apply_features(
     scores: dict[int, float],
     settings: Sequence[FeatureSetting],
     reference_time: datetime | None,
+    watch: _Stopwatch,
 ) -> list[tuple[int, float]]:
-    """``(entry_id, adjusted score)`` of the reranked pool ``order`` after ``settings``, best first."""
+    """Stage 6, features: ``(entry_id, score)`` of the reranked pool ``order``, best first: the
+    logits as they are without ``settings``, else adjusted by them and stably re-sorted."""
+    if not settings:
+        return [(eid, scores[eid]) for eid in order]
+    watch.start("features")
     wanted = {s.feature for s in settings}
     sessions = tuple(index.entry(eid).session_id for eid in order)
     context = QueryContext(
@@ -395,7 +460,40 @@ def _apply_features(
         embeddings=index.embeddings_of(order) if Feature.IMPORTANCE in wanted else np.zeros((len(order), 0)),
     )
     total = feature_scores(view, context, settings)
-    return [(order[i], float(total[i])) for i in np.argsort(-total, kind="stable")]
+    ranked = [(order[i], float(total[i])) for i in np.argsort(-total, kind="stable")]
+    watch.stop()
+    return ranked
+
+
+def _hits(index: TenantIndex, ranked: Sequence[tuple[int, float]]) -> list[Hit]:
+    """Hits of ``(entry_id, score)`` pairs, best first; ranks are 1-based."""
+    hits = []
+    for rank, (entry_id, score) in enumerate(ranked, start=1):
+        entry = index.entry(entry_id)
+        hits.append(Hit(entry_id=entry.entry_id, turn_id=entry.turn_id, session_id=entry.session_id,
+                        role=entry.role, text=entry.text, occurred_at=entry.occurred_at, score=score,
+                        rank=rank, aliases=entry.aliases))
+    return hits
+
+
+def _result(
+    watch: _Stopwatch,
+    cluster: int | None,
+    hits: Sequence[Hit],
+    outcome: Outcome | None,
+    pool_size: int,
+    deep: bool,
+    top: float | None,
+) -> RetrievalResult:
+    """The request's result, with the stage timings of ``watch`` (its running stage stopped)."""
+    return RetrievalResult(hits=tuple(hits), outcome=outcome, timings=watch.timings(), pool_size=pool_size,
+                           deep_pass=deep, cluster=cluster, top_rerank_score=top)
+
+
+def _empty_result(cluster: int | None, total_seconds: float) -> RetrievalResult:
+    """The result of a request whose filter allows no entry: no hits, nothing reranked, no outcome."""
+    return RetrievalResult(hits=(), outcome=None, timings=StageTimings(total=total_seconds), pool_size=0,
+                           deep_pass=False, cluster=cluster, top_rerank_score=None)
 
 
 def _score_new(

@@ -1,6 +1,7 @@
 """Cross-encoder reranking behind a small protocol, with a cache and a fake.
 
-Source: seed 000 §2.2 (ms-marco-MiniLM-L-6-v2 cross-encoder rescoring the fused pool). Scores
+Source: §2.2 of *Clustered Retrieval-Induced Forgetting* (a cross-encoder rescoring the fused
+pool; docs/architecture.md "Reranker"). Scores
 are raw logits: the suppression rules apply ``sigmoid(-s_xenc)`` themselves (Eq. 1, Eq. 2) and
 the deep-pass threshold compares logits, so no activation is applied here.
 
@@ -33,7 +34,7 @@ def shipped_reranker_path() -> Path:
     """Directory of the project's own cross-encoder, shipped inside the package: ``mnemos/shipped/reranker``.
 
     A ``sentence_transformers.CrossEncoder`` directory with ``mnemos_provenance.json`` beside the
-    weights (``mnemos reranker train`` writes both; see :mod:`mnemos.training`). The path is
+    weights (``mnemos reranker train`` writes both; see ``bench/training/``). The path is
     returned whether or not the weights are present; :func:`shipped_reranker_present` tells.
     """
     return Path(__file__).resolve().parent / "shipped" / "reranker"

@@ -1,6 +1,7 @@
 """Clustered retrieval-induced forgetting: update rules, suppression scores, query clusters.
 
-Source: seed 000 §3.2-§3.4 and Algorithm 1.
+Source: §3.2-§3.4 and Algorithm 1 of *Clustered Retrieval-Induced Forgetting*
+(docs/architecture.md "Suppression").
 
 * After a reranked retrieval, every pool entry d_i gets a delta on its score for the query's
   cluster c(q): Eq. 1 (uniform) or Eq. 2 (rank-gap, the default). The deltas are computed
@@ -10,7 +11,7 @@ Source: seed 000 §3.2-§3.4 and Algorithm 1.
 * At retrieval time the penalty ``alpha * s(d_i)_c`` is subtracted from the fused score before
   the pool is cut (the pipeline does that with :meth:`SuppressionTable.penalty`).
 * Clusters are k-means centroids of the first ``10 x K`` query embeddings, then frozen
-  (seed 000 §3.4 and its post-submission note on query-based clustering). K = 1 is global
+  (§3.4 of the paper and its post-submission note on query-based clustering). K = 1 is global
   suppression: every query is cluster 0 from the start.
 """
 
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class UpdateRule(StrEnum):
-    """Which suppression update rule to use (seed 000 §3.3)."""
+    """Which suppression update rule to use (§3.3 of *Clustered Retrieval-Induced Forgetting*)."""
 
     UNIFORM = "uniform"
     """Eq. 1: every pool entry, weighted by how high it started."""
@@ -60,7 +61,7 @@ def _check(initial_rank: int, final_rank: int, rerank_score: float, pool_size: i
 
 
 def uniform_delta(initial_rank: int, final_rank: int, rerank_score: float, pool_size: int, eta: float) -> float:
-    """Eq. 1 of seed 000: ``eta * (1 - r_init / P) * sigmoid(-s_xenc)``.
+    """Eq. 1 of *Clustered Retrieval-Induced Forgetting*: ``eta * (1 - r_init / P) * sigmoid(-s_xenc)``.
 
     ``final_rank`` is accepted for a uniform signature and not used. Ranks are 1-based, so the
     top initial rank gets weight ``1 - 1/P`` and the last one weight 0.
@@ -74,7 +75,7 @@ def uniform_delta(initial_rank: int, final_rank: int, rerank_score: float, pool_
 
 
 def rank_gap_delta(initial_rank: int, final_rank: int, rerank_score: float, pool_size: int, eta: float) -> float:
-    """Eq. 2 of seed 000: ``eta * max(0, r_final - r_init) / P * sigmoid(-s_xenc)``.
+    """Eq. 2 of *Clustered Retrieval-Induced Forgetting*: ``eta * max(0, r_final - r_init) / P * sigmoid(-s_xenc)``.
 
     Zero for entries that kept or improved their rank.
 
@@ -147,7 +148,7 @@ class SuppressionTable:
 
 
 class QueryClusters:
-    """Query clusters for cue-dependent suppression (seed 000 §3.4).
+    """Query clusters for cue-dependent suppression (§3.4 of *Clustered Retrieval-Induced Forgetting*).
 
     Embeddings passed to :meth:`observe` are buffered until ``k * bootstrap_factor`` are held;
     k-means (scikit-learn, ``n_init`` fixed, ``random_state=seed``) then fits ``k`` centroids,

@@ -34,12 +34,6 @@ ARCHITECTURE = README.parent / "docs" / "architecture.md"
 _SECTION_CITATION = re.compile(r'docs/architecture\.md,?\s+"([^"]+)"')
 # Documents that were never in the repository: the source notes ("seed 000"), design and spec drafts.
 _OUTSIDE = re.compile(r"\bseed\s+0\d\d\b|\bseeds/|\b(?:DESIGN|SPEC|DEFECTS|STYLE)\.md\b", re.IGNORECASE)
-# Files other work in flight still has to clean (issue 16, phase 2); each must still offend, so the
-# list only shrinks.
-PENDING_OUTSIDE_CITATIONS = {
-    "bench/engine.py", "bench/quality.py", "bench/selection.py", "mnemos/pipeline.py", "mnemos/rerank.py",
-    "mnemos/suppression.py", "workers/metrics.py", "workers/query.py", "workers/settings.py",
-}
 
 
 def _tracked_text_files() -> dict[str, str]:
@@ -71,5 +65,4 @@ def test_every_cited_architecture_section_exists() -> None:
 
 def test_code_and_docs_cite_only_documents_in_the_repository() -> None:
     offending = {name for name, text in _tracked_text_files().items() if _OUTSIDE.search(text)}
-    assert offending - PENDING_OUTSIDE_CITATIONS == set(), "cite docs/architecture.md or the paper by title"
-    assert PENDING_OUTSIDE_CITATIONS - offending == set(), "cleaned: remove from PENDING_OUTSIDE_CITATIONS"
+    assert sorted(offending) == [], "cite docs/architecture.md or the paper by title"

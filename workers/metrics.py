@@ -1,4 +1,5 @@
-"""Every Prometheus metric of the service, in one observer module (names fixed by SPEC.md).
+"""Every Prometheus metric of the service, in one observer module (names fixed by
+docs/architecture.md "Metrics").
 
 A :class:`ServiceMetrics` owns its ``CollectorRegistry`` (tests make their own; a worker process
 makes one and serves it with :func:`serve`). Labels are low-cardinality enums only: never a
@@ -55,8 +56,20 @@ class ServiceMetrics:
         def own(kind: str) -> CollectorRegistry | None:
             return shared if worker in (None, kind) else None
 
-        # ingest
-        r = own("ingest")
+        self._ingest_families(own("ingest"))
+        self._query_families(own("query"))
+        self._suppression_families(own("suppression"))
+        self._shared_families(shared)
+        # every label value a rule or dashboard divides by or alerts on exists at 0 from the start: a
+        # labelled counter first created at 1 reads as no increase, so the first event would not alert
+        for reason in Reason:
+            self.dead_letters.labels(reason=reason.value)
+            self.ingest_rejected.labels(reason=reason.value)
+        for status in JOB_STATUSES:
+            self.query_jobs.labels(status=status)
+
+    def _ingest_families(self, r: CollectorRegistry | None) -> None:
+        """The ingest worker's families, registered in ``r`` (None: not registered)."""
         self.ingest_turns_read = Counter("mnemos_ingest_turns_read_total", "Turns read from the stream", registry=r)
         self.ingest_turns_indexed = Counter(
             "mnemos_ingest_turns_indexed_total", "Turns written as canonical entries", registry=r)
@@ -76,8 +89,9 @@ class ServiceMetrics:
         self.ingest_truncated = Counter(
             "mnemos_ingest_encoder_truncated_total",
             "Turns longer than the bi-encoder window (full text kept in Postgres and BM25)", registry=r)
-        # query
-        r = own("query")
+
+    def _query_families(self, r: CollectorRegistry | None) -> None:
+        """The query worker's families, registered in ``r`` (None: not registered)."""
         self.query_jobs = Counter("mnemos_query_jobs_total", "Retrieval jobs", ["status"], registry=r)
         self.query_stage_seconds = Histogram(
             "mnemos_query_stage_seconds", "Seconds per retrieval stage", ["stage"], buckets=_FAST_BUCKETS,
@@ -104,8 +118,9 @@ class ServiceMetrics:
             "mnemos_query_jobs_recovered_total",
             "Retrieval jobs put back in the queue after a worker stopped between dequeuing and starting them",
             registry=r)
-        # suppression
-        r = own("suppression")
+
+    def _suppression_families(self, r: CollectorRegistry | None) -> None:
+        """The suppression worker's families, registered in ``r`` (None: not registered)."""
         self.suppression_applied = Counter(
             "mnemos_suppression_outcomes_applied_total", "Outcomes applied (ledger rows written)", registry=r)
         self.suppression_duplicates = Counter(
@@ -117,8 +132,9 @@ class ServiceMetrics:
         self.suppression_apply_seconds = Histogram(
             "mnemos_suppression_apply_seconds", "Seconds per outcome transaction", buckets=_FAST_BUCKETS,
             registry=r)
-        # streams and queue
-        r = shared
+
+    def _shared_families(self, r: CollectorRegistry) -> None:
+        """The families of every worker (streams, queue, up, dead letters, heartbeat, refusals)."""
         self.stream_length = Gauge("mnemos_stream_length", "XLEN of a stream", ["stream", "group"], registry=r)
         self.stream_pending = Gauge(
             "mnemos_stream_pending", "Entries delivered but not acknowledged", ["stream", "group"], registry=r)
@@ -136,13 +152,6 @@ class ServiceMetrics:
             "mnemos_embedding_version_refusals_total",
             "Turns (ingest) or requests (query) refused because their tenant's stored embeddings were made "
             "with another rendering or encoder dimension", ["worker"], registry=r)
-        # every label value a rule or dashboard divides by or alerts on exists at 0 from the start: a
-        # labelled counter first created at 1 reads as no increase, so the first event would not alert
-        for reason in Reason:
-            self.dead_letters.labels(reason=reason.value)
-            self.ingest_rejected.labels(reason=reason.value)
-        for status in JOB_STATUSES:
-            self.query_jobs.labels(status=status)
 
     def _register_rerank(self, r: CollectorRegistry | None) -> None:
         """The query worker's reranker counters (cache hits and misses, truncated pairs)."""

@@ -2,7 +2,7 @@
 
 The worker is an rq :class:`~rq.worker.SimpleWorker` subclass: jobs run in the worker process
 itself (no fork per job), so tenant indexes and the models loaded at start survive between jobs
-(DESIGN.md trap 1). Jobs are JSON (``rq.serializers.JSONSerializer``), never pickle. The job
+(docs/architecture.md "Pitfalls", 1). Jobs are JSON (``rq.serializers.JSONSerializer``), never pickle. The job
 function :func:`retrieval_job` finds the process's :class:`QueryService` through a context
 variable that :class:`QueryWorker` sets around each job, so it fails loudly anywhere else.
 

@@ -3,8 +3,8 @@
 ``Settings.from_env()`` is the only function in the project that reads ``os.environ``.
 Every knob has a default and an environment variable (``ENV_VARS`` maps field -> variable);
 workers, the client and the tests receive a ``Settings`` value and never look elsewhere.
-Defaults come from DESIGN.md ("Defaults") and seed 000 §4.3 (alpha 0.3, eta 0.1, K 30,
-pool 30, deep pool 100).
+Defaults come from §4.3-§4.4 of *Clustered Retrieval-Induced Forgetting* (alpha 0.3, eta 0.1,
+K 30, pool 30, deep pool 100; docs/architecture.md "Retrieval" and "Suppression").
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Settings:
     # fp32 | fp16 | bf16: what the cross-encoder computes in; fp16 needs a GPU (refused on a CPU)
     rerank_precision: str = "fp32"
     fake_encoder_dim: int = 64
-    # retrieval (seed 000 §3, §4.3; 004 k_deep note)
+    # retrieval (docs/architecture.md "Retrieval"; Clustered Retrieval-Induced Forgetting §3, §4.3)
     n_candidates: int = 30
     pool_size: int = 30
     deep_pool_size: int = 100
@@ -67,7 +67,7 @@ class Settings:
     suppression_threshold: float = 0.0  # evidence threshold tau: penalty alpha * max(0, s - tau)
     clusters_k: int = 30
     bootstrap_factor: int = 10  # k-means after bootstrap_factor * clusters_k queries
-    # post-rerank features (seed 003 §4 / §3.2.3; mnemos.features); weights in logit units of the
+    # post-rerank features (AssoMem §4.2 / §3.2.3; mnemos.features); weights in logit units of the
     # configured cross-encoder, 0 = off. The LoCoMo bench selected session(top=3, weight=2) and
     # temporal(slack_days=7, weight=2) for its LoCoMo-trained reranker: opt-in, not defaults.
     session_top: int = 3  # turns of the best session_top sessions get session_weight

@@ -3,7 +3,7 @@
 The service runs offline, with no pretrained cross-encoder to fetch, so the project trains its
 own reranker: a 1-logit head on the bundled all-MiniLM-L6-v2 encoder, trained with
 sentence-transformers' ``CrossEncoderTrainer`` and ``BinaryCrossEntropyLoss`` (batch 32, lr 5e-5,
-max_length 128, one epoch) on (query, turn) pairs: LoCoMo observation facts and QA evidence as
+max_length 128, three epochs) on (query, turn) pairs: LoCoMo observation facts and QA evidence as
 positives, hard negatives mined from BM25 and bi-encoder results of the same conversation, and
 a random turn. Splits are by conversation; the saved model records which conversations it saw
 (``mnemos_provenance.json``), so no number is ever reported on them.
@@ -179,19 +179,51 @@ def train_cross_encoder(
     labels = {e.label for e in examples}
     if labels != {0.0, 1.0}:
         raise TrainingDataError("examples", f"need both labels 0 and 1, got {sorted(labels)}")
+    import datasets  # noqa: F401  (imported before the clock starts: ``seconds`` counts no imports)
+    import sentence_transformers.cross_encoder  # noqa: F401
     import torch
-    from datasets import Dataset
-    from sentence_transformers.cross_encoder import (
-        CrossEncoder,
-        CrossEncoderTrainer,
-        CrossEncoderTrainingArguments,
-    )
-    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
 
     out_dir = Path(out_dir)
     base = Path(base_model_path) if base_model_path is not None else _bundled_base_path()
     started = clock()
     torch.manual_seed(config.seed)  # the new 1-logit head; the trainer seeds data order itself
+    model = _base_cross_encoder(base, config)
+    result = _fit(model, examples, config)
+    seconds = clock() - started
+    deep = _calibrate(model, calibration_pools, calibration_percentile, config.batch_size)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+
+    n_pos = sum(1 for e in examples if e.label == 1.0)
+    extra = dict(provenance or {})
+    report = TrainingReport(
+        out_dir=out_dir,
+        base_model=str(base),
+        n_pairs=len(examples),
+        n_positives=n_pos,
+        n_negatives=len(examples) - n_pos,
+        epochs=config.epochs,
+        steps=int(result.global_step),
+        training_loss=float(result.training_loss) if math.isfinite(result.training_loss) else float("nan"),
+        seconds=round(seconds, 3),
+        seed=config.seed,
+        training_conversations=tuple(extra.pop("training_conversations", ())),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        extra=extra,
+    )
+    record = _provenance_record(report, config, _BASE_MODEL_NAME if base_model_path is None else str(base),
+                                layers=config.layers or _layer_count(model), deep_threshold=deep)
+    (out_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    logger.info("trained %d pairs in %.1f s -> %s", report.n_pairs, seconds, out_dir)
+    return report
+
+
+def _base_cross_encoder(base: Path, config: TrainConfig) -> Any:
+    """A 1-logit ``CrossEncoder`` on the encoder at ``base`` (cut to ``config.layers`` layers),
+    predicting raw logits."""
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
     # Identity: the saved model predicts raw logits, like cross-encoder/ms-marco-MiniLM-L-6-v2 does;
     # training is unaffected (the loss applies its own activation to the raw logits).
     model = CrossEncoder(
@@ -199,6 +231,17 @@ def train_cross_encoder(
     )
     if config.layers is not None:
         keep_first_layers(model, config.layers)
+    return model
+
+
+def _fit(model: Any, examples: Sequence[LabelledPair], config: TrainConfig) -> Any:
+    """Train ``model`` in place with ``CrossEncoderTrainer`` and ``BinaryCrossEntropyLoss``, seeded,
+    no checkpoints (a scratch output directory is removed afterwards); the trainer's
+    ``TrainOutput`` (``global_step``, ``training_loss``)."""
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
     dataset = Dataset.from_dict(
         {
             "query": [e.query for e in examples],
@@ -226,33 +269,16 @@ def train_cross_encoder(
         trainer = CrossEncoderTrainer(
             model=model, args=args, train_dataset=dataset, loss=BinaryCrossEntropyLoss(model)
         )
-        result = trainer.train()
-    seconds = clock() - started
-    deep = _calibrate(model, calibration_pools, calibration_percentile, config.batch_size)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
+        return trainer.train()
 
-    n_pos = sum(1 for e in examples if e.label == 1.0)
-    extra = dict(provenance or {})
-    conversations = tuple(extra.pop("training_conversations", ()))
-    report = TrainingReport(
-        out_dir=out_dir,
-        base_model=str(base),
-        n_pairs=len(examples),
-        n_positives=n_pos,
-        n_negatives=len(examples) - n_pos,
-        epochs=config.epochs,
-        steps=int(result.global_step),
-        training_loss=float(result.training_loss) if math.isfinite(result.training_loss) else float("nan"),
-        seconds=round(seconds, 3),
-        seed=config.seed,
-        training_conversations=conversations,
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        extra=extra,
-    )
-    record = {
-        "base_model": _BASE_MODEL_NAME if base_model_path is None else str(base),
-        "training_conversations": list(conversations),
+
+def _provenance_record(report: TrainingReport, config: TrainConfig, base_model: str, *, layers: int,
+                       deep_threshold: Mapping[str, float] | None) -> dict[str, Any]:
+    """The content of ``mnemos_provenance.json``: the report, the recipe, the calibrated deep-pass
+    threshold (when there was one) and the caller's other provenance keys (``report.extra``)."""
+    return {
+        "base_model": base_model,
+        "training_conversations": list(report.training_conversations),
         "n_pairs": report.n_pairs,
         "n_positives": report.n_positives,
         "n_negatives": report.n_negatives,
@@ -264,11 +290,8 @@ def train_cross_encoder(
         "created_at": report.created_at,
         "train_config": asdict(config),
         "recipe": "CrossEncoderTrainer + BinaryCrossEntropyLoss, 1-logit head on bundled MiniLM",
-        "layers": config.layers or _layer_count(model),
+        "layers": layers,
         "device": config.device,
-        **({"deep_threshold": deep} if deep else {}),
-        **extra,
+        **({"deep_threshold": deep_threshold} if deep_threshold else {}),
+        **report.extra,
     }
-    (out_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    logger.info("trained %d pairs in %.1f s -> %s", report.n_pairs, seconds, out_dir)
-    return report

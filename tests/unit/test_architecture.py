@@ -1,5 +1,5 @@
-"""Structure checks over the source: who may import whom, where SQL may be, and no machine paths
-in committed files.
+"""Structure checks over the source: who may import whom, where SQL may be, how long a module or a
+function may be, and no machine paths in committed files.
 
 docs/architecture.md "Modules" states the layering these tests hold: the pure core (``mnemos``)
 imports none of the other parts; the service (``workers``) and the client (``api``) never import
@@ -187,3 +187,62 @@ def test_no_tracked_file_holds_an_absolute_path_of_the_workspace() -> None:
             if any(needle in line for needle in needles):
                 offenders.append(f"{name}:{number}: {line.strip()[:120]}")
     assert offenders == [], f"absolute paths of {needles} in tracked files:\n" + "\n".join(offenders[:40])
+
+
+# Size limits (docs/architecture.md "Modules"): a longer module or function is split by responsibility. Lines are
+# physical lines, blank lines and comments included, docstrings excluded: documentation never
+# counts against a module or a function.
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """Line numbers covered by the docstrings of ``tree``'s module, classes and functions."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str) and first.end_lineno is not None):
+                lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+def _sizes(path: Path, root: Path = REPO) -> Iterator[tuple[str, int, int]]:
+    """(name, lines without docstrings, limit) of the module at ``path`` and of each function in it
+    (methods and nested functions by their qualified name, ``Class.method``); a function's lines
+    run from ``def`` to its last line, nested functions included."""
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text, filename=str(path))
+    docs = _docstring_lines(tree)
+    module = path.relative_to(root).as_posix()
+    yield module, len(text.splitlines()) - len(docs), MAX_MODULE_LINES
+
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, int, int]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert child.end_lineno is not None
+                lines = set(range(child.lineno, child.end_lineno + 1)) - docs
+                yield f"{module}:{prefix}{child.name}", len(lines), MAX_FUNCTION_LINES
+                yield from walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, f"{prefix}{child.name}.")
+            else:
+                yield from walk(child, prefix)
+
+    yield from walk(tree, "")
+
+
+def test_the_size_walker_skips_docstrings_and_names_methods(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    source = tmp_path / "pkg" / "sample.py"
+    source.write_text('"""Module\ndoc."""\n\n\nclass A:\n    def f(self):\n        """One\n\n        doc."""\n'
+                      '        return 1\n', encoding="utf-8")
+    sizes = {name: lines for name, lines, _ in _sizes(source, root=tmp_path)}
+    assert sizes == {"pkg/sample.py": 10 - 2 - 3, "pkg/sample.py:A.f": 2}
+
+
+def test_no_module_over_400_lines_and_no_function_over_80() -> None:
+    over = sorted(f"{name}: {lines} lines (limit {limit})"
+                  for path in _python_sources() for name, lines, limit in _sizes(path) if lines > limit)
+    assert over == [], "split these by responsibility:\n" + "\n".join(over)
