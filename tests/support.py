@@ -98,6 +98,8 @@ def settings(database_url: str, redis_client: redis.Redis, name_prefix: str,
         claim_idle_ms=60_000,
         clusters_k=2,
         bootstrap_factor=2,
+        session_weight=0.0,  # the features' default weights are logits of the shipped cross-encoder,
+        temporal_weight=0.0,  # not of the fake one: tests that want them set them
         retrieve_timeout_s=10.0,
     ).replace(**settings_overrides)
     yield value

@@ -48,7 +48,8 @@ class RecordingRedis:
 
 def unit_settings(**changes: Any) -> Settings:
     return Settings(bi_encoder=FAKE_MODEL, cross_encoder=FAKE_MODEL, fake_encoder_dim=DIM, metrics_enabled=False,
-                    stream_prefix="unit", clusters_k=2, bootstrap_factor=2).replace(**changes)
+                    stream_prefix="unit", clusters_k=2, bootstrap_factor=2,
+                    session_weight=0.0, temporal_weight=0.0).replace(**changes)
 
 
 def ingest_worker(store: FakeStore, redis: RecordingRedis, settings: Settings | None = None) -> IngestWorker:
