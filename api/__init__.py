@@ -10,11 +10,14 @@ from api.errors import (
     RetrievalTimeout,
     ServiceUnavailable,
 )
+from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Hit, Outcome, PoolRow, RetrievalFilters, RetrievalRequest, RetrievalResult, Turn
 from api.validation import SCHEMA_VERSION, Limits
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ForgetRequest",
+    "ForgetScope",
     "Hit",
     "InvalidInputError",
     "Limits",

@@ -1,4 +1,4 @@
-"""The client an agent uses: publish turns to the stream, ask for memories through rq.
+"""The client an agent uses: publish turns to the stream, ask for memories through rq, forget.
 
 ``publish_turn(s)`` validates and XADDs to ``<prefix>:turns``; ``retrieve`` enqueues a JSON job
 (never pickle: anyone who can write to Redis could otherwise run code in a worker) on the rq
@@ -28,7 +28,15 @@ from rq.job import Job, JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from api.errors import InvalidInputError, NoQueryWorker, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
+from api.errors import (
+    InvalidInputError,
+    NoQueryWorker,
+    Reason,
+    RetrievalFailed,
+    RetrievalTimeout,
+    ServiceUnavailable,
+)
+from api.forget import READD_FIELD, ForgetRequest, ForgetScope
 from api.heartbeats import WorkerBeat, live_workers
 from api.schemas import RetrievalRequest, RetrievalResult, Turn
 from api.validation import Limits
@@ -77,12 +85,15 @@ class MnemosClient:
         values = turn.to_stream_fields() if isinstance(turn, Turn) else {"v": 1, **turn}
         return Turn.parse(values, self.limits, self.clock())
 
-    def publish_turn(self, turn: Turn | Mapping[str, Any]) -> str:
+    def publish_turn(self, turn: Turn | Mapping[str, Any], *, readd: bool = False) -> str:
         """Validate and XADD one turn; returns its stream id. Raises InvalidInputError, ServiceUnavailable."""
-        return self.publish_turns([turn])[0]
+        return self.publish_turns([turn], readd=readd)[0]
 
-    def publish_turns(self, turns: Iterable[Turn | Mapping[str, Any]]) -> list[str]:
+    def publish_turns(self, turns: Iterable[Turn | Mapping[str, Any]], *, readd: bool = False) -> list[str]:
         """Validate every turn first (nothing is sent if one is invalid), then XADD them in one pipeline.
+
+        ``readd`` re-adds turns a forget erased (:meth:`forget`): without it a turn id a forget
+        covered is dropped by the ingest worker, so a retry or a replay cannot bring it back.
 
         Raises InvalidInputError (its message names the index of the bad turn) or ServiceUnavailable.
         """
@@ -97,11 +108,41 @@ class MnemosClient:
         try:
             pipe = self.connection.pipeline(transaction=False)
             for turn in checked:
-                pipe.xadd(self.turns_stream, turn.to_stream_fields())  # type: ignore[arg-type]
+                fields = turn.to_stream_fields()
+                if readd:
+                    fields[READD_FIELD] = "1"
+                pipe.xadd(self.turns_stream, fields)  # type: ignore[arg-type]
             ids = pipe.execute()
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"cannot publish to {self.turns_stream}: {exc}") from exc
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+
+    def forget(self, tenant_id: str, *, session_id: str | None = None,
+               turn_ids: Iterable[str] | None = None) -> str:
+        """Erase turns by id, one session, or (neither given) the whole tenant; returns the stream id.
+
+        The forget is an event on the turns stream, ordered with the turns around it: every turn of
+        its scope published before it is erased (entries, aliases, embeddings, suppression scores,
+        dead letters and the stream's copies), none published after it is touched, and a forgotten
+        turn id published again is dropped unless :meth:`publish_turns` is told ``readd``. The
+        erasure happens when the ingest worker reaches the event (docs/architecture.md "Forget").
+
+        Raises InvalidInputError (both scopes given, an empty or invalid id) before anything is
+        sent, or ServiceUnavailable.
+        """
+        values: dict[str, Any] = {"v": 1, "tenant_id": tenant_id, "scope": ForgetScope.TENANT.value}
+        if session_id is not None and turn_ids is not None:
+            raise InvalidInputError(Reason.BAD_FORGET, "scope", "give session_id or turn_ids, not both")
+        if session_id is not None:
+            values.update(scope=ForgetScope.SESSION.value, session_id=session_id)
+        elif turn_ids is not None:
+            values.update(scope=ForgetScope.TURNS.value, turn_ids=list(turn_ids))
+        request = ForgetRequest.parse(values, self.limits)
+        try:
+            stream_id = self.connection.xadd(self.turns_stream, request.to_stream_fields())  # type: ignore[arg-type]
+        except redis.RedisError as exc:
+            raise ServiceUnavailable(f"cannot publish to {self.turns_stream}: {exc}") from exc
+        return _sid(stream_id)
 
     # retrieval ------------------------------------------------------------------------------
 

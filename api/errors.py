@@ -29,6 +29,7 @@ class Reason(StrEnum):
     QUERY_TOO_LARGE = "query_too_large"
     K_OUT_OF_RANGE = "k_out_of_range"
     BAD_FILTER = "bad_filter"  # a retrieval filter: unknown key, wrong type, empty list, empty time range
+    BAD_FORGET = "bad_forget"  # a forget event: unknown scope, or ids that do not fit its scope
     # worker side only
     TURN_ID_CONFLICT = "turn_id_conflict"  # same (tenant, turn_id) again with different content
     MALFORMED_MESSAGE = "malformed_message"  # not a turn at all (unparseable fields)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -222,14 +222,22 @@ def _pair_tokenizer(model: Any, model_name_or_path: str | Path) -> Any:
     return tokenizer
 
 
+_DIGEST_BYTES = 16
+
+
+def _text_digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=_DIGEST_BYTES).digest()
+
+
 class CachedReranker:
     """Wraps a reranker and caches its scores in a size-bounded LRU keyed by
     ``(model version, query hash, text hash)``.
 
     The model version is the inner reranker's ``model_version`` attribute, read on every call
     (``""`` when it has none, e.g. a fake): a cache never answers for another model, ``max_length``
-    or precision. Keys are 16-byte BLAKE2b digests, so an entry costs the same whatever the
-    lengths of the query and the text. Only pairs missing from the cache reach the inner
+    or precision. Keys are two 16-byte BLAKE2b digests, of (model version, query) and of the text,
+    so an entry costs the same whatever the lengths of the query and the text, and the pairs of
+    one text can be dropped (:meth:`discard`). Only pairs missing from the cache reach the inner
     reranker, in one call per :meth:`score` (texts repeated within a call are scored once).
     Counters:
 
@@ -264,18 +272,15 @@ class CachedReranker:
         return str(getattr(self.inner, "model_version", ""))
 
     def _keys(self, query: str, texts: Sequence[str]) -> list[bytes]:
+        """One key per text: the digest of (model version, query) followed by the text's digest."""
         version = self.model_version.encode("utf-8")
         encoded = query.encode("utf-8")
         prefix = hashlib.blake2b(digest_size=16)
         for part in (version, encoded):  # length-prefixed: no two (version, query) pairs share bytes
             prefix.update(len(part).to_bytes(8, "little"))
             prefix.update(part)
-        keys = []
-        for text in texts:
-            h = prefix.copy()
-            h.update(text.encode("utf-8"))
-            keys.append(h.digest())
-        return keys
+        head = prefix.digest()
+        return [head + _text_digest(text) for text in texts]
 
     def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """``(len(texts),)`` float32 scores, from the cache where possible."""
@@ -297,6 +302,18 @@ class CachedReranker:
         out = [fresh[k] if k in fresh else self._cache[k] for k in keys]
         self._evict()
         return np.asarray(out, dtype=np.float32).reshape(len(texts))
+
+    def discard(self, texts: Iterable[str]) -> int:
+        """Drop every cached pair whose text is one of ``texts`` (a forgotten turn's score must not
+        outlive it, docs/architecture.md "Forget"); returns how many pairs were dropped. One pass
+        over the cache."""
+        doomed = {_text_digest(text) for text in texts}
+        if not doomed:
+            return 0
+        keys = [key for key in self._cache if key[_DIGEST_BYTES:] in doomed]
+        for key in keys:
+            del self._cache[key]
+        return len(keys)
 
     def _evict(self) -> None:
         if self.max_entries is None:

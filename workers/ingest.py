@@ -24,13 +24,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
 import redis
 
 from api.errors import InvalidInputError, Reason
+from api.forget import ForgetRequest, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import limits_of
 from mnemos.dedupe import Signature, dedupe_batch, turn_signature
@@ -38,6 +39,14 @@ from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
 from workers.dead_letters import DeadLetter, payload_of, publish_dead_letters
 from workers.errors import EmbeddingVersionError
+from workers.forget import Verdict, apply_forget, tombstone_verdict
+from workers.forget_streams import (
+    covered_dead_letters,
+    covered_entries,
+    defer,
+    delete_entries,
+    sweep_deferred,
+)
 from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter
@@ -70,6 +79,15 @@ class _Canonicals:
     entry_ids: list[int]
     vectors: np.ndarray  # (n, dim) float32
     signatures: list[Signature]
+    forget_version: int = 0  # the tenant's forget version they were read at (another: reloaded)
+
+
+@dataclass
+class _Forget:
+    """A forget event of the batch (:mod:`api.forget`)."""
+
+    message: StreamMessage
+    request: ForgetRequest
 
 
 @dataclass
@@ -77,6 +95,25 @@ class _TenantOutcome:
     indexed: int = 0
     duplicates: int = 0
     conflicts: list[DeadLetter] | None = None
+    dropped: list[str] = field(default_factory=list)  # stream ids a tombstone kept out
+
+
+@dataclass
+class _BatchTotals:
+    """What a batch did, summed over its tenants' transactions."""
+
+    indexed: int = 0
+    duplicates: int = 0
+    conflicts: list[DeadLetter] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    refused: set[str] = field(default_factory=set)  # left pending: another embedding version
+    forgets: list[_Forget] = field(default_factory=list)
+
+    def add(self, outcome: _TenantOutcome) -> None:
+        self.indexed += outcome.indexed
+        self.duplicates += outcome.duplicates
+        self.conflicts.extend(outcome.conflicts or [])
+        self.dropped.extend(outcome.dropped)
 
 
 def _new_entry(item: _Pending, entry_id: int, canonical: int | None) -> NewEntry:
@@ -105,53 +142,97 @@ class IngestWorker:
     # the batch --------------------------------------------------------------------------------
 
     def handle(self, batch: list[StreamMessage]) -> list[str]:
-        """Process ``batch``; returns the stream ids to acknowledge (all of them, once committed)."""
-        stream = self.settings.turns_stream
+        """Process ``batch``; returns the stream ids to acknowledge (all of them, once committed, but
+        those of a tenant refused for its embedding version). Each tenant's turns and forget events
+        are applied in stream order; the streams' copies of forgotten turns are deleted last."""
         now = self.clock()
-        valid: list[tuple[StreamMessage, Turn]] = []
+        parsed: list[tuple[StreamMessage, Turn | ForgetRequest]] = []
         rejected: list[DeadLetter] = []
         for message in batch:
             try:
-                valid.append((message, Turn.from_stream_fields(message.fields, self.limits, now)))
+                parsed.append((message, ForgetRequest.from_stream_fields(message.fields, self.limits)
+                               if is_forget_message(message.fields)
+                               else Turn.from_stream_fields(message.fields, self.limits, now)))
             except InvalidInputError as exc:
                 rejected.append(self._dead_letter(message, exc.reason.value, str(exc)))
+        if rejected:  # before the tenants' forgets, which delete the letters of what they cover
+            self.store.record_dead_letters(rejected)
         started = time.perf_counter()
-        rendered = [render_turn(t.role, t.text, t.image_caption) for _, t in valid]
-        vectors = self.encoder.encode(rendered)
+        turns = [t for _, t in parsed if isinstance(t, Turn)]
+        rendered = [render_turn(t.role, t.text, t.image_caption) for t in turns]
+        vectors = iter(self.encoder.encode(rendered))
         truncated = self.truncation.truncated(rendered)
+        cuts = iter(truncated)
         embed_s = time.perf_counter() - started
 
-        by_tenant: dict[str, list[_Pending]] = {}
-        for (message, turn), vector, cut in zip(valid, vectors, truncated, strict=True):
-            by_tenant.setdefault(turn.tenant_id, []).append(_Pending(message, turn, vector, cut))
+        by_tenant: dict[str, list[_Pending | _Forget]] = {}
+        for message, item in parsed:
+            by_tenant.setdefault(item.tenant_id, []).append(
+                _Pending(message, item, next(vectors), next(cuts)) if isinstance(item, Turn) else _Forget(message, item))
         started = time.perf_counter()
-        indexed = duplicates = 0
-        conflicts: list[DeadLetter] = []
-        refused: set[str] = set()
-        for tenant_id, pending in by_tenant.items():
-            try:
-                result = self._write_tenant(tenant_id, pending)
-            except EmbeddingVersionError as exc:  # left pending for a worker of the tenant's version
-                log.error("ingest worker refuses %d turns: %s", len(pending), exc)
-                self.metrics.version_refusal("ingest", len(pending))
-                refused.update(p.message.stream_id for p in pending)
-                continue
-            indexed += result.indexed
-            duplicates += result.duplicates
-            conflicts.extend(result.conflicts or [])
-        if rejected:
-            self.store.record_dead_letters(rejected)
+        totals = _BatchTotals()
+        for tenant_id, items in by_tenant.items():
+            self._handle_tenant(tenant_id, items, totals)
         commit_s = time.perf_counter() - started
 
-        letters = rejected + conflicts
+        letters = rejected + totals.conflicts
         publish_dead_letters(self.connection, self.settings.dead_letter_stream, letters)
         for letter in letters:
-            log.info("dead letter %s %s: %s", stream, letter.stream_id, letter.detail)
+            log.info("dead letter %s %s: %s", self.settings.turns_stream, letter.stream_id, letter.detail)
             self.metrics.rejected(letter.reason)
+        self._erase(batch, totals)
         self.metrics.ingest_batch(
             read=len(batch), claimed=sum(m.claimed for m in batch), embed_s=embed_s, commit_s=commit_s,
-            indexed=indexed, duplicates=duplicates, truncated=sum(truncated))
-        return [m.stream_id for m in batch if m.stream_id not in refused]
+            indexed=totals.indexed, duplicates=totals.duplicates, truncated=sum(truncated))
+        return [m.stream_id for m in batch if m.stream_id not in totals.refused]
+
+    def _handle_tenant(self, tenant_id: str, items: Sequence[_Pending | _Forget], totals: _BatchTotals) -> None:
+        """One tenant's items in stream order: each run of turns in one transaction, then the forget
+        after it in another. A refused embedding version leaves the rest of the tenant's items pending."""
+        start = 0
+        for position, item in enumerate([*items, None]):
+            if isinstance(item, _Pending):
+                continue
+            run = [p for p in items[start:position] if isinstance(p, _Pending)]
+            if run:
+                try:
+                    totals.add(self._write_tenant(tenant_id, run))
+                except EmbeddingVersionError as exc:  # left pending for a worker of the tenant's version
+                    log.error("ingest worker refuses %d turns: %s", len(items) - start, exc)
+                    self.metrics.version_refusal("ingest", len(run))
+                    totals.refused.update(i.message.stream_id for i in items[start:])
+                    return
+            if isinstance(item, _Forget):
+                self._forget(tenant_id, item)
+                totals.forgets.append(item)
+            start = position + 1
+
+    def _forget(self, tenant_id: str, item: _Forget) -> None:
+        """Apply one forget event in its own transaction, under the tenant's ingest lock
+        (:func:`workers.forget.apply_forget`)."""
+        with self.store.tenant(tenant_id) as tx:
+            tx.lock(TenantLock.INGEST)
+            report = apply_forget(tx, item.request, item.message.stream_id)
+        self._canonicals.pop(tenant_id, None)  # other workers notice the forget version
+        self.metrics.forgotten(report.turns)
+        log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",
+                 item.message.stream_id, item.request.scope.value, report.turns, report.promoted, report.dead_letters)
+
+    def _erase(self, batch: Sequence[StreamMessage], totals: _BatchTotals) -> None:
+        """Delete the streams' copies of what this batch forgot or dropped (:mod:`workers.forget_streams`)."""
+        if not totals.forgets and not totals.dropped:
+            return
+        stream, own = self.settings.turns_stream, {m.stream_id for m in batch} - totals.refused
+        doomed = set(totals.dropped)
+        for item in totals.forgets:
+            now, later = covered_entries(self.connection, stream, GROUP, item.request, item.message.stream_id, own)
+            doomed.update(now)
+            defer(self.connection, stream, GROUP, later)
+            letters = covered_dead_letters(self.connection, self.settings.dead_letter_stream, item.request,
+                                           stream, item.message.stream_id)
+            if letters:
+                self.connection.xdel(self.settings.dead_letter_stream, *letters)
+        delete_entries(self.connection, stream, GROUP, ack=doomed & own, delete=doomed)
 
     def _dead_letter(self, message: StreamMessage, reason: str, detail: str, turn: Turn | None = None
                      ) -> DeadLetter:
@@ -169,9 +250,9 @@ class IngestWorker:
         with self.store.tenant(tenant_id) as tx:
             tx.create_tenant(self.version.rendering, self.version.dim)
             tx.lock(TenantLock.INGEST)
-            require_tenant_version(tx, self.version, adopt=True)  # never mix versions in a tenant
+            record = require_tenant_version(tx, self.version, adopt=True)  # never mix versions in a tenant
             fresh = self._drop_known(tx, pending, outcome)
-            canon = self._load_canonicals(tx)
+            canon = self._load_canonicals(tx, 0 if record is None else record.forget_version)
             new_ids: list[int] = []
             new_vectors: list[np.ndarray] = []
             new_signatures: list[Signature] = []
@@ -210,12 +291,24 @@ class IngestWorker:
         return outcome
 
     def _drop_known(self, tx: TenantSession, pending: Sequence[_Pending], outcome: _TenantOutcome) -> list[_Pending]:
-        """Pending turns not stored yet; redeliveries are skipped, conflicting turn ids dead-lettered."""
-        stored = tx.stored_turns(list({p.turn.turn_id for p in pending}))
+        """Pending turns not stored yet; redeliveries are skipped, conflicting turn ids dead-lettered,
+        turns a forget covered dropped (:func:`workers.forget.tombstone_verdict`)."""
+        turn_ids = sorted({p.turn.turn_id for p in pending})
+        stored = tx.stored_turns(turn_ids)
         known: dict[str, Turn] = {
             r.turn_id: Turn(tx.tenant_id, r.session_id, r.turn_id, r.role, r.text, r.occurred_at) for r in stored}
+        stones = {(t.scope, t.key): t for t in tx.tombstones(
+            session_ids=sorted({p.turn.session_id for p in pending}), turn_ids=turn_ids)}
         fresh: list[_Pending] = []
         for item in pending:
+            verdict = tombstone_verdict(stones, item.turn, item.message.stream_id, is_readd(item.message.fields))
+            if verdict is Verdict.DROP:
+                outcome.dropped.append(item.message.stream_id)
+                self.metrics.tombstoned()
+                continue
+            if verdict is Verdict.READD:
+                del stones[("turn", item.turn.turn_id)]
+                tx.remove_turn_tombstones([item.turn.turn_id])
             first = known.get(item.turn.turn_id)
             if first is None:
                 known[item.turn.turn_id] = item.turn
@@ -228,10 +321,13 @@ class IngestWorker:
                     item.turn))
         return fresh
 
-    def _load_canonicals(self, tx: TenantSession) -> _Canonicals:
+    def _load_canonicals(self, tx: TenantSession, forget_version: int) -> _Canonicals:
         """The tenant's canonical entries (embeddings and signatures): the cache plus rows committed
-        since (under the lock). A signature is computed from the stored role, text and caption."""
+        since (under the lock). A signature is computed from the stored role, text and caption.
+        A cache of another forget version is dropped: entries were deleted or promoted since."""
         cached = self._canonicals.get(tx.tenant_id)
+        if cached is not None and cached.forget_version != forget_version:
+            cached = None
         last = cached.last_entry_id if cached else 0
         rows = tx.canonical_entries(after=last)
         ids = list(cached.entry_ids) if cached else []
@@ -242,14 +338,14 @@ class IngestWorker:
             vectors = np.vstack([vectors, vectors_from_bytes([r.embedding for r in rows], self.encoder.dim)])
             signatures.extend(turn_signature(r.role, r.text, r.image_caption) for r in rows)
             last = rows[-1].entry_id
-        return _Canonicals(last, ids, vectors, signatures)
+        return _Canonicals(last, ids, vectors, signatures, forget_version)
 
     def _remember(self, tenant_id: str, canon: _Canonicals, new_ids: list[int],
                   new_vectors: list[np.ndarray], new_signatures: list[Signature]) -> None:
         if new_ids:
             canon = _Canonicals(max(new_ids), canon.entry_ids + new_ids,
                                 np.vstack([canon.vectors, np.stack(new_vectors).astype(np.float32)]),
-                                canon.signatures + new_signatures)
+                                canon.signatures + new_signatures, canon.forget_version)
         self._canonicals[tenant_id] = canon
         self._canonicals.move_to_end(tenant_id)
         while len(self._canonicals) > self.settings.max_cached_tenants:
@@ -279,4 +375,9 @@ class IngestWorker:
         """Consume until ``stop`` is set (renewing ``heartbeat`` from the loop)."""
         log.info("ingest worker consuming %s as group %s", self.settings.turns_stream, GROUP)
         run_consumer(self.consumer(name), self.handle, stop, poison=self.poison,
-                     trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat)
+                     trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat, after_ack=self.after_ack)
+
+    def after_ack(self) -> None:
+        """After each acknowledgement: delete the stream copies of forgotten turns that were pending
+        when their forget was applied (:func:`workers.forget_streams.sweep_deferred`)."""
+        sweep_deferred(self.connection, self.settings.turns_stream, GROUP)

@@ -89,6 +89,15 @@ class ServiceMetrics:
         self.ingest_truncated = Counter(
             "mnemos_ingest_encoder_truncated_total",
             "Turns longer than the bi-encoder window (full text kept in Postgres and BM25)", registry=r)
+        self.forget_events = Counter(
+            "mnemos_forget_events_total", "Forget events applied (docs/architecture.md \"Forget\")", registry=r)
+        self.forget_turns = Counter(
+            "mnemos_forget_turns_total", "Stored turns (canonical entries and aliases) erased by forget events",
+            registry=r)
+        self.ingest_tombstoned = Counter(
+            "mnemos_ingest_turns_tombstoned_total",
+            "Turn messages dropped because a forget covered them (published before it, or a forgotten turn id "
+            "published again without readd)", registry=r)
 
     def _query_families(self, r: CollectorRegistry | None) -> None:
         """The query worker's families, registered in ``r`` (None: not registered)."""
@@ -183,6 +192,16 @@ class ServiceMetrics:
         self.ingest_duplicates.inc(duplicates)
         if truncated:
             self.ingest_truncated.inc(truncated)
+
+    def forgotten(self, turns: int) -> None:
+        """One applied forget event that erased ``turns`` stored turns (never labelled by tenant)."""
+        self.forget_events.inc()
+        if turns:
+            self.forget_turns.inc(turns)
+
+    def tombstoned(self, n: int = 1) -> None:
+        """Turn messages a tombstone kept out."""
+        self.ingest_tombstoned.inc(n)
 
     def rejected(self, reason: str, *, turn: bool = True) -> None:
         """One dead-lettered (or lost) message; ``turn`` also counts it as a rejected turn."""

@@ -61,7 +61,7 @@ from workers.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import Store
 from workers.store_state import current_version, require_tenant_version
-from workers.tenant_cache import TenantCache
+from workers.tenant_cache import TenantCache, TenantState
 from workers.wire import entry_filter, outcome_message, result_message
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class QueryService:
         self.clock = clock
         self.limits = limits_of(settings)
         self.config = retrieval_config(settings, rerank=reranker is not None)
-        self.cache = TenantCache(encoder.dim, settings.max_cached_tenants)
+        self.cache = TenantCache(encoder.dim, settings.max_cached_tenants, on_drop=self._drop_texts)
         self.version = current_version(encoder.dim)  # rendering and dimension this worker compares against
 
     def handle_payload(self, payload: Any) -> dict[str, Any]:
@@ -168,9 +168,10 @@ class QueryService:
                 self.metrics.version_refusal("query")
                 raise
             if tenant is None:
+                self.cache.evict(tenant_id)
                 return self._empty(request, started)
             version, suppression_version = tenant.memory_version, tenant.suppression_version
-            state, refreshed = self.cache.refresh(tx, version)
+            state, refreshed = self.cache.refresh(tx, version, tenant.forget_version)
             clusters = TenantCache.load_clusters(tx, state, self.settings.clusters_k)
             cluster = None if clusters is None else clusters.assign(query_vector)
             table = None
@@ -198,6 +199,13 @@ class QueryService:
                                   pairs_truncated=counts.pairs_truncated, queries_truncated=counts.queries_truncated)
         return result_message(core, request, stage_seconds=stages, memory_version=version,
                               suppression_version=suppression_version)
+
+    def _drop_texts(self, old: TenantState, new: TenantState | None) -> None:
+        """A tenant state was dropped: its texts the new state no longer holds leave the rerank cache
+        (a forgotten turn's rendering must not outlive it, docs/architecture.md "Forget")."""
+        if self.rerank_cache is not None:
+            gone = old.rendered_texts() - (new.rendered_texts() if new is not None else set())
+            self.rerank_cache.discard(gone)
 
     def _empty(self, request: schemas.RetrievalRequest, started: float) -> schemas.RetrievalResult:
         stages = {"total": self.clock() - started}

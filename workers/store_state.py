@@ -14,6 +14,7 @@ of migration 0004, since row-level security shows the service's role one tenant 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -51,12 +52,14 @@ def current_version(dim: int) -> EmbeddingVersion:
 
 @dataclass(frozen=True)
 class TenantRecord:
-    """A tenant's row: its memory version and the version of its stored embeddings."""
+    """A tenant's row: its memory version, the version of its stored embeddings, its suppression
+    version and its forget version (how many forgets were applied, migration 0006)."""
 
     tenant_id: str
     memory_version: int
     embeddings: EmbeddingVersion
     suppression_version: int = 0
+    forget_version: int = 0
 
 
 # schema ---------------------------------------------------------------------------------------------
@@ -121,7 +124,7 @@ def check_store(store: Store, worker: EmbeddingVersion | None = None) -> None:
 
 def _record(row: TenantRow) -> TenantRecord:
     return TenantRecord(row.tenant_id, int(row.memory_version), _version(row.rendering_version, row.embedding_dim),
-                        int(row.suppression_version))
+                        int(row.suppression_version), int(row.forget_version))
 
 
 def read_tenant(session: TenantSession) -> TenantRecord | None:
@@ -151,5 +154,5 @@ def require_tenant_version(session: TenantSession, worker: EmbeddingVersion, *,
     if adopt and stored.dim is None:
         assert worker.dim is not None
         session.set_embedding_version(worker.rendering, worker.dim)
-        record = TenantRecord(record.tenant_id, record.memory_version, worker, record.suppression_version)
+        record = dataclasses.replace(record, embeddings=worker)
     return record

@@ -239,8 +239,8 @@ def is_transient(exc: BaseException) -> bool:
 def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]], list[str]],
                  stop: threading.Event, *, poison: Callable[[StreamMessage, Exception], None],
                  trim_interval_s: float | None = None, max_backoff_s: float = 5.0,
-                 heartbeat: Heartbeat | None = None) -> None:
-    """Read, handle, acknowledge until ``stop`` is set.
+                 heartbeat: Heartbeat | None = None, after_ack: Callable[[], None] | None = None) -> None:
+    """Read, handle, acknowledge until ``stop`` is set; ``after_ack`` runs after each acknowledgement.
 
     ``heartbeat`` is renewed on every turn of the loop (idle) and before each batch (busy), so it
     goes stale when the loop stops or hangs (see :mod:`workers.heartbeats`).
@@ -266,6 +266,8 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
                 if heartbeat is not None:
                     heartbeat.busy()
                 consumer.ack(_handle_guarded(handle, batch, poison))
+                if after_ack is not None:
+                    after_ack()
             if trim_interval_s and time.monotonic() >= next_trim:
                 removed = safe_trim(consumer.connection, consumer.stream)
                 if removed:

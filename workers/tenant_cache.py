@@ -13,12 +13,20 @@ aliases, so a session's centroid may differ from a fresh build's in the last flo
 rankings do not otherwise depend on how refreshes were cut. The worker is single-threaded, so no
 request reads an index while it is being extended; if an extension fails half-way the state is
 dropped and rebuilt from scratch on the next request (a fresh object swapped in whole). The cache is an LRU of ``max_tenants``.
+
+A forget (docs/architecture.md "Forget") deletes entries below the last id a state has seen,
+which extending by id cannot notice: the state records the tenant's forget version, and a state
+of another forget version is dropped and rebuilt from the snapshot. Whenever a state is dropped
+(forget, LRU, another embedding version, an unknown tenant) ``on_drop(old, new)`` is called with
+it and its replacement (None if none), so the worker can drop what it cached about the texts the
+old state held and the new one does not (the rerank cache).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
 
@@ -39,15 +47,28 @@ class TenantState:
     index: TenantIndex
     last_entry_id: int = 0
     clusters: QueryClusters | None = None
+    forget_version: int = 0  # the tenant's forget version the index was built at
+
+    def rendered_texts(self) -> set[str]:
+        """The rendered text of every indexed entry (what the reranker scores)."""
+        return {self.index.render(entry) for entry in self.index.entries()}
+
+
+DropHook = Callable[[TenantState, "TenantState | None"], None]
 
 
 class TenantCache:
     """LRU of tenant states; :meth:`refresh` brings one up to a memory version (inside a snapshot tx)."""
 
-    def __init__(self, dim: int, max_tenants: int = 256) -> None:
+    def __init__(self, dim: int, max_tenants: int = 256, on_drop: DropHook | None = None) -> None:
         self.dim = dim
         self.max_tenants = max_tenants
+        self.on_drop = on_drop
         self._states: OrderedDict[str, TenantState] = OrderedDict()
+
+    def _dropped(self, old: TenantState, new: TenantState | None) -> None:
+        if self.on_drop is not None:
+            self.on_drop(old, new)
 
     def __len__(self) -> int:
         return len(self._states)
@@ -56,14 +77,20 @@ class TenantCache:
         return self._states.get(tenant_id)
 
     def evict(self, tenant_id: str) -> None:
-        """Forget the tenant's state (its stored embeddings changed version); no-op when not cached."""
-        self._states.pop(tenant_id, None)
+        """Drop the tenant's state (its stored embeddings changed version, or it is unknown now);
+        no-op when not cached."""
+        old = self._states.pop(tenant_id, None)
+        if old is not None:
+            self._dropped(old, None)
 
-    def refresh(self, tx: TenantSession, version: int) -> tuple[TenantState, bool]:
-        """The state of ``tx``'s tenant at ``version`` (read in ``tx``); True when anything was loaded."""
+    def refresh(self, tx: TenantSession, version: int, forget_version: int = 0) -> tuple[TenantState, bool]:
+        """The state of ``tx``'s tenant at memory ``version`` and ``forget_version`` (both read in
+        ``tx``); True when anything was loaded."""
         tenant_id = tx.tenant_id
-        state = self._states.get(tenant_id)
+        old = state = self._states.get(tenant_id)
         refreshed = False
+        if state is not None and state.forget_version != forget_version:
+            state = None  # entries were deleted or promoted: rebuild
         if state is None or state.index.version != version:
             refreshed = True
             if state is not None:
@@ -73,12 +100,15 @@ class TenantCache:
                     log.warning("tenant index extension failed (%s); rebuilding", exc)
                     state = None
             if state is None:
-                state = TenantState(TenantIndex(tenant_id, self.dim, version=-1))
+                state = TenantState(TenantIndex(tenant_id, self.dim, version=-1), forget_version=forget_version)
                 self._extend(tx, state, version)
+        if old is not None and old is not state:
+            self._dropped(old, state)
         self._states[tenant_id] = state
         self._states.move_to_end(tenant_id)
         while len(self._states) > self.max_tenants:
-            self._states.popitem(last=False)
+            _, evicted = self._states.popitem(last=False)
+            self._dropped(evicted, None)
         return state, refreshed
 
     def _extend(self, tx: TenantSession, state: TenantState, version: int) -> None:

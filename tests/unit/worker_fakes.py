@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Outcome, PoolRow, Turn
 from mnemos.encoder import HashingEncoder
 from mnemos.rerank import FakeReranker
@@ -29,21 +30,53 @@ DIM = 64
 
 
 class RecordingRedis:
-    """What the workers call on Redis here (``xadd``, a pipeline of them), recorded per stream."""
+    """What the workers call on Redis here (``xadd``, pipelines, and the forget's ``xrange``,
+    ``xpending_range``, ``xack`` and ``xdel``), recorded per stream. Only what the workers added
+    is in a stream (the tests hand batches to the ingest worker directly), so a range is empty."""
 
     def __init__(self) -> None:
         self.streams: dict[str, list[dict[str, str]]] = {}
+        self.acked: dict[str, list[str]] = {}
+        self.deleted: dict[str, list[str]] = {}
 
     def xadd(self, name: str, fields: Mapping[str, Any], *args: Any, **kwargs: Any) -> str:
         entries = self.streams.setdefault(name, [])
         entries.append({str(k): str(v) for k, v in fields.items()})
         return f"{len(entries)}-0"
 
-    def pipeline(self, transaction: bool = True) -> RecordingRedis:
-        return self
+    def xrange(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
+    def xpending_range(self, name: str, group: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
+    def xack(self, name: str, group: str, *ids: str) -> int:
+        self.acked.setdefault(name, []).extend(ids)
+        return len(ids)
+
+    def xdel(self, name: str, *ids: str) -> int:
+        self.deleted.setdefault(name, []).extend(ids)
+        return len(ids)
+
+    def pipeline(self, transaction: bool = True) -> _Pipeline:
+        return _Pipeline(self)
+
+
+class _Pipeline:
+    """Queues calls on a :class:`RecordingRedis` and runs them on ``execute``."""
+
+    def __init__(self, redis: RecordingRedis) -> None:
+        self._redis = redis
+        self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def queue(*args: Any, **kwargs: Any) -> _Pipeline:
+            self._calls.append((name, args, kwargs))
+            return self
+        return queue
 
     def execute(self) -> list[Any]:
-        return []
+        return [getattr(self._redis, name)(*args, **kwargs) for name, args, kwargs in self._calls]
 
 
 def unit_settings(**changes: Any) -> Settings:
@@ -68,9 +101,20 @@ def query_service(store: FakeStore, redis: RecordingRedis, settings: Settings | 
 
 
 def turn_message(stream_id: str, tenant: str, turn_id: str, text: str, *, session: str = "s1", role: str = "user",
-                 minutes: int = 0) -> StreamMessage:
+                 minutes: int = 0, readd: bool = False) -> StreamMessage:
     turn = Turn(tenant, session, turn_id, role, text, BASE_TIME + timedelta(minutes=minutes))
-    return StreamMessage(stream_id, {k.encode(): v.encode() for k, v in turn.to_stream_fields().items()})
+    fields = {k.encode(): v.encode() for k, v in turn.to_stream_fields().items()}
+    if readd:
+        fields[b"readd"] = b"1"
+    return StreamMessage(stream_id, fields)
+
+
+def forget_message(stream_id: str, tenant: str, *, session: str | None = None,
+                   turn_ids: tuple[str, ...] | None = None) -> StreamMessage:
+    """A forget event of the tenant, one of its sessions or some of its turn ids."""
+    scope = ForgetScope.SESSION if session is not None else ForgetScope.TURNS if turn_ids else ForgetScope.TENANT
+    request = ForgetRequest(tenant, scope, session, tuple(turn_ids or ()))
+    return StreamMessage(stream_id, {k.encode(): v.encode() for k, v in request.to_stream_fields().items()})
 
 
 CONVERSATION = (

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workers.errors import StoreError
+from workers.store.fake_forget import FakeForget
 from workers.store.rows import (
     CanonicalRow,
     Deltas,
@@ -36,6 +37,7 @@ from workers.store.rows import (
     TenantLock,
     TenantRow,
     TenantVersionRow,
+    Tombstone,
     matrix_from_bytes,
     vector_to_bytes,
 )
@@ -69,6 +71,7 @@ class _Tables:
     buffer: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
     centroids: dict[str, tuple[bytes, int, int, int]] = field(default_factory=dict)  # (vectors, k, dim, n_queries)
     dead_letters: dict[tuple[str, str], DeadLetter] = field(default_factory=dict)
+    tombstones: dict[tuple[str, str, str], Tombstone] = field(default_factory=dict)  # (tenant, scope, key)
 
 
 class FakeStore:
@@ -147,8 +150,9 @@ def _unstaged(entry: _Entry, rendering: int, dim: int) -> bool:
     return entry.staged is None or entry.staged[1] != rendering or len(entry.staged[0]) != 4 * dim
 
 
-class FakeTenantSession:
-    """:class:`workers.store.protocol.TenantSession` over a :class:`FakeStore`'s tables."""
+class FakeTenantSession(FakeForget):
+    """:class:`workers.store.protocol.TenantSession` over a :class:`FakeStore`'s tables (the forget
+    methods in :class:`~workers.store.fake_forget.FakeForget`)."""
 
     def __init__(self, store: FakeStore, tenant_id: str, *, read_only: bool) -> None:
         self._store = store

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
+from workers.store.postgres_forget import PostgresForget
 from workers.store.rows import (
     CanonicalRow,
     Deltas,
@@ -54,8 +55,9 @@ def insert_dead_letters(conn: psycopg.Connection, letters: Sequence[DeadLetter])
              Jsonb(dict(letter.payload))))
 
 
-class PostgresTenantSession:
-    """:class:`workers.store.protocol.TenantSession` on one connection inside its tenant's transaction."""
+class PostgresTenantSession(PostgresForget):
+    """:class:`workers.store.protocol.TenantSession` on one connection inside its tenant's transaction
+    (the statements of a forget in :class:`~workers.store.postgres_forget.PostgresForget`)."""
 
     def __init__(self, conn: psycopg.Connection, tenant_id: str) -> None:
         self._conn = conn
@@ -82,7 +84,7 @@ class PostgresTenantSession:
 
     def tenant(self) -> TenantRow | None:
         rows = self._rows(TenantRow, "SELECT tenant_id, memory_version, rendering_version, embedding_dim,"
-                          " suppression_version FROM tenants WHERE tenant_id = %s", (self._tenant_id,))
+                          " suppression_version, forget_version FROM tenants WHERE tenant_id = %s", (self._tenant_id,))
         return rows[0] if rows else None
 
     def create_tenant(self, rendering: int, dim: int) -> None:

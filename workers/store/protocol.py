@@ -14,7 +14,7 @@ are :class:`workers.errors.StoreError` (``transient`` when retrying may help).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,6 +23,7 @@ import numpy as np
 from workers.store.rows import (
     CanonicalRow,
     Deltas,
+    EntryLink,
     EntryRow,
     LedgerRow,
     NewEntry,
@@ -33,6 +34,7 @@ from workers.store.rows import (
     TenantLock,
     TenantRow,
     TenantVersionRow,
+    Tombstone,
 )
 
 if TYPE_CHECKING:
@@ -169,6 +171,53 @@ class TenantSession(Protocol):
 
     def clear_suppression_state(self) -> None:
         """Drop the tenant's suppression scores, centroids and bootstrap buffer."""
+        ...
+
+    # forget (docs/architecture.md "Forget") -------------------------------------------------------
+
+    def bump_forget_version(self) -> None:
+        """Add one to the tenant's memory version and to its forget version (a forget was applied)."""
+        ...
+
+    def entry_links(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None
+                    ) -> list[EntryLink]:
+        """Stored turns with one of ``turn_ids``, or of ``session_id``, or (neither given) all; by id."""
+        ...
+
+    def aliases_of(self, entry_ids: Sequence[int]) -> list[EntryLink]:
+        """The aliases of the entries ``entry_ids``, by id."""
+        ...
+
+    def set_canonical(self, changes: Mapping[int, int | None]) -> None:
+        """Make each entry of ``changes`` an alias of the entry it maps to (None: a canonical entry)."""
+        ...
+
+    def delete_entries(self, entry_ids: Sequence[int]) -> None:
+        """Delete these entries (embeddings and staged embeddings with them) and their suppression
+        scores; no other entry may still name one of them as its canonical entry."""
+        ...
+
+    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None) -> int:
+        """Delete the tenant's dead letters of ``turn_ids``, of ``session_id`` (the session id in
+        their payload) or (neither given) all of them; returns how many."""
+        ...
+
+    def delete_tenant_state(self) -> None:
+        """Delete the tenant's rows of every table but ``tenants``, ``entries`` (see
+        :meth:`delete_entries`) and ``tombstones``: suppression scores, centroids, the bootstrap
+        buffer, the ledger and its dead letters."""
+        ...
+
+    def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
+        """The tenant's tombstone (if any) and those of ``session_ids`` and ``turn_ids``."""
+        ...
+
+    def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
+        """Record tombstones; one that exists keeps the later of the two stream positions."""
+        ...
+
+    def remove_turn_tombstones(self, turn_ids: Sequence[str]) -> None:
+        """Drop the tombstones of ``turn_ids`` (the turns were re-added)."""
         ...
 
 

@@ -56,13 +56,15 @@ class TenantLock(IntEnum):
 @dataclass(frozen=True)
 class TenantRow:
     """A ``tenants`` row: versions of the tenant's memory, suppression state and stored embeddings
-    (``embedding_dim`` None: no embedding stored yet)."""
+    (``embedding_dim`` None: no embedding stored yet), and how many forgets it has seen (migration
+    0006: a changed ``forget_version`` means entries were deleted, so derived state is rebuilt)."""
 
     tenant_id: str
     memory_version: int
     rendering_version: int
     embedding_dim: int | None
     suppression_version: int
+    forget_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,34 @@ class LedgerRow:
     cluster: int | None
     suppression_version: int | None
     deltas: tuple[tuple[int, int, float], ...]
+
+
+@dataclass(frozen=True)
+class EntryLink:
+    """Where a stored turn sits, without its text: ids, session, the entry it is an alias of (None:
+    canonical) and the stream id of the message that carried it. What a forget reads."""
+
+    entry_id: int
+    turn_id: str
+    session_id: str
+    canonical_entry_id: int | None
+    stream_id: str | None
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """What a forget leaves behind (ids only): its ``scope`` (``tenant``, ``session`` or ``turn``),
+    the ``key`` within it ('' for the tenant, else the session or turn id) and the stream id of the
+    latest forget of that scope as ``(ms, seq)``."""
+
+    scope: str
+    key: str
+    stream_ms: int
+    stream_seq: int
+
+    @property
+    def stream_position(self) -> tuple[int, int]:
+        return self.stream_ms, self.stream_seq
 
 
 @dataclass(frozen=True)

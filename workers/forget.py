@@ -1,0 +1,147 @@
+"""Forget in the store: one forget event applied in its tenant's transaction, and the tombstones
+that keep forgotten turns out (docs/architecture.md "Forget").
+
+:func:`apply_forget` runs inside the ingest worker's transaction of the tenant, under its ingest
+lock (so no turn of the tenant is written meanwhile), and:
+
+1. bumps the tenant's memory and forget versions first (the row lock also orders it with the
+   suppression worker's transaction of the tenant);
+2. deletes the entries of its scope carried by messages before it, with their embeddings and
+   suppression scores; an alias whose canonical entry is forgotten while it is not is promoted
+   (:func:`plan_promotions`), an alias forgotten alone leaves its canonical entry as it was; a
+   tenant forget also deletes the tenant's rows in every other table but its ``tenants`` row (ids
+   and counters) and its tombstones;
+3. deletes the tenant's dead letters of its scope (their payloads hold the text);
+4. records tombstones: one for the scope (tenant or session) and one per forgotten turn id,
+   each with the forget's stream position.
+
+:func:`tombstone_verdict` then decides, for each turn message the ingest worker reads, whether a
+tombstone keeps it out. Both are idempotent: a redelivered forget deletes nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from api.forget import ForgetRequest, ForgetScope
+from api.schemas import Turn
+from workers.store import EntryLink, TenantSession, Tombstone
+
+
+def stream_position(stream_id: str) -> tuple[int, int]:
+    """A Redis stream id ``"<ms>-<seq>"`` as ``(ms, seq)``, the order of the stream."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True)
+class ForgetReport:
+    """What one applied forget deleted: turns (canonical entries and aliases), aliases promoted to
+    canonical entries, dead letters."""
+
+    turns: int = 0
+    promoted: int = 0
+    dead_letters: int = 0
+
+
+def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]) -> dict[int, int | None]:
+    """New ``canonical_entry_id`` of the surviving aliases of forgotten canonical entries.
+
+    For each forgotten canonical entry, its surviving alias with the lowest id becomes canonical
+    (None) and the others become its aliases; aliases that are forgotten themselves are left out.
+    Aliases are never targets, so no chain can form (docs/architecture.md "Dedupe").
+    """
+    doomed = {link.entry_id for link in forgotten}
+    survivors: dict[int, list[int]] = {}
+    for alias in aliases:
+        if alias.entry_id not in doomed and alias.canonical_entry_id in doomed:
+            survivors.setdefault(alias.canonical_entry_id, []).append(alias.entry_id)
+    changes: dict[int, int | None] = {}
+    for ids in survivors.values():
+        first, *rest = sorted(ids)
+        changes[first] = None
+        changes.update(dict.fromkeys(rest, first))
+    return changes
+
+
+def apply_forget(tx: TenantSession, request: ForgetRequest, stream_id: str) -> ForgetReport:
+    """Apply ``request`` (carried by stream entry ``stream_id``) in ``tx``, which holds the tenant's
+    ingest lock; returns what was deleted. Raises StoreError when the store fails.
+
+    Only turns carried by messages before the forget are erased: another consumer may have stored a
+    later turn of the scope first (consumers of one group run side by side), and it stays.
+    """
+    at = stream_position(stream_id)
+    tx.bump_forget_version()
+    if request.scope is ForgetScope.TENANT:
+        links = tx.entry_links()
+    elif request.scope is ForgetScope.SESSION:
+        links = tx.entry_links(session_id=request.session_id)
+    else:
+        links = tx.entry_links(turn_ids=request.turn_ids)
+    links = [link for link in links if _before(link, at)]
+    changes = plan_promotions(links, tx.aliases_of([link.entry_id for link in links]))
+    tx.set_canonical(changes)
+    if request.scope is ForgetScope.TENANT:
+        letters = tx.delete_dead_letters()
+        tx.delete_tenant_state()  # suppression scores first: they reference the entries
+    elif request.scope is ForgetScope.SESSION:
+        letters = tx.delete_dead_letters(session_id=request.session_id)
+    else:
+        letters = tx.delete_dead_letters(turn_ids=request.turn_ids)
+    tx.delete_entries([link.entry_id for link in links])
+    tx.add_tombstones(_tombstones(request, links, at))
+    promoted = sum(1 for canonical in changes.values() if canonical is None)
+    return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters)
+
+
+def _before(link: EntryLink, at: tuple[int, int]) -> bool:
+    """True when the turn was carried by a message before stream position ``at`` (a row without a
+    readable stream id counts as before)."""
+    try:
+        return link.stream_id is None or stream_position(link.stream_id) < at
+    except ValueError:
+        return True
+
+
+def _tombstones(request: ForgetRequest, links: Sequence[EntryLink], at: tuple[int, int]) -> list[Tombstone]:
+    turn_ids = dict.fromkeys([*request.turn_ids, *(link.turn_id for link in links)])
+    rows = [Tombstone("turn", turn_id, *at) for turn_id in turn_ids]
+    if request.scope is ForgetScope.TENANT:
+        rows.append(Tombstone("tenant", "", *at))
+    elif request.scope is ForgetScope.SESSION:
+        assert request.session_id is not None
+        rows.append(Tombstone("session", request.session_id, *at))
+    return rows
+
+
+class Verdict(Enum):
+    """What a tombstone check says about one turn message."""
+
+    KEEP = "keep"  # no tombstone covers it
+    DROP = "drop"  # a forget covers it: never stored
+    READD = "readd"  # an explicit re-add after the forget: stored, its tombstone removed
+
+
+def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Turn, stream_id: str,
+                      readd: bool) -> Verdict:
+    """Whether the turn message ``stream_id`` survives the tenant's ``tombstones`` (keyed by
+    ``(scope, key)``).
+
+    A message published before a forget of its tenant, its session or its turn id is dropped. A
+    message published after a forget of its turn id is dropped too (a replay or a retry must not
+    bring it back), unless it is an explicit re-add (``readd``).
+    """
+    position = stream_position(stream_id)
+    for key in (("tenant", ""), ("session", turn.session_id)):
+        scope = tombstones.get(key)
+        if scope is not None and position < scope.stream_position:
+            return Verdict.DROP
+    own = tombstones.get(("turn", turn.turn_id))
+    if own is None:
+        return Verdict.KEEP
+    if position < own.stream_position or not readd:
+        return Verdict.DROP
+    return Verdict.READD

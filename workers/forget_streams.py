@@ -1,0 +1,162 @@
+"""Forget in Redis: deleting the copies of forgotten turns that the streams still hold
+(docs/architecture.md "Forget").
+
+A stream entry keeps its fields after it is acknowledged, until a trim passes it. After a forget
+is committed, the ingest worker deletes (XDEL):
+
+* every entry of the turns stream up to the forget event that the forget covers. One still
+  pending for another consumer is not deleted yet (a pending entry without fields reads as a
+  loss, docs/architecture.md "Invariants"): its id goes to the set ``<turns stream>:forgotten``
+  and is deleted once acknowledged, by whichever ingest worker looks first: each worker sweeps
+  the set after every acknowledgement (:func:`sweep_deferred`), and the forgetting worker once
+  more after adding to it, so an acknowledgement racing with the deferral is never missed;
+* the entries of its own batch that a forget covered or a tombstone dropped (acknowledged and
+  deleted together, in one MULTI);
+* every entry of the dead-letter stream ``<prefix>:turns:dead`` that copies a covered message.
+
+The forget event itself holds ids only and is acknowledged and trimmed like any entry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+import redis
+
+from api.forget import ForgetRequest, is_forget_message
+from workers.forget import stream_position
+
+log = logging.getLogger(__name__)
+
+SCAN_COUNT = 500  # entries per XRANGE / XPENDING round trip
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
+
+
+def _entries(connection: redis.Redis, stream: str, last: str) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    """Every entry of ``stream`` up to ``last`` (inclusive; "+" for all), in order."""
+    start = "-"
+    while True:
+        chunk = connection.xrange(stream, min=start, max=last, count=SCAN_COUNT)
+        for raw_id, fields in chunk:
+            yield _text(raw_id), fields
+        if len(chunk) < SCAN_COUNT:
+            return
+        start = "(" + _text(chunk[-1][0])
+
+
+def _pending(connection: redis.Redis, stream: str, group: str, last: str) -> set[str]:
+    """Ids of entries up to ``last`` delivered to ``group`` and not acknowledged."""
+    found: set[str] = set()
+    start = "-"
+    while True:
+        try:
+            chunk = connection.xpending_range(stream, group, min=start, max=last, count=SCAN_COUNT)
+        except redis.ResponseError:  # no such group (nothing was ever delivered)
+            return found
+        found.update(_text(row["message_id"]) for row in chunk)
+        if len(chunk) < SCAN_COUNT:
+            return found
+        start = "(" + _text(chunk[-1]["message_id"])
+
+
+def _covered_turn(request: ForgetRequest) -> Callable[[Mapping[bytes, bytes]], bool]:
+    def covered(fields: Mapping[bytes, bytes]) -> bool:
+        if is_forget_message(fields) or _text(fields.get(b"tenant_id")) != request.tenant_id:
+            return False
+        return request.covers(_text(fields.get(b"session_id")), _text(fields.get(b"turn_id")))
+    return covered
+
+
+def _covered_letter(request: ForgetRequest, turns_stream: str, forget_id: str
+                    ) -> Callable[[Mapping[bytes, bytes]], bool]:
+    last = stream_position(forget_id)
+
+    def covered(fields: Mapping[bytes, bytes]) -> bool:
+        if _text(fields.get(b"tenant_id")) != request.tenant_id or _text(fields.get(b"stream")) != turns_stream:
+            return False
+        try:
+            if stream_position(_text(fields.get(b"stream_id"))) > last:
+                return False  # a letter of a message published after the forget
+        except ValueError:
+            return False
+        try:
+            payload = json.loads(_text(fields.get(b"payload")) or "{}")
+        except ValueError:
+            payload = {}
+        if not isinstance(payload, dict) or payload.get("kind") == "forget":
+            return False
+        turn_id = _text(fields.get(b"turn_id")) or str(payload.get("turn_id", ""))
+        return request.covers(str(payload.get("session_id", "")), turn_id)
+    return covered
+
+
+def covered_entries(connection: redis.Redis, stream: str, group: str, request: ForgetRequest, forget_id: str,
+                    own: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Ids of the turns-stream entries up to the forget event ``forget_id`` that ``request`` covers:
+    ``(deletable now, pending for another consumer)`` (``own``: this consumer's batch, deletable)."""
+    others = _pending(connection, stream, group, forget_id) - set(own)
+    covered = _covered_turn(request)
+    ids = [sid for sid, fields in _entries(connection, stream, forget_id) if covered(fields)]
+    return [sid for sid in ids if sid not in others], [sid for sid in ids if sid in others]
+
+
+def deferred_key(stream: str) -> str:
+    """The set of covered entries of ``stream`` waiting for their acknowledgement to be deleted."""
+    return f"{stream}:forgotten"
+
+
+def defer(connection: redis.Redis, stream: str, group: str, stream_ids: Iterable[str]) -> int:
+    """Record covered entries still pending elsewhere, then sweep once; returns how many were deleted."""
+    ids = sorted(set(stream_ids))
+    if ids:
+        connection.sadd(deferred_key(stream), *ids)
+    return sweep_deferred(connection, stream, group)
+
+
+def sweep_deferred(connection: redis.Redis, stream: str, group: str) -> int:
+    """Delete the deferred entries that are no longer pending; returns how many were deleted."""
+    key = deferred_key(stream)
+    waiting = sorted(_text(m) for m in connection.smembers(key))
+    if not waiting:
+        return 0
+    pipe = connection.pipeline(transaction=False)
+    for sid in waiting:
+        pipe.xpending_range(stream, group, min=sid, max=sid, count=1)
+    done = [sid for sid, rows in zip(waiting, pipe.execute(), strict=True) if not rows]
+    if not done:
+        return 0
+    pipe = connection.pipeline(transaction=True)
+    pipe.xdel(stream, *done)
+    pipe.srem(key, *done)
+    deleted = int(pipe.execute()[0])
+    log.info("deleted %d forgotten entries of %s after their acknowledgement", deleted, stream)
+    return deleted
+
+
+def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: ForgetRequest, turns_stream: str,
+                         forget_id: str) -> list[str]:
+    """Ids of the dead-letter stream's entries that copy a message of ``turns_stream`` published
+    before the forget event ``forget_id`` that ``request`` covers."""
+    covered = _covered_letter(request, turns_stream, forget_id)
+    return [sid for sid, fields in _entries(connection, dead_stream, "+") if covered(fields)]
+
+
+def delete_entries(connection: redis.Redis, stream: str, group: str, ack: Iterable[str],
+                   delete: Iterable[str]) -> int:
+    """Acknowledge ``ack`` (this consumer's, so they are never redelivered) and XDEL ``delete``
+    from ``stream`` in one MULTI; returns how many entries were deleted."""
+    ack_ids, delete_ids = sorted(set(ack)), sorted(set(delete))
+    if not delete_ids:
+        return 0
+    pipe = connection.pipeline(transaction=True)
+    if ack_ids:
+        pipe.xack(stream, group, *ack_ids)
+    pipe.xdel(stream, *delete_ids)
+    deleted = int(pipe.execute()[-1])
+    log.info("deleted %d forgotten entries of %s", deleted, stream)
+    return deleted

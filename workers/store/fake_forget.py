@@ -1,0 +1,107 @@
+"""The forget methods of the in-memory store (docs/architecture.md "Forget"), mixed into
+:class:`workers.store.fake.FakeTenantSession`; they behave like
+:class:`workers.store.postgres_forget.PostgresForget` (the store contract test runs both)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from workers.errors import StoreError
+from workers.store.rows import EntryLink, Tombstone
+
+if TYPE_CHECKING:
+    from workers.store.fake import _Entry, _Tables
+
+
+class FakeForget:
+    """Forget methods over a fake session's tables (a mixin: the session provides ``_tenant_id``,
+    ``_t``, ``_write`` and ``_entries``)."""
+
+    _tenant_id: str
+
+    if TYPE_CHECKING:  # provided by the session
+        @property
+        def _t(self) -> _Tables: ...
+
+        def _write(self) -> _Tables: ...
+
+        def _entries(self) -> list[tuple[int, _Entry]]: ...
+
+        def _update_tenant(self, **changes: Any) -> Any: ...
+
+    def bump_forget_version(self) -> None:
+        row = self._write().tenants.get(self._tenant_id)
+        if row is not None:
+            self._update_tenant(memory_version=row.memory_version + 1, forget_version=row.forget_version + 1)
+
+    def entry_links(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None
+                    ) -> list[EntryLink]:
+        wanted = None if turn_ids is None else set(turn_ids)
+        return [EntryLink(i, e.turn_id, e.session_id, e.canonical_entry_id, e.stream_id) for i, e in self._entries()
+                if (wanted is None or e.turn_id in wanted) and (session_id is None or e.session_id == session_id)]
+
+    def aliases_of(self, entry_ids: Sequence[int]) -> list[EntryLink]:
+        wanted = set(entry_ids)
+        return [EntryLink(i, e.turn_id, e.session_id, e.canonical_entry_id, e.stream_id) for i, e in self._entries()
+                if e.canonical_entry_id in wanted]
+
+    def set_canonical(self, changes: Mapping[int, int | None]) -> None:
+        tables = self._write()
+        for entry_id, canonical in changes.items():
+            entry = tables.entries.get(entry_id)
+            if entry is not None and entry.tenant_id == self._tenant_id:
+                entry.canonical_entry_id = canonical
+
+    def delete_entries(self, entry_ids: Sequence[int]) -> None:
+        tables = self._write()
+        doomed = {i for i in entry_ids if i in tables.entries and tables.entries[i].tenant_id == self._tenant_id}
+        if any(e.canonical_entry_id in doomed for i, e in tables.entries.items() if i not in doomed):
+            raise StoreError("ForeignKeyViolation: an alias still names a deleted entry", transient=False)
+        tables.suppression = {k: v for k, v in tables.suppression.items()
+                              if not (k[0] == self._tenant_id and k[1] in doomed)}
+        for entry_id in doomed:
+            del tables.entries[entry_id]
+
+    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None) -> int:
+        tables = self._write()
+        wanted = None if turn_ids is None else set(turn_ids)
+
+        def doomed(letter: Any) -> bool:
+            if letter.tenant_id != self._tenant_id:
+                return False
+            if wanted is not None:
+                return letter.turn_id in wanted or letter.payload.get("turn_id") in wanted
+            return session_id is None or letter.payload.get("session_id") == session_id
+
+        keys = [key for key, letter in tables.dead_letters.items() if doomed(letter)]
+        for key in keys:
+            del tables.dead_letters[key]
+        return len(keys)
+
+    def delete_tenant_state(self) -> None:
+        tables = self._write()
+        tenant = self._tenant_id
+        tables.suppression = {k: v for k, v in tables.suppression.items() if k[0] != tenant}
+        tables.ledger = {k: v for k, v in tables.ledger.items() if k[0] != tenant}
+        tables.buffer.pop(tenant, None)
+        tables.centroids.pop(tenant, None)
+        tables.dead_letters = {k: v for k, v in tables.dead_letters.items() if v.tenant_id != tenant}
+
+    def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
+        keys = {("tenant", "")} | {("session", s) for s in session_ids} | {("turn", t) for t in turn_ids}
+        return sorted((t for (tenant, scope, key), t in self._t.tombstones.items()
+                       if tenant == self._tenant_id and (scope, key) in keys), key=lambda t: (t.scope, t.key))
+
+    def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
+        tables = self._write()
+        for row in rows:
+            key = (self._tenant_id, row.scope, row.key)
+            old = tables.tombstones.get(key)
+            if old is None or old.stream_position < row.stream_position:
+                tables.tombstones[key] = row
+
+    def remove_turn_tombstones(self, turn_ids: Sequence[str]) -> None:
+        tables = self._write()
+        for turn_id in turn_ids:
+            tables.tombstones.pop((self._tenant_id, "turn", turn_id), None)
