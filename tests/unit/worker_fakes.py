@@ -31,13 +31,14 @@ DIM = 64
 
 class RecordingRedis:
     """What the workers call on Redis here (``xadd``, pipelines, and the forget's ``xrange``,
-    ``xpending_range``, ``xack`` and ``xdel``), recorded per stream. Only what the workers added
+    ``xpending_range``, ``xack``, ``xdel`` and a set), recorded per key. Only what the workers added
     is in a stream (the tests hand batches to the ingest worker directly), so a range is empty."""
 
     def __init__(self) -> None:
         self.streams: dict[str, list[dict[str, str]]] = {}
         self.acked: dict[str, list[str]] = {}
         self.deleted: dict[str, list[str]] = {}
+        self.sets: dict[str, set[str]] = {}
 
     def xadd(self, name: str, fields: Mapping[str, Any], *args: Any, **kwargs: Any) -> str:
         entries = self.streams.setdefault(name, [])
@@ -57,6 +58,17 @@ class RecordingRedis:
     def xdel(self, name: str, *ids: str) -> int:
         self.deleted.setdefault(name, []).extend(ids)
         return len(ids)
+
+    def sadd(self, name: str, *members: str) -> int:
+        self.sets.setdefault(name, set()).update(members)
+        return len(members)
+
+    def srem(self, name: str, *members: str) -> int:
+        self.sets.setdefault(name, set()).difference_update(members)
+        return len(members)
+
+    def smembers(self, name: str) -> set[str]:
+        return set(self.sets.get(name, set()))
 
     def pipeline(self, transaction: bool = True) -> _Pipeline:
         return _Pipeline(self)

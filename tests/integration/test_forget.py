@@ -1,0 +1,146 @@
+"""Forget against the real Redis and Postgres (docs/architecture.md "Forget").
+
+After a forget, every table (read as the owner, past row-level security) and every stream of the
+test's prefix is scanned for the forgotten text; the query service no longer returns it; a forget
+racing with two ingest workers loses no other turn.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+import redis
+from psycopg import sql
+
+from api.schemas import RetrievalRequest
+from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
+from workers.settings import Settings
+from workers.store import PostgresStore
+from workers.streams import run_consumer
+
+pytestmark = pytest.mark.integration
+
+SECRET = "my passport number is X9-4471-ZQ"
+
+
+def _tables_holding(store: PostgresStore, needle: str) -> list[str]:
+    """Tables with a row whose JSON form contains ``needle`` (as the owner: every tenant's rows)."""
+    found = []
+    with psycopg.connect(store.database_url) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")]
+        for table in tables:
+            query = sql.SQL("SELECT count(*) FROM {} AS t WHERE strpos(row_to_json(t)::text, %s) > 0").format(
+                sql.Identifier(table))
+            row = conn.execute(query, (needle,)).fetchone()
+            if row and row[0]:
+                found.append(table)
+    return found
+
+
+def _streams_holding(connection: redis.Redis, settings: Settings, needle: str) -> list[str]:
+    found = []
+    for key in connection.scan_iter(match=f"{settings.stream_prefix}*"):
+        if connection.type(key) != b"stream":
+            continue
+        for _id, fields in connection.xrange(key):
+            if any(needle.encode() in value for value in fields.values()):
+                found.append(key.decode())
+                break
+    return found
+
+
+def _stored(store: PostgresStore, tenant: str) -> set[str]:
+    with store.tenant(tenant) as tx:
+        return {r.turn_id for r in tx.entries_after(0)}
+
+
+def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Settings, redis_client: redis.Redis,
+                                                                  store: PostgresStore) -> None:
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "a1", SECRET, session="s1"),
+                          turn("alice", "a2", "I like long walks on the beach", session="s1", minutes=1),
+                          turn("alice", "a3", SECRET + "!", session="s2", minutes=2),  # an alias of a1
+                          turn("alice", "a4", "My sister lives in Lisbon", session="s2", minutes=3),
+                          turn("bob", "b1", SECRET, session="s1")])
+    redis_client.xadd(settings.turns_stream, {**turn("alice", "a5", SECRET + "?", session="s1"),  # a dead letter
+                                              "v": "1", "occurred_at": "2024-03-01T09:00:00"})
+    worker = ingest_worker(settings, redis_client, store)
+    drain(worker)
+    service = query_service(settings, redis_client, store)
+    assert service.answer(RetrievalRequest("alice", "passport number", k=4)).hits[0].turn_id == "a1"
+    assert {"entries", "dead_letters"} <= set(_tables_holding(store, SECRET))
+
+    client.forget("alice", turn_ids=["a1", "a3", "a5"])
+    drain(worker)
+    assert _stored(store, "alice") == {"a2", "a4"} and _stored(store, "bob") == {"b1"}
+    with store.tenant("bob") as tx:  # bob's copy of the same words is his, and stays
+        assert [r.text for r in tx.entries_after(0)] == [SECRET]
+    with psycopg.connect(store.database_url) as conn:
+        conn.execute("DELETE FROM entries WHERE tenant_id = 'bob'")  # so the scan below looks for alice's copies
+    assert _tables_holding(store, SECRET) == []
+    assert _streams_holding(redis_client, settings, SECRET) == [settings.turns_stream]  # bob's turn only
+    answer = service.answer(RetrievalRequest("alice", "passport number X9-4471-ZQ", k=4))
+    assert all(SECRET not in hit.text and hit.turn_id not in {"a1", "a3"} for hit in answer.hits)
+    assert worker.metrics.forget_turns._value.get() == 2
+
+
+def test_a_tenant_forget_empties_every_table_of_the_tenant(settings: Settings, redis_client: redis.Redis,
+                                                          store: PostgresStore) -> None:
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", f"a{i}", f"{SECRET} {i}", session=f"s{i % 2}", minutes=i) for i in range(4)])
+    client.publish_turns([turn("bob", "b1", "bob keeps his memories")])
+    worker = ingest_worker(settings, redis_client, store)
+    drain(worker)
+    client.forget("alice")
+    drain(worker)
+    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
+    with psycopg.connect(store.database_url) as conn:
+        for table in ("entries", "suppression", "centroids", "query_buffer", "applied_outcomes", "dead_letters"):
+            query = sql.SQL("SELECT count(*) FROM {} WHERE tenant_id = 'alice'").format(sql.Identifier(table))
+            assert conn.execute(query).fetchone() == (0,), table
+    assert _stored(store, "bob") == {"b1"}
+    client.publish_turns([turn("alice", "a1", "published again without readd", minutes=9)])
+    client.publish_turns([turn("alice", "a2", "re-added after the forget", minutes=9)], readd=True)
+    drain(worker)
+    assert _stored(store, "alice") == {"a2"}
+
+
+def test_a_forget_racing_with_two_ingest_workers_loses_nothing_else(settings: Settings, redis_client: redis.Redis,
+                                                                    store: PostgresStore) -> None:
+    settings = settings.replace(ingest_batch_size=3)
+    client = client_for(settings, redis_client)
+    workers = [ingest_worker(settings, redis_client, store) for _ in range(2)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=run_consumer, args=(w.consumer(f"c{i}"), w.handle, stop),
+                                kwargs={"poison": w.poison, "after_ack": w.after_ack}) for i, w in enumerate(workers)]
+    for thread in threads:
+        thread.start()
+    expected: set[str] = set()
+    try:
+        for i in range(30):
+            session = "s1" if i % 2 else "s2"
+            client.publish_turn(turn("alice", f"t{i}", f"turn number {i} of {session}", session=session, minutes=i))
+            if i == 14:
+                client.forget("alice", session_id="s1")
+            if session == "s2" or i > 14:
+                expected.add(f"t{i}")
+        deadline = time.monotonic() + 60
+        while _stored(store, "alice") != expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        deadline = time.monotonic() + 10  # the last acknowledgement's sweep runs in the worker threads
+        while redis_client.scard(f"{settings.turns_stream}:forgotten") and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert _stored(store, "alice") == expected
+    assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
+    assert sum(w.metrics.forget_events._value.get() for w in workers) == 1
+    for _id, fields in redis_client.xrange(settings.turns_stream):  # no copy of a forgotten turn is left
+        if b"turn_id" in fields:  # the forget event holds ids only
+            assert not (fields[b"session_id"] == b"s1" and int(fields[b"turn_id"][1:]) <= 14), fields
