@@ -315,6 +315,11 @@ class CachedReranker:
             del self._cache[key]
         return len(keys)
 
+    def pairs_of(self, text: str) -> int:
+        """How many cached pairs (of any query) score ``text``."""
+        digest = _text_digest(text)
+        return sum(1 for key in self._cache if key[_DIGEST_BYTES:] == digest)
+
     def _evict(self) -> None:
         if self.max_entries is None:
             return

@@ -120,8 +120,7 @@ def test_after_a_forget_no_retrieval_path_returns_it(case: tuple, query: str) ->
     as_of = BASE_TIME + timedelta(minutes=len(turns) // 2)
     _check(service.answer(RetrievalRequest("alice", query, k=20, as_of=as_of)).hits, forgotten, forgotten_texts)
     assert service.rerank_cache is not None
-    cached = {text for _, text in service.rerank_cache._cache}
-    assert not cached & {render_turn("user", text, None) for text in forgotten_texts}
+    assert not any(service.rerank_cache.pairs_of(render_turn("user", text, None)) for text in forgotten_texts)
 
     state = service.cache.get("alice")
     if not surviving:

@@ -151,11 +151,12 @@ def test_the_query_service_forgets_with_the_store_and_drops_rerank_pairs() -> No
     first = service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=3))
     assert first.hits[0].turn_id == "alice-t0"
     assert service.rerank_cache is not None
-    assert any("Pixel last spring" in text for _, text in service.rerank_cache._cache)
+    pixel = "user: I adopted a grey cat named Pixel last spring"
+    assert service.rerank_cache.pairs_of(pixel) == 1
     worker.handle([forget_message("90-0", "alice", turn_ids=("alice-t0",))])
     again = service.answer(RetrievalRequest("alice", "grey cat named Pixel", k=10))
     assert "alice-t0" not in {h.turn_id for h in again.hits}
-    assert not any("Pixel last spring" in text for _, text in service.rerank_cache._cache)
+    assert service.rerank_cache.pairs_of(pixel) == 0
     assert again.memory_version == 2
 
 
