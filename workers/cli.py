@@ -180,8 +180,9 @@ def _client(settings: Settings):
 @cli.command()
 @click.argument("source", type=click.File("r", encoding="utf-8"), default="-")
 @click.option("--tenant", default=None, help="tenant id for lines that have none")
+@click.option("--readd", is_flag=True, help="re-add turns a forget erased (else their ids are dropped)")
 @click.pass_context
-def publish(ctx: click.Context, source: TextIO, tenant: str | None) -> None:
+def publish(ctx: click.Context, source: TextIO, tenant: str | None, readd: bool) -> None:
     """Publish turns from a JSONL file (or stdin): one JSON object per line with the Turn fields."""
     from api.errors import InvalidInputError
 
@@ -198,10 +199,34 @@ def publish(ctx: click.Context, source: TextIO, tenant: str | None) -> None:
             turn["tenant_id"] = tenant
         turns.append(turn)
     try:
-        ids = client.publish_turns(turns)
+        ids = client.publish_turns(turns, readd=readd)
     except InvalidInputError as exc:
         raise click.ClickException(f"nothing published: {exc}") from exc
     click.echo(f"published {len(ids)} turns to {client.turns_stream}")
+
+
+@cli.command()
+@click.option("--tenant", required=True, help="the tenant whose memory is erased")
+@click.option("--session", "session_id", default=None, help="only this session")
+@click.option("--turn", "turn_ids", multiple=True, help="only this turn id (repeatable)")
+@click.pass_context
+def forget(ctx: click.Context, tenant: str, session_id: str | None, turn_ids: tuple[str, ...]) -> None:
+    """Erase turns by id, a session, or (neither given) the whole tenant.
+
+    Published as a forget event on the turns stream: the ingest worker erases every turn of the
+    scope published before it, with everything derived from them (docs/architecture.md "Forget").
+    """
+    from api.errors import InvalidInputError
+
+    if session_id is not None and turn_ids:
+        raise click.UsageError("give --session or --turn, not both")
+    client = _client(_settings(ctx))
+    try:
+        stream_id = client.forget(tenant, session_id=session_id, turn_ids=list(turn_ids) or None)
+    except InvalidInputError as exc:
+        raise click.ClickException(f"nothing published: {exc}") from exc
+    scope = f"session {session_id}" if session_id else f"{len(turn_ids)} turn(s)" if turn_ids else "the whole tenant"
+    click.echo(f"published forget of {scope} of tenant {tenant} to {client.turns_stream} as {stream_id}")
 
 
 @cli.command()

@@ -144,3 +144,22 @@ def test_a_forget_racing_with_two_ingest_workers_loses_nothing_else(settings: Se
     for _id, fields in redis_client.xrange(settings.turns_stream):  # no copy of a forgotten turn is left
         if b"turn_id" in fields:  # the forget event holds ids only
             assert not (fields[b"session_id"] == b"s1" and int(fields[b"turn_id"][1:]) <= 14), fields
+
+
+def test_the_cli_publishes_a_forget_and_refuses_two_scopes(settings: Settings, redis_client: redis.Redis,
+                                                            store: PostgresStore) -> None:
+    from click.testing import CliRunner
+
+    from workers.cli import cli
+    from workers.settings import to_environment
+
+    client_for(settings, redis_client).publish_turns([turn("alice", "a1", SECRET), turn("alice", "a2", "kept")])
+    worker = ingest_worker(settings, redis_client, store)
+    drain(worker)
+    env = to_environment(settings)
+    out = CliRunner().invoke(cli, ["forget", "--tenant", "alice", "--turn", "a1"], env=env)
+    assert out.exit_code == 0 and "1 turn(s) of tenant alice" in out.output, out.output
+    drain(worker)
+    assert _stored(store, "alice") == {"a2"}
+    refused = CliRunner().invoke(cli, ["forget", "--tenant", "alice", "--session", "s1", "--turn", "a2"], env=env)
+    assert refused.exit_code == 2 and "not both" in refused.output
