@@ -1,0 +1,110 @@
+"""The forget statements of the store contract (docs/architecture.md "Forget"), run against the
+Postgres store and the in-memory fake alike, as tests/integration/test_store_contract.py does for
+the rest: links, promotion, deletion with suppression scores, dead letters, tenant state and
+tombstones (the later stream position wins), each scoped to one tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from workers.dead_letters import DeadLetter
+from workers.errors import StoreError
+from workers.store import FakeStore, NewEntry, Store, TenantLock, Tombstone
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
+DIM = 4
+
+
+@pytest.fixture(params=["postgres", "fake"])
+def any_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    if request.param == "fake":
+        yield FakeStore()
+    else:
+        yield request.getfixturevalue("store")
+
+
+def _seed(store: Store, tenant: str) -> dict[str, int]:
+    """t1 (s1) with aliases t3 (s1) and t4 (s2); t2 (s2) canonical."""
+    with store.tenant(tenant) as tx:
+        tx.create_tenant(1, DIM)
+        tx.lock(TenantLock.INGEST)
+        ids = dict(zip(("t1", "t2", "t3", "t4"), tx.allocate_entry_ids(4), strict=True))
+        rows = [(turn, session, None if turn in ("t1", "t2") else ids["t1"])
+                for turn, session in (("t1", "s1"), ("t2", "s2"), ("t3", "s1"), ("t4", "s2"))]
+        tx.insert_entries([NewEntry(ids[turn], turn, session, "user", f"text of {turn}", T0 + timedelta(minutes=n),
+                                    np.eye(DIM, dtype=np.float32)[n], canonical, stream_id=f"{n + 1}-0")
+                           for n, (turn, session, canonical) in enumerate(rows)])
+        tx.add_suppression({(ids["t1"], 0): 1.0, (ids["t2"], 0): 2.0})
+    return ids
+
+
+def test_links_promotion_and_deletion(any_store: Store) -> None:
+    ids = _seed(any_store, "alice")
+    _seed(any_store, "bob")
+    with any_store.tenant("alice") as tx:
+        assert [link.turn_id for link in tx.entry_links(turn_ids=["t1", "t4", "zz"])] == ["t1", "t4"]
+        assert [link.turn_id for link in tx.entry_links(session_id="s2")] == ["t2", "t4"]
+        assert [(link.turn_id, link.stream_id) for link in tx.entry_links()][:2] == [("t1", "1-0"), ("t2", "2-0")]
+        assert [link.turn_id for link in tx.aliases_of([ids["t1"]])] == ["t3", "t4"]
+    with pytest.raises(StoreError), any_store.tenant("alice") as tx:  # t3 and t4 still name t1
+        tx.delete_entries([ids["t1"]])
+    with any_store.tenant("alice") as tx:
+        tx.bump_forget_version()
+        tx.set_canonical({ids["t3"]: None, ids["t4"]: ids["t3"]})
+        tx.delete_entries([ids["t1"]])
+    with any_store.tenant("alice") as tx:
+        assert [(r.turn_id, r.canonical_entry_id) for r in tx.entries_after(0)] == [
+            ("t2", None), ("t3", None), ("t4", ids["t3"])]
+        assert tx.suppression_scores() == {(ids["t2"], 0): 2.0}
+        row = tx.tenant()
+        assert row is not None and (row.memory_version, row.forget_version) == (1, 1)
+    with any_store.tenant("bob") as tx:
+        assert len(tx.entries_after(0)) == 4 and len(tx.suppression_scores()) == 2
+
+
+def _letter(stream_id: str, tenant: str, turn_id: str, session: str) -> DeadLetter:
+    return DeadLetter("unit:turns", stream_id, "turn_id_conflict", "conflict", tenant, turn_id,
+                      {"tenant_id": tenant, "turn_id": turn_id, "session_id": session, "text": "secret"})
+
+
+def test_dead_letters_and_tenant_state(any_store: Store) -> None:
+    ids = _seed(any_store, "alice")
+    any_store.record_dead_letters([_letter("1-0", "alice", "t1", "s1"), _letter("2-0", "alice", "t2", "s2"),
+                                   _letter("3-0", "alice", "t5", "s3"), _letter("4-0", "bob", "t1", "s1")])
+    with any_store.tenant("alice") as tx:
+        tx.buffer_query("o1", np.ones(DIM, dtype=np.float32))
+        tx.save_centroids(np.eye(2, DIM, dtype=np.float32), 1)
+        tx.record_outcome("o1", 0, {(ids["t2"], 0): 0.5}, None)
+        assert tx.delete_dead_letters(turn_ids=["t1"]) == 1
+        assert tx.delete_dead_letters(session_id="s2") == 1
+        assert tx.delete_dead_letters(turn_ids=["t1"]) == 0
+        tx.delete_tenant_state()
+        assert tx.suppression_scores() == {} and tx.centroids() is None and tx.buffered_count() == 0
+        assert tx.ledger() == [] and tx.delete_dead_letters() == 0  # t5's letter went with the tenant state
+        assert len(tx.entries_after(0)) == 4  # entries are deleted by delete_entries only
+    with any_store.tenant("bob") as tx:
+        assert tx.delete_dead_letters() == 1
+
+
+def test_tombstones_keep_the_later_position(any_store: Store) -> None:
+    with any_store.tenant("alice") as tx:
+        tx.add_tombstones([Tombstone("turn", "t1", 5, 0), Tombstone("session", "s1", 5, 0),
+                           Tombstone("tenant", "", 3, 1)])
+        tx.add_tombstones([Tombstone("turn", "t1", 9, 2), Tombstone("session", "s1", 4, 0)])
+    with any_store.tenant("bob") as tx:
+        assert tx.tombstones(session_ids=["s1"], turn_ids=["t1"]) == []
+        tx.add_tombstones([Tombstone("turn", "t1", 1, 0)])
+    with any_store.tenant("alice") as tx:
+        assert tx.tombstones(session_ids=["s1", "s9"], turn_ids=["t1", "t2"]) == [
+            Tombstone("session", "s1", 5, 0), Tombstone("tenant", "", 3, 1), Tombstone("turn", "t1", 9, 2)]
+        assert tx.tombstones(session_ids=[], turn_ids=[]) == [Tombstone("tenant", "", 3, 1)]
+        tx.remove_turn_tombstones(["t1"])
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"]) == [Tombstone("tenant", "", 3, 1)]
+    with any_store.tenant("bob") as tx:
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"]) == [Tombstone("turn", "t1", 1, 0)]
