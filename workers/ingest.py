@@ -13,6 +13,11 @@ and encoder dimension; under the lock, a tenant whose stored embeddings were mad
 version (reindexed while this worker runs, say) is refused: its turns stay pending for a worker
 of that version (claimed after ``claim_idle_ms``), never written.
 
+Forget events on the same stream (:mod:`api.forget`) are applied in stream order with the
+tenant's turns, each in its own transaction under the tenant's lock (:mod:`workers.forget`);
+turns a tombstone covers are dropped, and the streams' copies of what a batch forgot or dropped
+are deleted after the commits (:mod:`workers.forget_streams`, docs/architecture.md "Forget").
+
 Turns longer than the bi-encoder window are embedded from their first 256 word pieces; the full
 text is stored and indexed by BM25, and ``mnemos_ingest_encoder_truncated_total`` counts them.
 """

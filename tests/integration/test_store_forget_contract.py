@@ -61,7 +61,8 @@ def test_links_promotion_and_deletion(any_store: Store) -> None:
     with any_store.tenant("alice") as tx:
         assert [(r.turn_id, r.canonical_entry_id) for r in tx.entries_after(0)] == [
             ("t2", None), ("t3", None), ("t4", ids["t3"])]
-        assert tx.suppression_scores() == {(ids["t2"], 0): 2.0}
+        tx.add_suppression({(ids["t1"], 1): 1.0, (ids["t2"], 0): 0.5})  # an outcome read before the forget
+        assert tx.suppression_scores() == {(ids["t2"], 0): 2.5}
         row = tx.tenant()
         assert row is not None and (row.memory_version, row.forget_version) == (1, 1)
     with any_store.tenant("bob") as tx:

@@ -284,8 +284,8 @@ class FakeTenantSession(FakeForget):
     def add_suppression(self, deltas: Deltas) -> None:
         tables = self._write()
         for (entry_id, cluster), delta in deltas.items():
-            if entry_id not in tables.entries:
-                raise StoreError(f"ForeignKeyViolation: no entry {entry_id}", transient=False)
+            if entry_id not in tables.entries or tables.entries[entry_id].tenant_id != self._tenant_id:
+                continue  # deleted by a forget since the outcome was read
             key = (self._tenant_id, entry_id, cluster)
             tables.suppression[key] = tables.suppression.get(key, 0.0) + float(delta)
 

@@ -201,11 +201,12 @@ class PostgresTenantSession(PostgresForget):
         if not deltas:
             return
         with self._conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO suppression (tenant_id, entry_id, cluster, score) VALUES (%s, %s, %s, %s)"
+            cur.executemany(  # an entry a forget deleted since the outcome was read is skipped
+                "INSERT INTO suppression (tenant_id, entry_id, cluster, score) SELECT %s, %s, %s, %s"
+                " WHERE EXISTS (SELECT 1 FROM entries WHERE tenant_id = %s AND entry_id = %s)"
                 " ON CONFLICT (tenant_id, entry_id, cluster)"
                 " DO UPDATE SET score = suppression.score + excluded.score, updated_at = now()",
-                [(self._tenant_id, e, c, d) for (e, c), d in sorted(deltas.items())])
+                [(self._tenant_id, e, c, d, self._tenant_id, e) for (e, c), d in sorted(deltas.items())])
 
     def ledger(self) -> list[LedgerRow]:
         with self._conn.cursor(row_factory=dict_row) as cur:

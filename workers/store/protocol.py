@@ -127,7 +127,8 @@ class TenantSession(Protocol):
         ...
 
     def add_suppression(self, deltas: Deltas) -> None:
-        """Add each delta to the score of its ``(entry_id, cluster)`` (a missing score starts at 0)."""
+        """Add each delta to the score of its ``(entry_id, cluster)`` (a missing score starts at 0); a
+        delta of an entry the tenant no longer has (a forget committed meanwhile) is skipped."""
         ...
 
     def ledger(self) -> list[LedgerRow]:
