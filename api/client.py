@@ -44,6 +44,7 @@ from api.validation import Limits
 log = logging.getLogger(__name__)
 
 RETRIEVAL_JOB = "workers.query.retrieval_job"  # resolved by the query worker, never imported here
+JOB_ID_PREFIX = "mnemos-"  # every retrieval's rq job id starts with it (job_id_for)
 _TERMINAL_FAILURES = {JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
 
 
@@ -240,7 +241,7 @@ def job_id_for(tenant_id: str, request_id: str) -> str:
     tenants' ``"req-1"`` apart and lets any valid request id through.
     """
     digest = hashlib.blake2b(f"{tenant_id}\x00{request_id}".encode(), digest_size=16).hexdigest()
-    return f"mnemos-{digest}"
+    return f"{JOB_ID_PREFIX}{digest}"
 
 
 def _sid(value: bytes | str | None) -> str:

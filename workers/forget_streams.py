@@ -12,7 +12,9 @@ is committed, the ingest worker deletes (XDEL):
   more after adding to it, so an acknowledgement racing with the deferral is never missed;
 * the entries of its own batch that a forget covered or a tombstone dropped (acknowledged and
   deleted together, in one MULTI);
-* every entry of the dead-letter stream ``<prefix>:turns:dead`` that copies a covered message.
+* every entry of the dead-letter stream ``<prefix>:turns:dead`` that copies a covered message;
+* every stored rq result (a result stream ``rq:results:mnemos-*``) of a retrieval of the tenant
+  that returned a covered hit (:func:`erase_results`; a scan of the keyspace, once per forget).
 
 The forget event itself holds ids only and is acknowledged and trimmed like any entry.
 """
@@ -22,9 +24,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import redis
+from rq.results import Result
+from rq.serializers import JSONSerializer
 
+from api.client import JOB_ID_PREFIX
 from api.forget import ForgetRequest, is_forget_message
 from workers.forget import stream_position
 
@@ -144,6 +150,36 @@ def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: For
     before the forget event ``forget_id`` that ``request`` covers."""
     covered = _covered_letter(request, turns_stream, forget_id)
     return [sid for sid, fields in _entries(connection, dead_stream, "+") if covered(fields)]
+
+
+def _covered_hit(request: ForgetRequest) -> Callable[[Mapping[str, Any]], bool]:
+    def covered(hit: Mapping[str, Any]) -> bool:
+        return request.covers(str(hit.get("session_id", "")), str(hit.get("turn_id", "")))
+    return covered
+
+
+def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
+    """Delete the stored results of the tenant's retrievals that returned a hit ``request`` covers
+    (a client waiting for one of them right now times out); returns how many were deleted."""
+    covered = _covered_hit(request)
+    deleted = 0
+    for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
+        job_id = _text(key).removeprefix(Result.get_key(""))
+        doomed = []
+        for raw_id, fields in connection.xrange(key):
+            try:
+                result = Result.restore(job_id, _text(raw_id), fields, connection, serializer=JSONSerializer)
+            except (ValueError, TypeError):
+                continue
+            value = result.return_value
+            if (isinstance(value, dict) and value.get("tenant_id") == request.tenant_id
+                    and any(isinstance(h, dict) and covered(h) for h in value.get("hits", ()))):
+                doomed.append(_text(raw_id))
+        if doomed:
+            deleted += int(connection.xdel(key, *doomed))
+    if deleted:
+        log.info("deleted %d stored retrieval results holding forgotten turns", deleted)
+    return deleted
 
 
 def delete_entries(connection: redis.Redis, stream: str, group: str, ack: Iterable[str],

@@ -50,6 +50,7 @@ from workers.forget_streams import (
     covered_entries,
     defer,
     delete_entries,
+    erase_results,
     sweep_deferred,
 )
 from workers.heartbeats import Heartbeat
@@ -237,6 +238,7 @@ class IngestWorker:
                                            stream, item.message.stream_id)
             if letters:
                 self.connection.xdel(self.settings.dead_letter_stream, *letters)
+            erase_results(self.connection, item.request)
         delete_entries(self.connection, stream, GROUP, ack=doomed & own, delete=doomed)
 
     def _dead_letter(self, message: StreamMessage, reason: str, detail: str, turn: Turn | None = None

@@ -14,9 +14,18 @@ import psycopg
 import pytest
 import redis
 from psycopg import sql
+from rq.results import Result
 
+from api.client import job_id_for
 from api.schemas import RetrievalRequest
-from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
+from tests.integration.factories import (
+    answered_by_worker,
+    client_for,
+    drain,
+    ingest_worker,
+    query_service,
+    turn,
+)
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.streams import run_consumer
@@ -71,7 +80,11 @@ def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Setti
     worker = ingest_worker(settings, redis_client, store)
     drain(worker)
     service = query_service(settings, redis_client, store)
-    assert service.answer(RetrievalRequest("alice", "passport number", k=4)).hits[0].turn_id == "a1"
+    answered = answered_by_worker(settings, redis_client, service, client.retrieve, "alice", "passport number", k=4,
+                                  request_id="before")
+    assert answered.hits[0].turn_id == "a1"
+    stored_result = Result.get_key(job_id_for("alice", "before"))
+    assert redis_client.xlen(stored_result) == 1  # rq keeps the answer, hit texts included
     assert {"entries", "dead_letters"} <= set(_tables_holding(store, SECRET))
 
     client.forget("alice", turn_ids=["a1", "a3", "a5"])
@@ -83,6 +96,7 @@ def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Setti
         conn.execute("DELETE FROM entries WHERE tenant_id = 'bob'")  # so the scan below looks for alice's copies
     assert _tables_holding(store, SECRET) == []
     assert _streams_holding(redis_client, settings, SECRET) == [settings.turns_stream]  # bob's turn only
+    assert redis_client.xlen(stored_result) == 0
     answer = service.answer(RetrievalRequest("alice", "passport number X9-4471-ZQ", k=4))
     assert all(SECRET not in hit.text and hit.turn_id not in {"a1", "a3"} for hit in answer.hits)
     assert worker.metrics.forget_turns._value.get() == 2

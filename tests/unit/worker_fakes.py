@@ -51,6 +51,9 @@ class RecordingRedis:
     def xpending_range(self, name: str, group: str, *args: Any, **kwargs: Any) -> list[Any]:
         return []
 
+    def scan_iter(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
     def xack(self, name: str, group: str, *ids: str) -> int:
         self.acked.setdefault(name, []).extend(ids)
         return len(ids)
