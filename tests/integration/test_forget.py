@@ -177,3 +177,28 @@ def test_the_cli_publishes_a_forget_and_refuses_two_scopes(settings: Settings, r
     assert _stored(store, "alice") == {"a2"}
     refused = CliRunner().invoke(cli, ["forget", "--tenant", "alice", "--session", "s1", "--turn", "a2"], env=env)
     assert refused.exit_code == 2 and "not both" in refused.output
+
+
+def test_a_forget_killed_after_its_commit_is_applied_again_harmlessly(settings: Settings, redis_client: redis.Redis,
+                                                                      store: PostgresStore) -> None:
+    settings = settings.replace(claim_idle_ms=200, claim_interval_s=0.0)
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "t0", SECRET, session="s1"), turn("alice", "k0", "kept", session="s2")])
+    client.forget("alice", session_id="s1")
+    client.publish_turns([turn("alice", "t1", "said after the forget", session="s1", minutes=1)])
+    dying = ingest_worker(settings, redis_client, store)
+    consumer = dying.consumer("dying")
+    consumer.ensure_group()
+    batch = consumer.read()
+    assert len(batch) == 4
+    dying.handle(batch)  # committed, then killed before its acknowledgement
+    assert _stored(store, "alice") == {"k0", "t1"}
+    time.sleep(0.3)
+    alive = ingest_worker(settings, redis_client, store)
+    # t0 was acknowledged and deleted with the forget's commit; the other three are claimed and handled
+    # again, which changes nothing
+    assert drain(alive, "alive") == 3
+    assert _stored(store, "alice") == {"k0", "t1"}
+    assert dying.metrics.forget_turns._value.get() == 1 and alive.metrics.forget_turns._value.get() == 0
+    assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
+    assert _streams_holding(redis_client, settings, SECRET) == [] and _tables_holding(store, SECRET) == []
