@@ -90,9 +90,9 @@ class ServiceMetrics:
             "mnemos_ingest_encoder_truncated_total",
             "Turns longer than the bi-encoder window (full text kept in Postgres and BM25)", registry=r)
         self.forget_events = Counter(
-            "mnemos_forget_events_total", "Forget events applied (docs/architecture.md \"Forget\")", registry=r)
+            "mnemos_ingest_forget_events_total", "Forget events applied (docs/architecture.md \"Forget\")", registry=r)
         self.forget_turns = Counter(
-            "mnemos_forget_turns_total", "Stored turns (canonical entries and aliases) erased by forget events",
+            "mnemos_ingest_forgotten_turns_total", "Stored turns (canonical entries and aliases) erased by forget events",
             registry=r)
         self.ingest_tombstoned = Counter(
             "mnemos_ingest_turns_tombstoned_total",

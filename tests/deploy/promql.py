@@ -53,8 +53,8 @@ CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_query_end_to_end_seconds": ("histogram", ()),
     "mnemos_query_jobs_expired_total": ("counter", ()),
     "mnemos_query_jobs_recovered_total": ("counter", ()),
-    "mnemos_forget_events_total": ("counter", ()),
-    "mnemos_forget_turns_total": ("counter", ()),
+    "mnemos_ingest_forget_events_total": ("counter", ()),
+    "mnemos_ingest_forgotten_turns_total": ("counter", ()),
     "mnemos_ingest_turns_tombstoned_total": ("counter", ()),
 }
 # Label values the code uses (docs/architecture.md "Contracts"); a matcher on another value selects nothing.
