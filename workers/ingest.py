@@ -219,7 +219,7 @@ class IngestWorker:
         with self.store.tenant(tenant_id) as tx:
             tx.lock(TenantLock.INGEST)
             report = apply_forget(tx, item.request, item.message.stream_id)
-        self._canonicals.pop(tenant_id, None)  # other workers notice the forget version
+        self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
         log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",
                  item.message.stream_id, item.request.scope.value, report.turns, report.promoted, report.dead_letters)
