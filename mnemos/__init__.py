@@ -43,10 +43,12 @@ from mnemos.evaluation import (
 from mnemos.features import Feature, FeatureSetting
 from mnemos.filters import EntryFilter
 from mnemos.fusion import reciprocal_rank_fusion
+from mnemos.packets import Omission, Packet, PacketConfig, build_packet, packet_from_index
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Entry, Hit, Outcome, PoolEntry, RetrievalResult, StageTimings, TurnFacts
 from mnemos.rerank import CachedReranker, CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
 from mnemos.sessions import SessionIndex
+from mnemos.supersession import SupersessionTable
 from mnemos.suppression import (
     UPDATE_RULES,
     QueryClusters,
@@ -107,6 +109,13 @@ __all__ = [
     "Feature",
     "FeatureSetting",
     "EntryFilter",
+    # evidence packets
+    "Packet",
+    "PacketConfig",
+    "Omission",
+    "build_packet",
+    "packet_from_index",
+    "SupersessionTable",
     # evaluation
     "ndcg_at_k",
     "recall_at_k",

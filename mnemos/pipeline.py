@@ -282,7 +282,7 @@ def retrieve(
     adjusted = _fuse_and_suppress(lists, config, active, watch, cut=config.n_candidates)
     watch.stop()
     if not config.rerank or reranker is None:
-        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None)
+        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None, adjusted)
 
     pool = _pool(adjusted, config.pool_size)
     if not pool:
@@ -297,7 +297,7 @@ def retrieve(
     outcome, final_order = _outcome(index, reranked, cluster, outcome_id, q_vec)
     ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch)
     hits = _hits(index, ranked[:k])
-    return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top)
+    return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked)
 
 
 def _query_vector(
@@ -484,10 +484,13 @@ def _result(
     pool_size: int,
     deep: bool,
     top: float | None,
+    ranking: Sequence[tuple[int, float]] = (),
 ) -> RetrievalResult:
-    """The request's result, with the stage timings of ``watch`` (its running stage stopped)."""
+    """The request's result, with the stage timings of ``watch`` (its running stage stopped) and the
+    ``(entry_id, score)`` ranking the hits were cut from."""
     return RetrievalResult(hits=tuple(hits), outcome=outcome, timings=watch.timings(), pool_size=pool_size,
-                           deep_pass=deep, cluster=cluster, top_rerank_score=top)
+                           deep_pass=deep, cluster=cluster, top_rerank_score=top,
+                           ranking=tuple((int(eid), float(score)) for eid, score in ranking))
 
 
 def _empty_result(cluster: int | None, total_seconds: float) -> RetrievalResult:

@@ -142,6 +142,9 @@ class RetrievalResult:
     pool); 0 when nothing was reranked. ``deep_pass`` is True when the shallow pool's top logit
     fell below the threshold. ``cluster`` is the query cluster the caller passed in.
     ``top_rerank_score`` is the best cross-encoder logit of the final pool, or None.
+    ``ranking`` is every candidate the hits were cut from, best first, as ``(entry_id, score)``
+    with the hits' scores: the whole reranked pool (after features), or the fused candidates
+    when nothing was reranked. Evidence packets (:mod:`mnemos.packets`) select from it.
     """
 
     hits: tuple[Hit, ...]
@@ -151,3 +154,4 @@ class RetrievalResult:
     deep_pass: bool
     cluster: int | None
     top_rerank_score: float | None
+    ranking: tuple[tuple[int, float], ...] = ()

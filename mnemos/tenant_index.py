@@ -12,7 +12,9 @@ entry is returned and lists the alias (docs/architecture.md, "Dedupe").
 Every turn, canonical or alias, also keeps its own session, role and time in :attr:`TenantIndex.turns`
 (a :class:`~mnemos.filters.TurnTable`), from which :meth:`TenantIndex.allowed_entries` turns an
 :class:`~mnemos.filters.EntryFilter` (``as_of``, sessions, roles, ``occurred_after``) into the
-entries a retrieval may consider.
+entries a retrieval may consider. :attr:`TenantIndex.supersessions` records which turns later
+turns correct (``metadata.supersedes``), for evidence packets (:mod:`mnemos.packets`); the caller
+fills it, as it fills aliases.
 
 A tenant index holds exactly one tenant's entries; :meth:`TenantIndex.add` refuses an entry of
 another tenant (docs/architecture.md "Invariants": tenant isolation). Indexes are derived state: the
@@ -42,6 +44,7 @@ from mnemos.filters import EntryFilter, TurnTable
 from mnemos.records import Entry, TurnFacts
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.sessions import SessionIndex
+from mnemos.supersession import SupersessionTable
 
 
 class TenantIndex:
@@ -65,6 +68,7 @@ class TenantIndex:
         self.dense = DenseIndex(dim)
         self.sessions = SessionIndex(dim)
         self.turns = TurnTable()
+        self.supersessions = SupersessionTable()
         self._entries: dict[int, Entry] = {}
         self._rows: dict[int, int] = {}
         self._vectors = np.zeros((0, dim), dtype=np.float32)

@@ -12,6 +12,7 @@ EXPECTED = {
     "outcome_deltas", "SuppressionTable", "QueryClusters",
     "Reranker", "CrossEncoderReranker", "CachedReranker", "FakeReranker", "shipped_reranker_path",
     "RetrievalConfig", "retrieve", "Feature", "FeatureSetting", "EntryFilter",
+    "Packet", "PacketConfig", "Omission", "build_packet", "packet_from_index", "SupersessionTable",
     "ndcg_at_k", "recall_at_k", "remap_relevant", "SessionMetrics", "session_metrics", "session_ranking", "Top1Behaviour", "top1_behaviour", "abstains",
     "BehaviourRates", "behaviour_rates",
     "MnemosError", "EmptyQueryError", "DimensionMismatchError", "DuplicateEntryError",

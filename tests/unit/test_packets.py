@@ -1,0 +1,205 @@
+"""Evidence packets (mnemos.packets): budget, redundancy, session cap, supersession, as_of, order,
+omission reasons, and a property test of the budget and of determinism."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mnemos.encoder import HashingEncoder
+from mnemos.errors import InvalidParameterError
+from mnemos.filters import EntryFilter
+from mnemos.packets import (
+    Candidate,
+    Omission,
+    PacketConfig,
+    Qualifiers,
+    Relevance,
+    build_packet,
+    hidden_candidates,
+    packet_from_index,
+    render_item,
+    select,
+    token_counter,
+    whitespace_tokens,
+)
+from mnemos.records import Entry
+from mnemos.rerank import CachedReranker, FakeReranker
+from mnemos.supersession import SupersessionTable
+from mnemos.tenant_index import TenantIndex
+
+T0 = datetime(2024, 1, 1, 9, 0, tzinfo=UTC)
+
+
+def cand(entry_id: int, score: float, tokens: int = 10, session: str = "s1", minutes: int = 0,
+         aliases: tuple[str, ...] = (), session_day: int = 0) -> Candidate:
+    when = T0 + timedelta(days=session_day, minutes=minutes)
+    return Candidate(entry_id, f"t{entry_id}", f"text {entry_id}", score, tokens,
+                     Qualifiers(session, "user", when, aliases, T0 + timedelta(days=session_day)))
+
+
+def orthogonal(n: int, dim: int = 16) -> np.ndarray:
+    return np.eye(n, dim, dtype=np.float32)
+
+
+def test_the_budget_is_never_exceeded_and_what_no_longer_fits_is_over_budget() -> None:
+    pool = [cand(1, 3.0, 40), cand(2, 2.0, 40), cand(3, 1.0, 40)]
+    packet = build_packet(pool, orthogonal(3), 100, PacketConfig(session_share=1.0))
+    assert [i.entry_id for i in packet.items] == [1, 2] and packet.used_tokens == 80 <= 100
+    assert [(o.entry_id, o.reason) for o in packet.omitted] == [(3, Omission.OVER_BUDGET)]
+
+
+def test_a_near_duplicate_of_a_kept_item_is_redundant_and_names_it() -> None:
+    vectors = orthogonal(3)
+    vectors[1] = vectors[0] + 0.05 * vectors[2]  # cosine ~0.999 with entry 1
+    packet = build_packet([cand(1, 3.0), cand(2, 2.9), cand(3, 0.0)], vectors, 1000,
+                          PacketConfig(session_share=1.0))
+    assert [i.entry_id for i in packet.items] == [1, 3]
+    (omitted,) = packet.omitted
+    assert (omitted.entry_id, omitted.reason, omitted.because_of) == (2, Omission.REDUNDANT, "t1")
+
+
+def test_redundancy_penalty_prefers_a_diverse_item_over_a_similar_better_one() -> None:
+    vectors = orthogonal(3)
+    vectors[1] = vectors[0] + 0.9 * vectors[2]  # cosine ~0.74 with entry 1: below the threshold
+    config = PacketConfig(mmr_lambda=0.5, session_share=1.0)
+    kept, _ = select([cand(1, 4.0), cand(2, 3.0), cand(3, 2.0)], vectors, 20, config)
+    assert [c.entry_id for c in kept] == [1, 3]  # 3 is less relevant but not redundant
+
+
+def test_value_per_token_prefers_a_short_item_of_similar_relevance() -> None:
+    kept, omitted = select([cand(1, 2.0, 50), cand(2, 1.9, 10)], orthogonal(2), 50,
+                           PacketConfig(session_share=1.0))
+    assert [c.entry_id for c in kept] == [2] and omitted[0].reason is Omission.OVER_BUDGET
+
+
+def test_one_session_cannot_fill_the_budget() -> None:
+    pool = [cand(1, 5.0, 30), cand(2, 4.0, 30), cand(3, 3.0, 30, session="s2", session_day=1)]
+    packet = build_packet(pool, orthogonal(3), 100, PacketConfig(session_share=0.5))
+    assert {i.entry_id for i in packet.items} == {1, 3}
+    assert [(o.entry_id, o.reason) for o in packet.omitted] == [(2, Omission.SESSION_CAP)]
+
+
+def test_items_come_in_reading_order_session_start_then_turn_time() -> None:
+    pool = [cand(1, 5.0, session="late", session_day=3, minutes=2), cand(2, 4.0, session="early", minutes=9),
+            cand(3, 3.0, session="late", session_day=3, minutes=1), cand(4, 2.0, session="early", minutes=1)]
+    packet = build_packet(pool, orthogonal(4), 1000, PacketConfig(session_share=1.0))
+    assert [i.entry_id for i in packet.items] == [4, 2, 3, 1]
+
+
+def test_superseded_turns_leave_current_packets_but_stay_visible_before_the_correction() -> None:
+    table = SupersessionTable()
+    table.add("t2", T0 + timedelta(days=5), ["t1"])
+    pool = [cand(1, 3.0), cand(2, 2.0, session="s2", session_day=5)]
+    now = build_packet(pool, orthogonal(2), 1000, supersessions=table)
+    assert [i.entry_id for i in now.items] == [2]
+    assert [(o.entry_id, o.reason, o.because_of) for o in now.omitted] == [(1, Omission.SUPERSEDED, "t2")]
+    before = build_packet(pool, orthogonal(2), 1000, supersessions=table, as_of=T0 + timedelta(days=1))
+    assert [i.entry_id for i in before.items] == [1, 2] and before.omitted == ()
+
+
+def test_a_correction_of_an_alias_supersedes_the_entry_but_not_by_its_own_turns() -> None:
+    table = SupersessionTable()
+    table.add("t9", T0 + timedelta(days=1), ["dup"])
+    table.add("dup", T0, ["t1"])  # an entry's own alias cannot supersede it
+    packet = build_packet([cand(1, 3.0, aliases=("dup",))], orthogonal(1), 1000, supersessions=table)
+    assert packet.items == () and packet.omitted[0].because_of == "t9"
+    assert table.superseding(["t1"], exclude=("t1", "dup")) is None
+
+
+def test_the_packet_is_deterministic_and_ties_keep_pool_order() -> None:
+    pool = [cand(i, 1.0, 10) for i in range(1, 7)]
+    packets = {build_packet(pool, orthogonal(6), 35, PacketConfig(session_share=1.0)) for _ in range(3)}
+    assert len(packets) == 1
+    (packet,) = packets
+    assert [i.entry_id for i in packet.items] == [1, 2, 3]
+    assert [o.reason for o in packet.omitted] == [Omission.OVER_BUDGET] * 3
+
+
+def test_config_and_budget_are_checked() -> None:
+    with pytest.raises(InvalidParameterError):
+        PacketConfig(mmr_lambda=0.0)
+    with pytest.raises(InvalidParameterError):
+        PacketConfig(session_share=1.5)
+    with pytest.raises(InvalidParameterError):
+        select([cand(1, 1.0)], orthogonal(1), 0)
+
+
+def test_minmax_relevance_serves_fused_scores() -> None:
+    kept, _ = select([cand(1, 0.03), cand(2, 0.01)], orthogonal(2), 10,
+                     PacketConfig(relevance=Relevance.MINMAX, session_share=1.0))
+    assert [c.entry_id for c in kept] == [1]
+
+
+def test_token_counter_finds_a_wrapped_tokenizer_or_falls_back_to_words() -> None:
+    class Counting(FakeReranker):
+        def count_tokens(self, text: str) -> int:
+            return 2 * len(text.split())
+
+    assert token_counter(CachedReranker(Counting()))("a b c") == 6
+    assert token_counter(FakeReranker()) is whitespace_tokens and token_counter(None) is whitespace_tokens
+
+
+def _index() -> TenantIndex:
+    encoder = HashingEncoder(dim=64)
+    texts = [("s1", "I live in Paris near the river", 0), ("s1", "The weather was grey", 1),
+             ("s2", "I moved to Berlin last month", 60 * 24 * 30), ("s2", "Berlin has good bakeries", 60 * 24 * 30 + 1)]
+    entries = [Entry(i + 1, "ten", f"t{i + 1}", s, "user", text, T0 + timedelta(minutes=m))
+               for i, (s, text, m) in enumerate(texts)]
+    index = TenantIndex("ten", 64)
+    index.add(entries, encoder.encode([e.text for e in entries]))
+    index.supersessions.add("t3", entries[2].occurred_at, ["t1"])
+    return index
+
+
+def test_packet_from_index_counts_rendered_items_and_reads_supersessions() -> None:
+    index = _index()
+    ranking = [(1, 2.0), (3, 1.5), (2, -1.0), (4, 0.5)]
+    packet = packet_from_index(index, ranking, 1000, whitespace_tokens)
+    assert [i.entry_id for i in packet.items] == [2, 3, 4]  # session s1 first, then s2
+    assert packet.omitted[0].reason is Omission.SUPERSEDED
+    item = packet.items[0]
+    assert item.tokens == whitespace_tokens(render_item(item.text, item.qualifiers))
+    assert render_item(item.text, item.qualifiers).startswith("[2024-01-01 09:01 UTC, session s1] user: ")
+    old = packet_from_index(index, ranking, 1000, whitespace_tokens, as_of=T0 + timedelta(days=1))
+    assert 1 in {i.entry_id for i in old.items}
+
+
+def test_hidden_candidates_name_what_the_filter_and_as_of_kept_out() -> None:
+    index = _index()
+    query_vector = HashingEncoder(dim=64).encode(["Berlin Paris"])[0]
+    hidden = hidden_candidates(index, "Berlin Paris", query_vector, EntryFilter(as_of=T0 + timedelta(days=1),
+                               session_ids=frozenset({"s1"})), depth=10, limit=10)
+    assert {(o.entry_id, o.reason) for o in hidden} >= {(3, Omission.NOT_VISIBLE)}
+    assert all(o.entry_id in (3, 4) for o in hidden)
+    filtered = hidden_candidates(index, "Berlin Paris", query_vector, EntryFilter(session_ids=frozenset({"s2"})),
+                                 depth=10, limit=10)
+    assert {o.reason for o in filtered} == {Omission.FILTERED} and all(o.entry_id in (1, 2) for o in filtered)
+    assert hidden_candidates(index, "Berlin", query_vector, None, depth=10, limit=10) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(-8, 8), st.integers(1, 60), st.integers(0, 3)), min_size=1, max_size=25),
+       st.integers(1, 300), st.floats(0.1, 1.0), st.integers(0, 2**16))
+def test_property_budget_and_partition_and_determinism(rows: list, budget: int, lam: float, seed: int) -> None:
+    pool = [cand(i + 1, s, t, session=f"s{g}", session_day=g, minutes=i) for i, (s, t, g) in enumerate(rows)]
+    vectors = np.random.default_rng(seed).normal(size=(len(pool), 8)).astype(np.float32)
+    config = PacketConfig(mmr_lambda=lam)
+    packet = build_packet(pool, vectors, budget, config)
+    assert packet.used_tokens <= budget
+    assert sum(i.tokens for i in packet.items) == packet.used_tokens
+    kept = [i.entry_id for i in packet.items]
+    left = [o.entry_id for o in packet.omitted]
+    assert sorted(kept + left) == [c.entry_id for c in pool]  # every candidate is kept or reported once
+    for session in {c.qualifiers.session_id for c in pool}:
+        assert sum(i.tokens for i in packet.items if i.qualifiers.session_id == session) <= 0.5 * budget
+    assert build_packet(list(pool), vectors.copy(), budget, config) == packet
+    for o in packet.omitted:
+        if o.reason is Omission.OVER_BUDGET:
+            assert o.tokens is not None and o.tokens > budget - packet.used_tokens
+        if o.because_of is not None:
+            assert o.because_of in {f"t{k}" for k in kept}
