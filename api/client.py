@@ -149,14 +149,17 @@ class MnemosClient:
 
     def retrieve(self, tenant_id: str, query: str, k: int = 10, *, as_of: datetime | str | None = None,
                  filters: Mapping[str, Any] | None = None, request_id: str | None = None,
-                 timeout_s: float | None = None) -> RetrievalResult:
+                 timeout_s: float | None = None, budget_tokens: int | None = None) -> RetrievalResult:
         """Ask the query workers; returns the typed result.
 
         ``as_of`` (a zone-aware datetime or ISO 8601 string) is the knowledge time: only turns that
         occurred at or before it can come back, and relative times in the query ("last week") are
         read from it. ``filters`` may hold ``session_ids`` and ``roles`` (non-empty lists of
         strings) and ``occurred_after`` (zone-aware, inclusive, not after ``as_of``); see
-        :class:`~api.schemas.RetrievalRequest` for the exact semantics.
+        :class:`~api.schemas.RetrievalRequest` for the exact semantics. ``budget_tokens`` also asks
+        for an evidence packet (``result.packet``, :class:`~api.packets.Packet`): the evidence that
+        fits that many cross-encoder tokens, with its qualifiers, in reading order, and why each
+        other candidate was left out (``budget_out_of_range`` outside 1..``max_budget_tokens``).
 
         Raises InvalidInputError before anything is sent (``bad_filter`` for a bad ``filters``
         object); NoQueryWorker at once, before anything is sent, when no query worker has a live
@@ -170,6 +173,8 @@ class MnemosClient:
             payload["as_of"] = as_of
         if filters is not None:
             payload["filters"] = dict(filters) if isinstance(filters, Mapping) else filters
+        if budget_tokens is not None:
+            payload["budget_tokens"] = budget_tokens
         request = RetrievalRequest.parse(payload, self.limits)
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
         job_id = job_id_for(request.tenant_id, request.request_id)

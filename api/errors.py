@@ -28,6 +28,7 @@ class Reason(StrEnum):
     EMPTY_QUERY = "empty_query"
     QUERY_TOO_LARGE = "query_too_large"
     K_OUT_OF_RANGE = "k_out_of_range"
+    BUDGET_OUT_OF_RANGE = "budget_out_of_range"  # a retrieval's evidence packet budget (tokens)
     BAD_FILTER = "bad_filter"  # a retrieval filter: unknown key, wrong type, empty list, empty time range
     BAD_FORGET = "bad_forget"  # a forget event: unknown scope, or ids that do not fit its scope
     # worker side only

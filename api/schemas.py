@@ -3,7 +3,8 @@
 * :class:`Turn`: one message of stream ``<prefix>:turns`` (flat string fields).
 * :class:`RetrievalRequest` with :class:`RetrievalFilters`: the JSON argument of an rq job on
   queue ``retrievals``.
-* :class:`RetrievalResult` with :class:`Hit`: the JSON return value of that job.
+* :class:`RetrievalResult` with :class:`Hit` (and, for a request with ``budget_tokens``, an
+  evidence :class:`~api.packets.Packet`): the JSON return value of that job.
 * :class:`Outcome` with :class:`PoolRow`: one message of stream ``<prefix>:outcomes``.
 
 Each has ``to_*``/``from_*`` converters; the ``from_*`` side validates, so a worker applies the
@@ -21,10 +22,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api.errors import InvalidInputError, Reason
+from api.packets import Packet
 from api.validation import (
     IMAGE_CAPTION_KEY,
     SCHEMA_VERSION,
     Limits,
+    check_budget,
     check_id,
     check_id_list,
     check_k,
@@ -200,6 +203,8 @@ class RetrievalRequest:
     without them parses as before, and :meth:`to_payload` leaves them out when unset, so the
     payload of an unfiltered request is unchanged. A worker older than these fields ignores
     them (it would answer unfiltered): upgrade the query workers before clients send them.
+    ``budget_tokens`` (optional, 1..``max_budget_tokens``) asks for an evidence packet of at most
+    that many cross-encoder tokens besides the hits (docs/architecture.md "Evidence packets").
     """
 
     tenant_id: str
@@ -209,6 +214,7 @@ class RetrievalRequest:
     v: int = SCHEMA_VERSION
     as_of: datetime | None = None
     filters: RetrievalFilters | None = None
+    budget_tokens: int | None = None
 
     @classmethod
     def parse(cls, values: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS) -> RetrievalRequest:
@@ -229,8 +235,9 @@ class RetrievalRequest:
         raw_as_of, raw_filters = values.get("as_of"), values.get("filters")
         as_of = None if raw_as_of is None else check_zoned_time(raw_as_of, "as_of")
         filters = None if raw_filters is None else RetrievalFilters.parse(raw_filters, limits, as_of)
+        budget = values.get("budget_tokens")
         return cls(tenant_id=tenant_id, query=query, k=k, request_id=request_id, v=version, as_of=as_of,
-                   filters=filters)
+                   filters=filters, budget_tokens=None if budget is None else check_budget(budget, limits))
 
     def to_payload(self) -> dict[str, Any]:
         """The job's JSON argument; ``as_of`` and ``filters`` only when set."""
@@ -240,6 +247,8 @@ class RetrievalRequest:
             payload["as_of"] = self.as_of.isoformat()
         if self.filters is not None:
             payload["filters"] = self.filters.to_payload()
+        if self.budget_tokens is not None:
+            payload["budget_tokens"] = self.budget_tokens
         return payload
 
 
@@ -273,7 +282,8 @@ class Hit:
 class RetrievalResult:
     """Ordered hits plus diagnostics: pool size, deep pass, cluster, seconds per stage, memory version and
     suppression version (how many outcomes of the tenant the suppression state it read had applied;
-    None from a worker older than migration 0005)."""
+    None from a worker older than migration 0005) and, when the request set ``budget_tokens``, the
+    evidence ``packet``."""
 
     request_id: str
     tenant_id: str
@@ -285,14 +295,18 @@ class RetrievalResult:
     stage_seconds: Mapping[str, float]
     memory_version: int
     suppression_version: int | None = None
+    packet: Packet | None = None
     v: int = SCHEMA_VERSION
 
     def to_payload(self) -> dict[str, Any]:
-        return {"v": self.v, "request_id": self.request_id, "tenant_id": self.tenant_id,
-                "hits": [h.to_payload() for h in self.hits], "pool_size": self.pool_size,
-                "deep_pass": self.deep_pass, "cluster": self.cluster, "top_rerank_score": self.top_rerank_score,
-                "stage_seconds": dict(self.stage_seconds), "memory_version": self.memory_version,
-                "suppression_version": self.suppression_version}
+        payload = {"v": self.v, "request_id": self.request_id, "tenant_id": self.tenant_id,
+                   "hits": [h.to_payload() for h in self.hits], "pool_size": self.pool_size,
+                   "deep_pass": self.deep_pass, "cluster": self.cluster, "top_rerank_score": self.top_rerank_score,
+                   "stage_seconds": dict(self.stage_seconds), "memory_version": self.memory_version,
+                   "suppression_version": self.suppression_version}
+        if self.packet is not None:
+            payload["packet"] = self.packet.to_payload()
+        return payload
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> RetrievalResult:
@@ -303,6 +317,7 @@ class RetrievalResult:
             top_rerank_score=data.get("top_rerank_score"), stage_seconds=dict(data.get("stage_seconds", {})),
             memory_version=int(data.get("memory_version", 0)),
             suppression_version=None if data.get("suppression_version") is None else int(data["suppression_version"]),
+            packet=None if data.get("packet") is None else Packet.from_payload(data["packet"]),
             v=check_version(data.get("v")),
         )
 

@@ -25,7 +25,8 @@ _ALLOWED_TEXT_CONTROLS = frozenset("\t\n\r")
 class Limits:
     """Input limits (bytes are UTF-8 bytes; ``max_future_skew_s`` tolerates clock drift).
 
-    ``max_filter_values`` bounds each list of a retrieval request's ``filters`` (session ids, roles).
+    ``max_filter_values`` bounds each list of a retrieval request's ``filters`` (session ids, roles);
+    ``max_budget_tokens`` a request's evidence packet budget.
     """
 
     max_text_bytes: int = 32 * 1024
@@ -35,6 +36,7 @@ class Limits:
     max_future_skew_s: float = 86_400.0
     max_k: int = 100
     max_filter_values: int = 1024
+    max_budget_tokens: int = 32_768
 
 
 class LimitSettings(Protocol):
@@ -172,6 +174,11 @@ def check_zoned_time(value: Any, field: str) -> datetime:
 
 IMAGE_CAPTION_KEY = "image_caption"
 """Metadata key of a caption of an image shared with the turn (a string); the rendering shows it."""
+SUPERSEDES_KEY = "supersedes"
+"""Metadata key of the turn ids (a list of ids) of earlier turns this turn corrects; evidence packets
+leave a superseded turn out once its correction is visible (docs/architecture.md "Evidence packets")."""
+MAX_SUPERSEDES = 64
+"""Most turn ids one turn may name in ``metadata.supersedes``."""
 
 
 def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
@@ -210,7 +217,26 @@ def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
     if caption is not None and not isinstance(caption, str):
         raise InvalidInputError(Reason.BAD_METADATA, f"metadata.{IMAGE_CAPTION_KEY}",
                                 f"must be a string, got {type(caption).__name__}")
+    if SUPERSEDES_KEY in value:
+        return {**value, SUPERSEDES_KEY: list(check_supersedes(value[SUPERSEDES_KEY], limits))}
     return value
+
+
+def check_supersedes(value: Any, limits: Limits) -> tuple[str, ...]:
+    """``metadata.supersedes``: a non-empty list of at most :data:`MAX_SUPERSEDES` turn ids (each as
+    :func:`check_id`), duplicates dropped, first order kept; refused as ``bad_metadata``."""
+    field = f"metadata.{SUPERSEDES_KEY}"
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise InvalidInputError(Reason.BAD_METADATA, field, f"must be a list of turn ids, not {type(value).__name__}")
+    if not value or len(value) > MAX_SUPERSEDES:
+        raise InvalidInputError(Reason.BAD_METADATA, field, f"must name 1..{MAX_SUPERSEDES} turn ids, got {len(value)}")
+    ids = []
+    for i, item in enumerate(value):
+        try:
+            ids.append(check_id(item, f"{field}[{i}]", limits))
+        except InvalidInputError as exc:
+            raise InvalidInputError(Reason.BAD_METADATA, exc.field, exc.detail) from None
+    return tuple(dict.fromkeys(ids))
 
 
 def check_k(value: Any, limits: Limits) -> int:
@@ -219,6 +245,17 @@ def check_k(value: Any, limits: Limits) -> int:
         raise InvalidInputError(Reason.K_OUT_OF_RANGE, "k", f"must be an integer, not {type(value).__name__}")
     if not 1 <= value <= limits.max_k:
         raise InvalidInputError(Reason.K_OUT_OF_RANGE, "k", f"{value} is outside 1..{limits.max_k}")
+    return value
+
+
+def check_budget(value: Any, limits: Limits) -> int:
+    """A packet budget in tokens: an int in 1..max_budget_tokens (bools and floats are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(Reason.BUDGET_OUT_OF_RANGE, "budget_tokens",
+                                f"must be an integer, not {type(value).__name__}")
+    if not 1 <= value <= limits.max_budget_tokens:
+        raise InvalidInputError(Reason.BUDGET_OUT_OF_RANGE, "budget_tokens",
+                                f"{value} is outside 1..{limits.max_budget_tokens}")
     return value
 
 

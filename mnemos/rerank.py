@@ -142,6 +142,11 @@ class CrossEncoderReranker:
         logger.info("loaded cross-encoder %s (max_length %d, %s on %s)", self.model_name_or_path, max_length,
                     precision.value, device)
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under the cross-encoder's own tokenizer, special tokens excluded: what an
+        evidence packet's budget counts (:func:`mnemos.packets.token_counter` finds this method)."""
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
     def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """``(len(texts),)`` float32 logits in the order of ``texts``; ``[]`` without calling the model."""
         if len(texts) == 0:

@@ -238,11 +238,15 @@ def forget(ctx: click.Context, tenant: str, session_id: str | None, turn_ids: tu
 @click.option("--session", "sessions", multiple=True, help="only turns of this session (repeatable)")
 @click.option("--role", "roles", multiple=True, help="only turns of this speaker (repeatable)")
 @click.option("--after", "occurred_after", default=None, help="only turns that occurred at or after this ISO 8601 time")
+@click.option("--budget", "budget_tokens", type=int, default=None,
+              help="also build an evidence packet of at most this many cross-encoder tokens")
 @click.argument("question")
 @click.pass_context
 def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, as_json: bool, as_of: str | None,
-             sessions: tuple[str, ...], roles: tuple[str, ...], occurred_after: str | None, question: str) -> None:
-    """Ask one question through the query workers and print the hits."""
+             sessions: tuple[str, ...], roles: tuple[str, ...], occurred_after: str | None,
+             budget_tokens: int | None, question: str) -> None:
+    """Ask one question through the query workers and print the hits (and, with --budget, the
+    evidence packet and what it left out)."""
     from api.errors import MnemosClientError
     from workers.demo import format_result
 
@@ -255,7 +259,8 @@ def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, a
         filters["occurred_after"] = occurred_after
     client = _client(_settings(ctx))
     try:
-        result = client.retrieve(tenant, question, k=k, timeout_s=timeout_s, as_of=as_of, filters=filters or None)
+        result = client.retrieve(tenant, question, k=k, timeout_s=timeout_s, as_of=as_of, filters=filters or None,
+                                 budget_tokens=budget_tokens)
     except MnemosClientError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(result.to_payload(), indent=2) if as_json else format_result(tenant, question, result))

@@ -108,4 +108,11 @@ def format_result(tenant: str, question: str, result: RetrievalResult) -> str:
     for hit in result.hits:
         alias = f"  (+ aliases {', '.join(hit.aliases)})" if hit.aliases else ""
         lines.append(f"  {hit.rank}. {hit.score:+.4f}  {hit.occurred_at:%Y-%m-%d} {hit.role}: {hit.text}{alias}")
+    packet = result.packet
+    if packet is not None:
+        lines.append(f"  evidence packet: {len(packet.items)} items, {packet.used_tokens}/{packet.budget_tokens} tokens")
+        lines.extend(f"    {item.line}" for item in packet.items)
+        for o in packet.omitted:
+            why = f"{o.reason} ({o.because_of})" if o.because_of else o.reason
+            lines.append(f"    left out {o.turn_id}: {why}")
     return "\n".join(lines)

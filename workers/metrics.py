@@ -170,6 +170,14 @@ class ServiceMetrics:
         self.query_rerank_cache_misses = Counter(
             "mnemos_query_rerank_cache_misses_total",
             "(query, turn) pairs the query worker's rerank cache could not answer (sent to the model)", registry=r)
+        self.query_packet_cache_hits = Counter(
+            "mnemos_query_packet_cache_hits_total",
+            "evidence packet requests the query worker answered from its packet cache (nothing scored again)",
+            registry=r)
+        self.query_packet_cache_misses = Counter(
+            "mnemos_query_packet_cache_misses_total",
+            "evidence packet requests the query worker's packet cache could not answer (retrieved and built)",
+            registry=r)
         self.query_rerank_pairs_truncated = Counter(
             "mnemos_query_rerank_pairs_truncated_total",
             "(query, turn) pairs longer than the cross-encoder's max length (the turn lost tokens)", registry=r)
@@ -231,6 +239,10 @@ class ServiceMetrics:
                            (self.query_rerank_queries_truncated, queries_truncated)):
             if n:
                 counter.inc(n)
+
+    def packet_cache(self, *, hit: bool) -> None:
+        """One evidence packet request: answered from the packet cache or not."""
+        (self.query_packet_cache_hits if hit else self.query_packet_cache_misses).inc()
 
     def outcome_applied(self, *, seconds: float, entries_updated: int, duplicate: bool) -> None:
         self.suppression_apply_seconds.observe(seconds)

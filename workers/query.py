@@ -12,7 +12,11 @@ query's cluster (the suppression version says which outcomes that state holds: i
 the result); run
 :func:`mnemos.pipeline.retrieve` (with the post-rerank features the settings switch on, the
 request's ``as_of`` and ``filters`` as its candidate filter and ``as_of`` as the reference time);
-XADD the outcome to ``<prefix>:outcomes``; return the result.
+XADD the outcome to ``<prefix>:outcomes``; return the result. A request with ``budget_tokens`` also
+gets an evidence packet built from the retrieval's reranked pool, and the whole answer is cached per
+(tenant, query, filters, ``as_of``, budget, memory version, model versions), so a repeat at an
+unchanged memory is answered without scoring again (:mod:`workers.packets`; counted in
+``mnemos_query_packet_cache_hits_total`` / ``_misses_total``).
 An unknown tenant gets an empty result (and no outcome), not an error. A tenant whose stored
 embeddings were made with another rendering or encoder dimension than this worker's (reindexed
 while this worker runs, say) fails the request with :class:`~workers.errors.EmbeddingVersionError`
@@ -31,6 +35,7 @@ model gave the pair the first time (batch composition can move the last float bi
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -50,6 +55,7 @@ from api.errors import InvalidInputError, Reason
 from api.validation import limits_of
 from mnemos.encoder import Encoder
 from mnemos.features import Feature, FeatureSetting
+from mnemos.packets import token_counter
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import CachedReranker, Reranker
 from mnemos.suppression import SuppressionTable, UpdateRule
@@ -58,6 +64,7 @@ from workers.heartbeats import Heartbeat
 from workers.intermediate import sweep
 from workers.liveness import Liveness
 from workers.metrics import ServiceMetrics
+from workers.packets import PacketCache, PacketKey, build_packet
 from workers.settings import Settings
 from workers.store import Store
 from workers.store_state import current_version, require_tenant_version
@@ -138,6 +145,10 @@ class QueryService:
         self.config = retrieval_config(settings, rerank=reranker is not None)
         self.cache = TenantCache(encoder.dim, settings.max_cached_tenants, on_drop=self._drop_texts)
         self.version = current_version(encoder.dim)  # rendering and dimension this worker compares against
+        self.count_tokens = token_counter(reranker)  # the cross-encoder's tokenizer counts packet budgets
+        self.packets = PacketCache(settings.packet_cache_size)
+        self.models = (f"{settings.bi_encoder}|{self.version}|"
+                       f"{getattr(self.reranker, 'model_version', '') if reranker is not None else 'none'}")
 
     def handle_payload(self, payload: Any) -> dict[str, Any]:
         """Job entry: validate, answer, count; returns the JSON result (raises on invalid input).
@@ -171,6 +182,12 @@ class QueryService:
                 self.cache.evict(tenant_id)
                 return self._empty(request, started)
             version, suppression_version = tenant.memory_version, tenant.suppression_version
+            key = PacketKey.of(request, version, tenant.forget_version, self.models)
+            cached = None if key is None else self.packets.get(key)
+            if key is not None:
+                self.metrics.packet_cache(hit=cached is not None)
+            if cached is not None:
+                return self._cached(request, cached, started)
             state, refreshed = self.cache.refresh(tx, version, tenant.forget_version)
             clusters = TenantCache.load_clusters(tx, state, self.settings.clusters_k)
             cluster = None if clusters is None else clusters.assign(query_vector)
@@ -197,8 +214,23 @@ class QueryService:
         counts = RerankCounts.of(self.reranker).since(counts_before)
         self.metrics.query_rerank(cache_hits=counts.cache_hits, cache_misses=counts.cache_misses,
                                   pairs_truncated=counts.pairs_truncated, queries_truncated=counts.queries_truncated)
-        return result_message(core, request, stage_seconds=stages, memory_version=version,
-                              suppression_version=suppression_version)
+        result = result_message(core, request, stage_seconds=stages, memory_version=version,
+                                suppression_version=suppression_version)
+        if key is not None:
+            packet_started = self.clock()
+            packet = build_packet(state.index, request, query_vector, core, self.settings, self.count_tokens)
+            result = dataclasses.replace(result, packet=packet,
+                                         stage_seconds={**stages, "packet": self.clock() - packet_started})
+            self.packets.put(key, result)
+        return result
+
+    def _cached(self, request: schemas.RetrievalRequest, cached: schemas.RetrievalResult,
+                started: float) -> schemas.RetrievalResult:
+        """A packet request answered from the packet cache: the cached answer under this request's id
+        (nothing retrieved, so no outcome is sent)."""
+        stages = {"total": self.clock() - started}
+        self.metrics.query_job("ok", stages)
+        return dataclasses.replace(cached, request_id=request.request_id, stage_seconds=stages)
 
     def _drop_texts(self, old: TenantState, new: TenantState | None) -> None:
         """A tenant state was dropped: its texts the new state no longer holds leave the rerank cache
@@ -206,6 +238,7 @@ class QueryService:
         if self.rerank_cache is not None:
             gone = old.rendered_texts() - (new.rendered_texts() if new is not None else set())
             self.rerank_cache.discard(gone)
+        self.packets.discard_tenant(old.index.tenant_id)  # cached packets hold texts too
 
     def _empty(self, request: schemas.RetrievalRequest, started: float) -> schemas.RetrievalResult:
         stages = {"total": self.clock() - started}

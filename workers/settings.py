@@ -104,6 +104,12 @@ class Settings:
     # query worker caches
     max_cached_tenants: int = 256
     rerank_cache_pairs: int = 50_000  # (query, rendered turn) scores kept by a query worker; 0 = no cache
+    packet_cache_size: int = 1024  # evidence packets (whole answers) kept by a query worker; 0 = no cache
+    # evidence packets (docs/architecture.md "Evidence packets"): MMR weight of relevance against
+    # redundancy, cosine at which a candidate repeats a kept item, most of the budget one session may use
+    packet_mmr_lambda: float = 0.7
+    packet_redundancy_threshold: float = 0.9
+    packet_session_share: float = 0.5
     # liveness: each worker's loop refreshes a Redis record with this TTL every ttl/3 seconds (plus the
     # longest legitimate batch or job while it works on one); `mnemos retrieve` and `health` read them
     heartbeat_ttl_s: float = 30.0
@@ -139,6 +145,11 @@ class Settings:
             raise SettingsError(f"suppression_threshold must be a finite number >= 0, got {self.suppression_threshold}")
         if self.rerank_cache_pairs < 0:
             raise SettingsError(f"rerank_cache_pairs must be >= 0, got {self.rerank_cache_pairs}")
+        if self.packet_cache_size < 0:
+            raise SettingsError(f"packet_cache_size must be >= 0, got {self.packet_cache_size}")
+        for name in ("packet_mmr_lambda", "packet_redundancy_threshold", "packet_session_share"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise SettingsError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.blas_threads is not None and self.blas_threads < 1:
             raise SettingsError(f"blas_threads must be >= 1 or none, got {self.blas_threads}")
         for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",

@@ -19,7 +19,9 @@ which extending by id cannot notice: the state records the tenant's forget versi
 of another forget version is dropped and rebuilt from the snapshot. Whenever a state is dropped
 (forget, LRU, another embedding version, an unknown tenant) ``on_drop(old, new)`` is called with
 it and its replacement (None if none), so the worker can drop what it cached about the texts the
-old state held and the new one does not (the rerank cache).
+old state held and the new one does not (the rerank cache, the packet cache). Turns whose
+``metadata.supersedes`` names earlier turns are recorded in the index's supersession table
+(docs/architecture.md "Evidence packets").
 """
 
 from __future__ import annotations
@@ -137,6 +139,10 @@ class TenantCache:
             state.index.add_session_turns([r.session_id for r in alias_rows], rendered,
                                           vectors_from_bytes([r.embedding for r in alias_rows], self.dim),
                                           [r.occurred_at.astimezone(UTC) for r in alias_rows])
+        for r in rows:  # metadata.supersedes (validated at ingest; a turn stored before that may hold anything)
+            named = [t for t in r.supersedes if isinstance(t, str)] if isinstance(r.supersedes, list | tuple) else []
+            if named:
+                state.index.supersessions.add(r.turn_id, r.occurred_at.astimezone(UTC), named)
         if rows:
             state.last_entry_id = rows[-1].entry_id
         log.debug("tenant index %s: +%d entries, +%d aliases, version %d", tenant_id, len(entries),

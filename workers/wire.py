@@ -10,7 +10,9 @@ pipeline computes with). They are kept in step by ``tests/unit/test_wire.py``:
 * ``Outcome`` with ``PoolRow`` (wire) and ``Outcome`` with ``PoolEntry`` (core):
   :func:`outcome_message` in the query worker, :func:`outcome_record` in the suppression worker;
 * a request's ``as_of`` and ``filters`` (:class:`api.schemas.RetrievalFilters`) and the core's
-  :class:`mnemos.filters.EntryFilter`: :func:`entry_filter`.
+  :class:`mnemos.filters.EntryFilter`: :func:`entry_filter`;
+* ``Packet`` with its items, qualifiers and omissions (:mod:`api.packets` and
+  :mod:`mnemos.packets`): :func:`packet_message`.
 
 A request's restrictions change form once on the way in: the client's ``filters`` object is
 validated into :class:`api.schemas.RetrievalFilters` (the client checks before sending, the query
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from api import packets as wire_packets
 from api import schemas
 from mnemos.filters import EntryFilter
+from mnemos.packets import Packet, Qualifiers, render_item
 from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult
 
-__all__ = ["entry_filter", "hit_message", "outcome_message", "outcome_record", "result_message"]
+__all__ = ["entry_filter", "hit_message", "outcome_message", "outcome_record", "packet_message", "result_message"]
 
 
 def entry_filter(request: schemas.RetrievalRequest) -> EntryFilter | None:
@@ -82,3 +86,21 @@ def outcome_record(message: schemas.Outcome) -> Outcome:
                    pool=tuple(PoolEntry(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score)
                               for p in message.pool),
                    query_embedding=message.query_embedding)
+
+
+def _qualifiers(q: Qualifiers) -> wire_packets.Qualifiers:
+    return wire_packets.Qualifiers(session_id=q.session_id, role=q.role, occurred_at=q.occurred_at,
+                                   aliases=tuple(q.aliases), session_date=q.session_date)
+
+
+def packet_message(packet: Packet) -> wire_packets.Packet:
+    """The wire form of a core packet: every item with its qualifiers and the ``line`` its tokens
+    were counted on (:func:`mnemos.packets.render_item`), every omission with its reason's value."""
+    items = tuple(wire_packets.PacketItem(entry_id=i.entry_id, turn_id=i.turn_id, text=i.text, score=float(i.score),
+                                          tokens=i.tokens, qualifiers=_qualifiers(i.qualifiers),
+                                          line=render_item(i.text, i.qualifiers)) for i in packet.items)
+    omitted = tuple(wire_packets.OmittedItem(entry_id=o.entry_id, turn_id=o.turn_id, reason=o.reason.value,
+                                             score=None if o.score is None else float(o.score), tokens=o.tokens,
+                                             because_of=o.because_of) for o in packet.omitted)
+    return wire_packets.Packet(items=items, omitted=omitted, budget_tokens=packet.budget_tokens,
+                               used_tokens=packet.used_tokens)

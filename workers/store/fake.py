@@ -241,7 +241,7 @@ class FakeTenantSession(FakeForget):
 
     def entries_after(self, after: int) -> list[EntryRow]:
         return [EntryRow(i, e.turn_id, e.session_id, e.role, e.text, e.occurred_at, e.embedding,
-                         e.canonical_entry_id, e.metadata.get("image_caption"))
+                         e.canonical_entry_id, e.metadata.get("image_caption"), e.metadata.get("supersedes"))
                 for i, e in self._entries() if i > after]
 
     def count_entries(self) -> int:

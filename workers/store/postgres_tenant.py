@@ -144,7 +144,8 @@ class PostgresTenantSession(PostgresForget):
 
     def entries_after(self, after: int) -> list[EntryRow]:
         return self._rows(EntryRow, "SELECT entry_id, turn_id, session_id, role, text, occurred_at, embedding,"
-                          " canonical_entry_id, metadata->>'image_caption' AS image_caption"
+                          " canonical_entry_id, metadata->>'image_caption' AS image_caption,"
+                          " metadata->'supersedes' AS supersedes"
                           " FROM entries WHERE tenant_id = %s AND entry_id > %s ORDER BY entry_id",
                           (self._tenant_id, after))
 

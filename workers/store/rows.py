@@ -100,7 +100,8 @@ class CanonicalRow:
 
 @dataclass(frozen=True)
 class EntryRow:
-    """A stored turn as the query worker indexes it (``canonical_entry_id`` None: a canonical entry)."""
+    """A stored turn as the query worker indexes it (``canonical_entry_id`` None: a canonical entry;
+    ``supersedes`` the turn ids its ``metadata.supersedes`` names, None when it names none)."""
 
     entry_id: int
     turn_id: str
@@ -111,6 +112,7 @@ class EntryRow:
     embedding: bytes
     canonical_entry_id: int | None
     image_caption: str | None
+    supersedes: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
