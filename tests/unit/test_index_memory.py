@@ -24,7 +24,7 @@ DIM = 64
 
 def _entries(n: int, seed: int = 0) -> tuple[list[Entry], np.ndarray]:
     rng = random.Random(seed)
-    words = [f"w{rng.randrange(3000)}" for _ in range(6000)] + "the cat went to Porto with my brother".split()
+    words = [f"w{rng.randrange(3000)}" for _ in range(6000)] + ["the", "cat", "went", "to", "Porto", "with", "my", "brother"]
     entries = [Entry(i + 1, "t", f"turn-{i}", f"s{i // 20}", "user" if i % 2 else "assistant",
                      " ".join(rng.choice(words) for _ in range(rng.randint(5, 40))),
                      datetime(2024, 1, 1, tzinfo=UTC) + timedelta(minutes=i)) for i in range(n)]
