@@ -9,6 +9,9 @@ enqueued) when no query worker has a live heartbeat (:mod:`api.heartbeats`). Red
 id is derived from the tenant and the request id (:func:`job_id_for`), and the client only reads
 results newer than its own enqueue, so a reused request id never returns an older or another
 tenant's answer.
+
+With ``shards`` > 1 (docs/scaling.md) a tenant's turns, forgets and retrievals all go to its shard
+(:mod:`api.sharding`): the shard's turns stream and rq queue, served by that shard's workers only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rq.job import Job, JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
+from api import sharding
 from api.errors import (
     InvalidInputError,
     NoQueryWorker,
@@ -37,7 +41,7 @@ from api.errors import (
     ServiceUnavailable,
 )
 from api.forget import READD_FIELD, ForgetRequest, ForgetScope
-from api.heartbeats import WorkerBeat, live_workers
+from api.heartbeats import WorkerBeat, worker_beats
 from api.schemas import RetrievalRequest, RetrievalResult, Turn
 from api.validation import Limits
 
@@ -53,8 +57,9 @@ class MnemosClient:
 
     Args:
         connection: a redis-py client (``decode_responses=False``).
-        stream_prefix: streams are ``<prefix>:turns`` and ``<prefix>:outcomes``.
-        queue_name: rq queue of the query workers.
+        stream_prefix: streams are ``<prefix>:turns`` and ``<prefix>:outcomes`` (with shards, each
+            shard's own: :mod:`api.sharding`).
+        queue_name: rq queue of the query workers (with shards, the base of each shard's queue name).
         limits: validation limits (the workers apply the same checks).
         retrieve_timeout_s: default wait for a retrieval result.
         job_timeout_s: rq kills a job running longer than this.
@@ -62,22 +67,44 @@ class MnemosClient:
         require_query_worker: refuse a retrieval at once (:class:`NoQueryWorker`) when no query
             worker of ``queue_name`` has a live heartbeat (``api.heartbeats``); False waits for
             one instead, up to the timeout (workers older than heartbeats write none).
+        shards: how many shards the deployment routes tenants to (``MNEMOS_SHARDS``; 1: unsharded).
+
+    Raises:
+        ValueError: if ``shards`` < 1.
     """
 
     def __init__(self, connection: redis.Redis, *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",
                  limits: Limits | None = None, retrieve_timeout_s: float = 30.0, job_timeout_s: int = 60,
                  result_ttl_s: int = 600, require_query_worker: bool = True,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), shards: int = 1) -> None:
         self.connection = connection
         self.stream_prefix = stream_prefix
         self.require_query_worker = require_query_worker
-        self.turns_stream = f"{stream_prefix}:turns"
+        self.ring = sharding.ring(shards)
+        self.shards = shards
+        self.turns_stream = sharding.turns_stream(stream_prefix)  # unsharded: the only one; else see turns_stream_of
         self.limits = limits or Limits()
         self.retrieve_timeout_s = retrieve_timeout_s
         self.job_timeout_s = job_timeout_s
         self.result_ttl_s = result_ttl_s
         self.clock = clock
-        self.queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
+        self.queues = [Queue(sharding.queue_name(queue_name, shard, shards), connection=connection,
+                             serializer=JSONSerializer) for shard in range(shards)]
+        self.queue = self.queues[0]  # unsharded: the only one; else see queue_of
+
+    # shards ---------------------------------------------------------------------------------
+
+    def shard_of(self, tenant_id: str) -> int:
+        """The shard that serves ``tenant_id`` (always 0 when unsharded)."""
+        return self.ring.shard_of(tenant_id)
+
+    def turns_stream_of(self, tenant_id: str) -> str:
+        """The turns stream of ``tenant_id``'s shard."""
+        return sharding.turns_stream(self.stream_prefix, self.shard_of(tenant_id), self.shards)
+
+    def queue_of(self, tenant_id: str) -> Queue:
+        """The rq queue of ``tenant_id``'s shard."""
+        return self.queues[self.shard_of(tenant_id)]
 
     # turns ----------------------------------------------------------------------------------
 
@@ -112,10 +139,10 @@ class MnemosClient:
                 fields = turn.to_stream_fields()
                 if readd:
                     fields[READD_FIELD] = "1"
-                pipe.xadd(self.turns_stream, fields)  # type: ignore[arg-type]
+                pipe.xadd(self.turns_stream_of(turn.tenant_id), fields)  # type: ignore[arg-type]
             ids = pipe.execute()
         except redis.RedisError as exc:
-            raise ServiceUnavailable(f"cannot publish to {self.turns_stream}: {exc}") from exc
+            raise ServiceUnavailable(f"cannot publish to {self.turns_stream_of(checked[0].tenant_id)}: {exc}") from exc
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
     def forget(self, tenant_id: str, *, session_id: str | None = None,
@@ -139,10 +166,11 @@ class MnemosClient:
         elif turn_ids is not None:
             values.update(scope=ForgetScope.TURNS.value, turn_ids=list(turn_ids))
         request = ForgetRequest.parse(values, self.limits)
+        stream = self.turns_stream_of(request.tenant_id)
         try:
-            stream_id = self.connection.xadd(self.turns_stream, request.to_stream_fields())  # type: ignore[arg-type]
+            stream_id = self.connection.xadd(stream, request.to_stream_fields())  # type: ignore[arg-type]
         except redis.RedisError as exc:
-            raise ServiceUnavailable(f"cannot publish to {self.turns_stream}: {exc}") from exc
+            raise ServiceUnavailable(f"cannot publish to {stream}: {exc}") from exc
         return _sid(stream_id)
 
     # retrieval ------------------------------------------------------------------------------
@@ -178,13 +206,14 @@ class MnemosClient:
         request = RetrievalRequest.parse(payload, self.limits)
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
         job_id = job_id_for(request.tenant_id, request.request_id)
+        queue = self.queue_of(request.tenant_id)
         try:
-            if self.require_query_worker and not self.query_workers():
-                raise NoQueryWorker(self.queue.name, self.stream_prefix)
+            if self.require_query_worker and not self.query_workers(request.tenant_id):
+                raise NoQueryWorker(queue.name, self.stream_prefix)
             # results of an earlier job with this id (a retry) stay in its result stream: read after them
             last = self.connection.xrevrange(Result.get_key(job_id), count=1)
             after = _sid(last[0][0]) if last else "0-0"
-            job = self.queue.enqueue(
+            job = queue.enqueue(
                 RETRIEVAL_JOB, request.to_payload(), job_id=job_id,
                 job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
                 failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5,  # backstop: never runs long after we gave up
@@ -193,9 +222,12 @@ class MnemosClient:
         except redis.RedisError as exc:
             raise ServiceUnavailable(f"retrieval {request.request_id}: {exc}") from exc
 
-    def query_workers(self) -> list[WorkerBeat]:
-        """The query workers of this client's queue with a live heartbeat (redis.RedisError if Redis fails)."""
-        return live_workers(self.connection, self.stream_prefix, "query", queue=self.queue.name)
+    def query_workers(self, tenant_id: str | None = None) -> list[WorkerBeat]:
+        """The query workers with a live heartbeat taking jobs from ``tenant_id``'s shard's queue, or
+        (None) from any of this client's queues (redis.RedisError if Redis fails)."""
+        names = {self.queue_of(tenant_id).name} if tenant_id is not None else {q.name for q in self.queues}
+        return [b for b in worker_beats(self.connection, self.stream_prefix, "query")
+                if b.live and b.info.get("queue") in names]
 
     def _wait(self, job: Job, request: RetrievalRequest, timeout_s: float, after: str = "0-0") -> RetrievalResult:
         deadline = time.monotonic() + timeout_s

@@ -32,6 +32,13 @@ logger = logging.getLogger(__name__)
 BM25_METHOD = "lucene"
 """bm25s scoring variant: Lucene's non-negative IDF (see module docstring)."""
 
+TOKEN_BYTES = 72
+"""Estimated bytes per indexed token: its ``str`` object (about 55 bytes for a short word) and list
+slot in the kept documents, and its share of bm25s's sparse score matrix (float32 + int32)."""
+DOC_BYTES = 240
+"""Estimated bytes per document: its token list, id bookkeeping (list, set, position map) and column
+pointer."""
+
 
 class BM25Index:
     """BM25 over entry texts; ids are entry ids (int).
@@ -55,6 +62,7 @@ class BM25Index:
         self._retriever: bm25s.BM25 | None = None
         self._dirty = False
         self._id_array = np.zeros(0, dtype=np.int64)
+        self._n_tokens = 0
         self.builds = 0
         """How many times the bm25s index was (re)built; exposed so tests can see laziness."""
 
@@ -81,7 +89,9 @@ class BM25Index:
         self._positions.update((entry_id, len(self._ids) + offset) for offset, entry_id in enumerate(ids))
         self._ids.extend(ids)
         self._id_set.update(ids)
-        self._docs.extend(self._tokenize(text) for text in texts)
+        docs = [self._tokenize(text) for text in texts]
+        self._docs.extend(docs)
+        self._n_tokens += sum(map(len, docs))
         self._dirty = True
 
     def extend(self, entry_id: int, text: str) -> None:
@@ -98,7 +108,18 @@ class BM25Index:
         tokens = self._tokenize(text)
         if tokens:
             self._docs[position].extend(tokens)
+            self._n_tokens += len(tokens)
             self._dirty = True
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens indexed over every document (alias texts appended by :meth:`extend` included)."""
+        return self._n_tokens
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes this index holds: :data:`TOKEN_BYTES` per token plus :data:`DOC_BYTES`
+        per document (a constant-time estimate, not a measurement)."""
+        return self._n_tokens * TOKEN_BYTES + len(self._ids) * DOC_BYTES
 
     def _ensure_index(self) -> bm25s.BM25 | None:
         """Rebuild the bm25s index if documents were added; None when no document has a token."""

@@ -37,6 +37,11 @@ def as_matrix(vectors: np.ndarray, dim: int, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+VECTOR_OVERHEAD_BYTES = 116
+"""Estimated bytes per stored vector beyond its ``dim`` float32s: faiss's id (int64) and reverse id
+map entry, and the Python set entry of its id."""
+
+
 class DenseIndex:
     """Inner-product nearest neighbours over ``(n, dim)`` float32 unit vectors; ids are entry ids."""
 
@@ -69,6 +74,11 @@ class DenseIndex:
             raise DuplicateEntryError(sorted(clash))
         self._index.add_with_ids(matrix, ids)
         self._ids.update(ids.tolist())
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held: ``dim`` float32s plus :data:`VECTOR_OVERHEAD_BYTES` per vector
+        (faiss allocates outside Python, so this is counted, not measured)."""
+        return len(self) * (4 * self.dim + VECTOR_OVERHEAD_BYTES)
 
     def reconstruct(self, entry_id: int) -> np.ndarray:
         """The stored ``(dim,)`` vector of ``entry_id`` (raises KeyError if absent)."""

@@ -105,6 +105,11 @@ class EntryFilter:
                 and (self.roles is None or facts.role in self.roles))
 
 
+TURN_BYTES = 140
+"""Estimated bytes per recorded turn: four list slots, its entry id and time as Python ints, and the
+four int64 columns built from them."""
+
+
 class TurnTable:
     """Append-only columns of every turn of one tenant: owning entry id, time, session and role codes.
 
@@ -124,6 +129,10 @@ class TurnTable:
     def __len__(self) -> int:
         """Number of turns recorded."""
         return len(self._entry_ids)
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held: :data:`TURN_BYTES` per turn."""
+        return len(self._entry_ids) * TURN_BYTES
 
     def add(self, entry_ids: Sequence[int], facts: Sequence[TurnFacts]) -> None:
         """Record turns: ``facts[i]`` is a turn that entry ``entry_ids[i]`` stands for.

@@ -30,6 +30,10 @@ from mnemos.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
 __all__ = ["SessionIndex"]
 
 
+SESSION_BYTES = 300
+"""Estimated bytes per session beyond its arrays and BM25 document: its id, number, count and date."""
+
+
 class SessionIndex:
     """BM25 over session transcripts fused with cosine to session centroids (AssoMem §4.2).
 
@@ -60,6 +64,13 @@ class SessionIndex:
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._numbers
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held: the ``(capacity, dim)`` float32 sums and centroids, the transcripts'
+        BM25 index (:meth:`mnemos.bm25_index.BM25Index.memory_bytes`) and :data:`SESSION_BYTES` per
+        session."""
+        return (self._sums.nbytes + self._centroids.nbytes + self._bm25.memory_bytes()
+                + len(self._ids) * SESSION_BYTES)
 
     @property
     def session_ids(self) -> tuple[str, ...]:

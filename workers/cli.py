@@ -174,7 +174,8 @@ def _client(settings: Settings):
 
     return MnemosClient(redis_client(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
-                        job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s)
+                        job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
+                        shards=settings.shards)
 
 
 @cli.command()
@@ -202,7 +203,8 @@ def publish(ctx: click.Context, source: TextIO, tenant: str | None, readd: bool)
         ids = client.publish_turns(turns, readd=readd)
     except InvalidInputError as exc:
         raise click.ClickException(f"nothing published: {exc}") from exc
-    click.echo(f"published {len(ids)} turns to {client.turns_stream}")
+    streams = sorted({client.turns_stream_of(str(t.get("tenant_id", ""))) for t in turns})
+    click.echo(f"published {len(ids)} turns to {', '.join(streams)}")
 
 
 @cli.command()
@@ -226,7 +228,7 @@ def forget(ctx: click.Context, tenant: str, session_id: str | None, turn_ids: tu
     except InvalidInputError as exc:
         raise click.ClickException(f"nothing published: {exc}") from exc
     scope = f"session {session_id}" if session_id else f"{len(turn_ids)} turn(s)" if turn_ids else "the whole tenant"
-    click.echo(f"published forget of {scope} of tenant {tenant} to {client.turns_stream} as {stream_id}")
+    click.echo(f"published forget of {scope} of tenant {tenant} to {client.turns_stream_of(tenant)} as {stream_id}")
 
 
 @cli.command()

@@ -123,6 +123,7 @@ class ServiceMetrics:
             "mnemos_query_jobs_expired_total",
             "Retrieval jobs that left the queue unanswered: expired before a worker took them, or cancelled "
             "by a client that gave up waiting", registry=r)
+        self._register_tenant_cache(r)
         self.query_jobs_recovered = Counter(
             "mnemos_query_jobs_recovered_total",
             "Retrieval jobs put back in the queue after a worker stopped between dequeuing and starting them",
@@ -161,6 +162,24 @@ class ServiceMetrics:
             "mnemos_embedding_version_refusals_total",
             "Turns (ingest) or requests (query) refused because their tenant's stored embeddings were made "
             "with another rendering or encoder dimension", ["worker"], registry=r)
+
+    def _register_tenant_cache(self, r: CollectorRegistry | None) -> None:
+        """The query worker's tenant index cache (workers/tenant_cache.py): never labelled by tenant."""
+        self.tenant_cache_hits = Counter(
+            "mnemos_query_tenant_cache_hits_total", "Retrievals answered from a cached tenant index (possibly extended)",
+            registry=r)
+        self.tenant_cache_misses = Counter(
+            "mnemos_query_tenant_cache_misses_total",
+            "Tenant indexes built from Postgres: a tenant's first request, a reload after an eviction, a forget",
+            registry=r)
+        self.tenant_cache_evictions = Counter(
+            "mnemos_query_tenant_cache_evictions_total",
+            "Tenant indexes evicted, least recently used first, to keep MNEMOS_INDEX_MEMORY_MB and "
+            "MNEMOS_MAX_CACHED_TENANTS", registry=r)
+        self.tenant_cache_bytes = Gauge(
+            "mnemos_query_tenant_cache_bytes", "Estimated bytes of every cached tenant index together", registry=r)
+        self.tenant_cache_tenants = Gauge(
+            "mnemos_query_tenant_cache_tenants", "Tenant indexes cached in the query worker", registry=r)
 
     def _register_rerank(self, r: CollectorRegistry | None) -> None:
         """The query worker's reranker counters (cache hits and misses, truncated pairs)."""
@@ -243,6 +262,16 @@ class ServiceMetrics:
     def packet_cache(self, *, hit: bool) -> None:
         """One evidence packet request: answered from the packet cache or not."""
         (self.query_packet_cache_hits if hit else self.query_packet_cache_misses).inc()
+
+    def tenant_cache(self, *, hits: int = 0, misses: int = 0, evictions: int = 0, cached_bytes: int,
+                     tenants: int) -> None:
+        """Changes of the query worker's tenant cache since the last report, and its size now."""
+        for counter, n in ((self.tenant_cache_hits, hits), (self.tenant_cache_misses, misses),
+                           (self.tenant_cache_evictions, evictions)):
+            if n:
+                counter.inc(n)
+        self.tenant_cache_bytes.set(cached_bytes)
+        self.tenant_cache_tenants.set(tenants)
 
     def outcome_applied(self, *, seconds: float, entries_updated: int, duplicate: bool) -> None:
         self.suppression_apply_seconds.observe(seconds)

@@ -64,7 +64,8 @@ def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis
     if settings.metrics_enabled:
         serve(metrics, port, worker, liveness)
     streams = [(settings.turns_stream, ingest.GROUP), (settings.outcomes_stream, suppression.GROUP)]
-    sampler = StreamSampler(connection, metrics, streams, [settings.queue_name], settings.sample_interval_s)
+    sampler = StreamSampler(connection, metrics, streams, [settings.retrieval_queue],
+                           settings.sample_interval_s)
     return metrics, sampler.start()
 
 
@@ -98,7 +99,7 @@ def _run_stream_worker(settings: Settings, kind: str, port: int,
     _stop_on_signals(stop)
     name = consumer_name(kind)
     heartbeat = Heartbeat(connection, settings, kind, name, metrics=metrics, busy_s=settings.claim_idle_ms / 1000,
-                          info=info, liveness=liveness)
+                          info={**(info or {}), "shard": settings.shard}, liveness=liveness)
     try:
         build(connection, store, metrics).run(stop, name=name, heartbeat=heartbeat)
     finally:
@@ -167,7 +168,7 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
             liveness.extend(settings.heartbeat_ttl_s)  # starting (again) is progress: the worker beats from here on
             try:
                 worker = build_worker(settings, connection, service, liveness=liveness)
-                log.info("query worker %s taking jobs from queue %s", worker.name, settings.queue_name)
+                log.info("query worker %s taking jobs from queue %s", worker.name, settings.retrieval_queue)
                 worker.work(burst=burst, with_scheduler=False, logging_level=rq_log_level)
                 stop = stop or worker.stop_signalled
             except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -68,7 +68,7 @@ from workers.packets import PacketCache, PacketKey, build_packet
 from workers.settings import Settings
 from workers.store import Store
 from workers.store_state import current_version, require_tenant_version
-from workers.tenant_cache import TenantCache, TenantState
+from workers.tenant_cache import CacheStats, TenantCache, TenantState
 from workers.wire import entry_filter, outcome_message, result_message
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,8 @@ class QueryService:
         self.clock = clock
         self.limits = limits_of(settings)
         self.config = retrieval_config(settings, rerank=reranker is not None)
-        self.cache = TenantCache(encoder.dim, settings.max_cached_tenants, on_drop=self._drop_texts)
+        self.cache = TenantCache(encoder.dim, settings.max_cached_tenants, on_drop=self._drop_texts,
+                                 max_bytes=settings.index_memory_bytes)
         self.version = current_version(encoder.dim)  # rendering and dimension this worker compares against
         self.count_tokens = token_counter(reranker)  # the cross-encoder's tokenizer counts packet budgets
         self.packets = PacketCache(settings.packet_cache_size)
@@ -166,11 +167,21 @@ class QueryService:
         return result.to_payload()
 
     def answer(self, request: schemas.RetrievalRequest) -> schemas.RetrievalResult:
+        """Answer one validated request (the module docstring says how); reports the tenant cache's
+        hits, misses, evictions and size to the metrics whatever the outcome."""
         started = self.clock()
-        tenant_id = request.tenant_id
         query_vector = self.encoder.encode([request.query])[0]
         encode_s = self.clock() - started
         refresh_started = self.clock()
+        cache_before = dataclasses.replace(self.cache.stats)
+        try:
+            return self._answer(request, query_vector, started, encode_s, refresh_started)
+        finally:
+            self._report_cache(cache_before)
+
+    def _answer(self, request: schemas.RetrievalRequest, query_vector: np.ndarray, started: float, encode_s: float,
+                refresh_started: float) -> schemas.RetrievalResult:
+        tenant_id = request.tenant_id
         with self.store.tenant(tenant_id, snapshot=True) as tx:
             try:
                 tenant = require_tenant_version(tx, self.version)
@@ -232,6 +243,13 @@ class QueryService:
         self.metrics.query_job("ok", stages)
         return dataclasses.replace(cached, request_id=request.request_id, stage_seconds=stages)
 
+    def _report_cache(self, before: CacheStats) -> None:
+        """Add the tenant cache's counts since ``before`` to the metrics; set its size gauges."""
+        now = self.cache.stats
+        self.metrics.tenant_cache(hits=now.hits - before.hits, misses=now.misses - before.misses,
+                                  evictions=now.evictions - before.evictions, cached_bytes=self.cache.total_bytes,
+                                  tenants=len(self.cache))
+
     def _drop_texts(self, old: TenantState, new: TenantState | None) -> None:
         """A tenant state was dropped: its texts the new state no longer holds leave the rerank cache
         (a forgotten turn's rendering must not outlive it, docs/architecture.md "Forget")."""
@@ -287,8 +305,8 @@ class QueryWorker(SimpleWorker):
         settings = service.settings
         self.beats = Heartbeat(self.connection, settings, "query", self.name, metrics=service.metrics,
                                busy_s=settings.job_timeout_s, liveness=liveness,
-                               info={"queue": settings.queue_name, "rendering": service.version.rendering,
-                                     "dim": service.version.dim})
+                               info={"queue": settings.retrieval_queue, "shard": settings.shard,
+                                     "rendering": service.version.rendering, "dim": service.version.dim})
         self._next_sweep = 0.0  # monotonic time of the next intermediate-list sweep
 
     @property
@@ -364,5 +382,5 @@ def _unix_s(moment: datetime | None) -> float | None:
 
 def build_worker(settings: Settings, connection: redis.Redis, service: QueryService, name: str | None = None,
                  liveness: Liveness | None = None) -> QueryWorker:
-    queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
+    queue = Queue(settings.retrieval_queue, connection=connection, serializer=JSONSerializer)
     return QueryWorker([queue], connection=connection, service=service, name=name, liveness=liveness)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from urllib.parse import parse_qs, urlsplit
 
+from api import sharding
 from workers.errors import SettingsError
 from workers.redaction import redact_url
 
@@ -39,6 +40,11 @@ class Settings:
     db_app_role: str = "mnemos_app"  # non-superuser role the store SETs so row-level security applies
     stream_prefix: str = "mnemos"  # streams <prefix>:turns, <prefix>:outcomes, <prefix>:turns:dead
     queue_name: str = "retrievals"  # rq queue name
+    # shards (docs/scaling.md): tenants are routed to one of `shards` by a consistent-hash ring
+    # (api.sharding); with more than one, each shard has its own streams and queue (names suffixed
+    # ":{shard-<n>}") and a worker consumes only those of `shard`
+    shards: int = 1
+    shard: int = 0
     # models
     bi_encoder: str = BUNDLED_BI_ENCODER  # "bundled", "fake" or a local sentence-transformers dir
     cross_encoder: str | None = SHIPPED_RERANKER  # "shipped", a local dir / name, "fake", or None ("none"): no rerank
@@ -103,6 +109,9 @@ class Settings:
     sample_interval_s: float = 5.0
     # query worker caches
     max_cached_tenants: int = 256
+    # estimated bytes of every cached tenant index together (embeddings, BM25, texts; TenantIndex.memory_bytes):
+    # least recently used indexes are evicted above it and reloaded from Postgres on their next request
+    index_memory_mb: int = 2048
     rerank_cache_pairs: int = 50_000  # (query, rendered turn) scores kept by a query worker; 0 = no cache
     packet_cache_size: int = 1024  # evidence packets (whole answers) kept by a query worker; 0 = no cache
     # evidence packets (docs/architecture.md "Evidence packets"): MMR weight of relevance against
@@ -168,6 +177,12 @@ class Settings:
         if not (math.isfinite(self.heartbeat_ttl_s) and self.heartbeat_ttl_s > max(1.0, self.block_ms / 1000)):
             raise SettingsError(f"heartbeat_ttl_s must exceed 1 s and the block time ({self.block_ms} ms), "
                                 f"got {self.heartbeat_ttl_s}")
+        if self.shards < 1 or not 0 <= self.shard < self.shards:
+            raise SettingsError(f"shards must be >= 1 and shard within 0..shards-1, got shards={self.shards}, "
+                                f"shard={self.shard}")
+        if self.index_memory_mb < 1 or self.max_cached_tenants < 1:
+            raise SettingsError(f"index_memory_mb and max_cached_tenants must be >= 1, got {self.index_memory_mb}, "
+                                f"{self.max_cached_tenants}")
         if self.reindex_batch_size < 1:
             raise SettingsError(f"reindex_batch_size must be >= 1, got {self.reindex_batch_size}")
         _check_redis_url(self.redis_url)
@@ -213,15 +228,28 @@ class Settings:
 
     @property
     def turns_stream(self) -> str:
-        return f"{self.stream_prefix}:turns"
+        """This worker's shard's turns stream (``<prefix>:turns`` with one shard; api.sharding)."""
+        return sharding.turns_stream(self.stream_prefix, self.shard, self.shards)
 
     @property
     def outcomes_stream(self) -> str:
-        return f"{self.stream_prefix}:outcomes"
+        """This worker's shard's outcomes stream (``<prefix>:outcomes`` with one shard)."""
+        return sharding.outcomes_stream(self.stream_prefix, self.shard, self.shards)
 
     @property
     def dead_letter_stream(self) -> str:
-        return f"{self.stream_prefix}:turns:dead"
+        """This worker's shard's dead-letter stream (``<prefix>:turns:dead`` with one shard)."""
+        return sharding.dead_letter_stream(self.stream_prefix, self.shard, self.shards)
+
+    @property
+    def retrieval_queue(self) -> str:
+        """This worker's shard's rq queue (``queue_name`` itself with one shard)."""
+        return sharding.queue_name(self.queue_name, self.shard, self.shards)
+
+    @property
+    def index_memory_bytes(self) -> int:
+        """``index_memory_mb`` in bytes (MiB)."""
+        return self.index_memory_mb * 1024 * 1024
 
     def replace(self, **changes: object) -> Settings:
         """A copy with ``changes`` applied (tests and the CLI use this)."""

@@ -12,7 +12,16 @@ post-rerank session feature reads it). Within one refresh the canonical turns jo
 aliases, so a session's centroid may differ from a fresh build's in the last float32 bit;
 rankings do not otherwise depend on how refreshes were cut. The worker is single-threaded, so no
 request reads an index while it is being extended; if an extension fails half-way the state is
-dropped and rebuilt from scratch on the next request (a fresh object swapped in whole). The cache is an LRU of ``max_tenants``.
+dropped and rebuilt from scratch on the next request (a fresh object swapped in whole).
+
+The cache is an LRU bounded twice: at most ``max_tenants`` states (``MNEMOS_MAX_CACHED_TENANTS``)
+and at most ``max_bytes`` of estimated memory over all of them (``MNEMOS_INDEX_MEMORY_MB``; each
+state's estimate is :meth:`TenantState.memory_bytes`, taken after every refresh). After a refresh
+the least recently used states are evicted until both bounds hold; the state just answered is never
+evicted, so a tenant larger than the whole budget is still served (alone). An evicted tenant is
+reloaded from Postgres on its next request and answers as before: the index is derived state.
+:attr:`TenantCache.stats` counts hits (a cached state reused, possibly extended), misses (a state
+built from the snapshot: first request, after an eviction, after a forget) and evictions.
 
 A forget (docs/architecture.md "Forget") deletes entries below the last id a state has seen,
 which extending by id cannot notice: the state records the tenant's forget version, and a state
@@ -31,6 +40,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
+
+import numpy as np
 
 from mnemos.errors import MnemosError
 from mnemos.records import Entry, TurnFacts
@@ -51,6 +62,12 @@ class TenantState:
     clusters: QueryClusters | None = None
     forget_version: int = 0  # the tenant's forget version the index was built at
 
+    def memory_bytes(self) -> int:
+        """Estimated bytes of the state: its index (:meth:`mnemos.tenant_index.TenantIndex.memory_bytes`)
+        and its frozen cluster centroids."""
+        centroids = None if self.clusters is None else self.clusters.centroids
+        return self.index.memory_bytes() + (centroids.nbytes if isinstance(centroids, np.ndarray) else 0)
+
     def rendered_texts(self) -> set[str]:
         """The rendered text of every indexed entry (what the reranker scores)."""
         return {self.index.render(entry) for entry in self.index.entries()}
@@ -59,14 +76,52 @@ class TenantState:
 DropHook = Callable[[TenantState, "TenantState | None"], None]
 
 
-class TenantCache:
-    """LRU of tenant states; :meth:`refresh` brings one up to a memory version (inside a snapshot tx)."""
+@dataclass
+class CacheStats:
+    """Running totals of a :class:`TenantCache` (see the module docstring for what counts as what)."""
 
-    def __init__(self, dim: int, max_tenants: int = 256, on_drop: DropHook | None = None) -> None:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class TenantCache:
+    """LRU of tenant states bounded by count and estimated bytes; :meth:`refresh` brings one up to a
+    memory version (inside a snapshot tx).
+
+    Args:
+        dim: embedding dimension of the stored vectors.
+        max_tenants: most states kept (>= 1).
+        on_drop: called with every dropped state and its replacement (None if none).
+        max_bytes: most estimated bytes kept over all states (None: no byte bound).
+    """
+
+    def __init__(self, dim: int, max_tenants: int = 256, on_drop: DropHook | None = None,
+                 max_bytes: int | None = None) -> None:
         self.dim = dim
         self.max_tenants = max_tenants
+        self.max_bytes = max_bytes
         self.on_drop = on_drop
+        self.stats = CacheStats()
         self._states: OrderedDict[str, TenantState] = OrderedDict()
+        self._bytes: dict[str, int] = {}
+        self._total_bytes = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Estimated bytes of every cached state together (as of each one's last refresh)."""
+        return self._total_bytes
+
+    def tenants(self) -> list[str]:
+        """Cached tenant ids, least recently used first."""
+        return list(self._states)
+
+    def _account(self, tenant_id: str, size: int | None) -> None:
+        """Record ``tenant_id``'s estimated bytes (None: it left the cache)."""
+        self._total_bytes -= self._bytes.pop(tenant_id, 0)
+        if size is not None:
+            self._bytes[tenant_id] = size
+            self._total_bytes += size
 
     def _dropped(self, old: TenantState, new: TenantState | None) -> None:
         if self.on_drop is not None:
@@ -82,6 +137,7 @@ class TenantCache:
         """Drop the tenant's state (its stored embeddings changed version, or it is unknown now);
         no-op when not cached."""
         old = self._states.pop(tenant_id, None)
+        self._account(tenant_id, None)
         if old is not None:
             self._dropped(old, None)
 
@@ -106,12 +162,30 @@ class TenantCache:
                 self._extend(tx, state, version)
         if old is not None and old is not state:
             self._dropped(old, state)
+        if state is old:
+            self.stats.hits += 1
+        else:
+            self.stats.misses += 1
         self._states[tenant_id] = state
         self._states.move_to_end(tenant_id)
-        while len(self._states) > self.max_tenants:
-            _, evicted = self._states.popitem(last=False)
-            self._dropped(evicted, None)
+        self._account(tenant_id, state.memory_bytes())
+        self._evict_over_bounds()
         return state, refreshed
+
+    def _over_bounds(self) -> bool:
+        return len(self._states) > self.max_tenants or (self.max_bytes is not None
+                                                         and self._total_bytes > self.max_bytes)
+
+    def _evict_over_bounds(self) -> None:
+        """Evict least recently used states until both bounds hold, never the most recent one."""
+        while len(self._states) > 1 and self._over_bounds():
+            tenant_id, evicted = self._states.popitem(last=False)
+            self._account(tenant_id, None)
+            self.stats.evictions += 1
+            self._dropped(evicted, None)
+        if self._over_bounds():
+            log.debug("tenant index of ~%d bytes alone exceeds the cache budget of %s bytes", self._total_bytes,
+                      self.max_bytes)
 
     def _extend(self, tx: TenantSession, state: TenantState, version: int) -> None:
         tenant_id = state.index.tenant_id

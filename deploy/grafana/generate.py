@@ -288,6 +288,19 @@ QUERY = Dashboard(
                   (Query(rate("mnemos_query_rerank_pairs_truncated_total"), "pairs"),
                    Query(rate("mnemos_query_rerank_queries_truncated_total"), "queries")), unit="ops", width=12),
         )),
+        Row("Tenant index cache", (
+            Panel("Tenant cache", "Retrievals per second answered from a cached tenant index (hits) or after "
+                  "building it from Postgres (misses: first request, reload after an eviction, a forget), and "
+                  "indexes evicted per second to keep MNEMOS_INDEX_MEMORY_MB and MNEMOS_MAX_CACHED_TENANTS.",
+                  (Query(rate("mnemos_query_tenant_cache_hits_total"), "hits"),
+                   Query(rate("mnemos_query_tenant_cache_misses_total"), "misses"),
+                   Query(rate("mnemos_query_tenant_cache_evictions_total"), "evictions")), unit="ops", width=8),
+            Panel("Tenant cache bytes", "Estimated bytes of the cached tenant indexes of the fullest query worker "
+                  "(each replica has its own cache; compare with MNEMOS_INDEX_MEMORY_MB).",
+                  (Query(f"max(mnemos_query_tenant_cache_bytes{sel()})", "largest worker"),), unit="bytes", width=8),
+            Panel("Cached tenants", "Tenant indexes cached by the query worker holding the most.",
+                  (Query(f"max(mnemos_query_tenant_cache_tenants{sel()})", "largest worker"),), width=8),
+        )),
     ),
 )
 

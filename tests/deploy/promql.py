@@ -56,6 +56,11 @@ CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_ingest_forget_events_total": ("counter", ()),
     "mnemos_ingest_forgotten_turns_total": ("counter", ()),
     "mnemos_ingest_turns_tombstoned_total": ("counter", ()),
+    "mnemos_query_tenant_cache_hits_total": ("counter", ()),
+    "mnemos_query_tenant_cache_misses_total": ("counter", ()),
+    "mnemos_query_tenant_cache_evictions_total": ("counter", ()),
+    "mnemos_query_tenant_cache_bytes": ("gauge", ()),
+    "mnemos_query_tenant_cache_tenants": ("gauge", ()),
 }
 # Label values the code uses (docs/architecture.md "Contracts"); a matcher on another value selects nothing.
 LABEL_VALUES: dict[str, frozenset[str]] = {

@@ -1,0 +1,96 @@
+"""Which shard serves a tenant, and the Redis names of a shard (docs/scaling.md).
+
+A deployment of ``shards`` shards routes each tenant to one shard with a consistent-hash ring: every
+shard owns :data:`VIRTUAL_NODES` points on a 64-bit ring (``blake2b`` of ``"shard-<n>#<v>"``), and a
+tenant belongs to the shard of the first point at or after ``blake2b(tenant_id)``, wrapping around
+(Karger et al., *Consistent Hashing and Random Trees*, STOC 1997). The hashes are fixed functions
+of the text, never Python's per-process ``hash()``, so every client and worker agrees. Growing from
+``n`` to ``n + 1`` shards adds the new shard's points and removes none: only the tenants whose
+successor point is now one of the new shard's move, about ``1 / (n + 1)`` of them, and all of
+them move to the new shard.
+
+Each shard has its own turns stream, outcomes stream, dead-letter stream and rq queue: the
+unsharded names followed by ``:{shard-<n>}``. The braces are a Redis Cluster hash tag, so the
+streams of a shard (and the keys derived from them) hash to one slot. With one shard the names
+carry no suffix: an unsharded deployment keeps exactly the names it always had.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from functools import lru_cache
+
+VIRTUAL_NODES = 1024
+"""Points per shard on the ring. Part of the routing contract: changing it moves tenants."""
+
+
+def ring_hash(text: str) -> int:
+    """A stable unsigned 64-bit hash of ``text`` (blake2b, 8-byte digest, big-endian)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class ShardRing:
+    """The consistent-hash ring of ``shards`` shards (numbered ``0 .. shards - 1``).
+
+    Raises:
+        ValueError: if ``shards`` < 1.
+    """
+
+    def __init__(self, shards: int) -> None:
+        if shards < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self.shards = shards
+        points = sorted((ring_hash(f"shard-{shard}#{v}"), shard) for shard in range(shards)
+                        for v in range(VIRTUAL_NODES))
+        self._points = [point for point, _ in points]
+        self._owners = [shard for _, shard in points]
+
+    def shard_of(self, tenant_id: str) -> int:
+        """The shard (``0 .. shards - 1``) that serves ``tenant_id``."""
+        if self.shards == 1:
+            return 0
+        position = bisect.bisect_left(self._points, ring_hash(tenant_id))
+        return self._owners[position % len(self._points)]
+
+
+@lru_cache(maxsize=16)
+def ring(shards: int) -> ShardRing:
+    """The (cached) ring of ``shards`` shards."""
+    return ShardRing(shards)
+
+
+def shard_of(tenant_id: str, shards: int) -> int:
+    """The shard of ``tenant_id`` among ``shards`` shards (see :class:`ShardRing`)."""
+    return ring(shards).shard_of(tenant_id)
+
+
+def shard_suffix(shard: int, shards: int) -> str:
+    """What a shard's Redis names end with: ``""`` with one shard, else ``":{shard-<shard>}"``.
+
+    Raises:
+        ValueError: if ``shard`` is not within ``0 .. shards - 1``.
+    """
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard must be within 0..{shards - 1}, got {shard}")
+    return "" if shards == 1 else f":{{shard-{shard}}}"
+
+
+def turns_stream(prefix: str, shard: int = 0, shards: int = 1) -> str:
+    """The turns (and forget events) stream of a shard: ``<prefix>:turns[:{shard-n}]``."""
+    return f"{prefix}:turns{shard_suffix(shard, shards)}"
+
+
+def outcomes_stream(prefix: str, shard: int = 0, shards: int = 1) -> str:
+    """The outcomes stream of a shard: ``<prefix>:outcomes[:{shard-n}]``."""
+    return f"{prefix}:outcomes{shard_suffix(shard, shards)}"
+
+
+def dead_letter_stream(prefix: str, shard: int = 0, shards: int = 1) -> str:
+    """The dead-letter stream of a shard's turns: ``<prefix>:turns:dead[:{shard-n}]``."""
+    return f"{prefix}:turns:dead{shard_suffix(shard, shards)}"
+
+
+def queue_name(base: str, shard: int = 0, shards: int = 1) -> str:
+    """The rq queue of a shard's retrievals: ``<base>[:{shard-n}]``."""
+    return f"{base}{shard_suffix(shard, shards)}"

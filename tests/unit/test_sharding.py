@@ -1,0 +1,110 @@
+"""Shard routing (api/sharding.py): a consistent-hash ring on the tenant id, and the per-shard names.
+
+Routing is deterministic and pinned, balanced within a tolerance over 10,000 tenant ids, and growing
+from N to N + 1 shards moves about 1 / (N + 1) of the tenants, every one of them to the new shard.
+With one shard every name is exactly the unsharded one. The client publishes and enqueues on the
+tenant's shard; a worker's settings name its own shard's streams and queue.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from api import sharding
+from api.client import MnemosClient
+from tests.unit.worker_fakes import RecordingRedis
+from workers.errors import SettingsError
+from workers.settings import Settings
+
+TENANTS = [f"tenant-{i}" for i in range(10_000)]
+
+
+def test_routing_is_pinned_and_the_same_in_another_process() -> None:
+    # a change of the hash, the point names or VIRTUAL_NODES would move tenants of running deployments
+    pinned = {"alice": [0, 0, 0], "bob": [1, 1, 1], "carol": [0, 0, 0], "dave": [0, 2, 2]}
+    assert {t: [sharding.shard_of(t, n) for n in (2, 3, 4)] for t in pinned} == pinned
+    code = "from api.sharding import shard_of; print([shard_of(f'tenant-{i}', 5) for i in range(200)])"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123"}, cwd=Path(__file__).resolve().parents[2])
+    assert other.stdout.strip() == str([sharding.shard_of(t, 5) for t in TENANTS[:200]])
+
+
+def test_one_shard_routes_everything_to_shard_zero() -> None:
+    assert {sharding.shard_of(t, 1) for t in TENANTS[:500]} == {0}
+
+
+@pytest.mark.parametrize("shards", [2, 3, 4, 8])
+def test_tenants_are_balanced_within_twelve_percent(shards: int) -> None:
+    counts = Counter(sharding.shard_of(t, shards) for t in TENANTS)
+    mean = len(TENANTS) / shards
+    assert set(counts) == set(range(shards))
+    assert max(abs(n - mean) / mean for n in counts.values()) < 0.12, counts
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4, 7])
+def test_adding_a_shard_moves_about_its_share_and_only_to_it(shards: int) -> None:
+    moved = [t for t in TENANTS if sharding.shard_of(t, shards) != sharding.shard_of(t, shards + 1)]
+    assert {sharding.shard_of(t, shards + 1) for t in moved} == {shards}  # only to the new shard
+    share = len(moved) / len(TENANTS)
+    assert abs(share - 1 / (shards + 1)) < 0.15 / (shards + 1), share
+
+
+def test_the_ring_refuses_no_shards() -> None:
+    with pytest.raises(ValueError, match="shards must be >= 1"):
+        sharding.ShardRing(0)
+    with pytest.raises(ValueError, match="shard must be within 0..1"):
+        sharding.shard_suffix(2, 2)
+
+
+def test_one_shard_keeps_the_unsharded_names() -> None:
+    s = Settings()
+    assert (s.turns_stream, s.outcomes_stream, s.dead_letter_stream, s.retrieval_queue) == (
+        "mnemos:turns", "mnemos:outcomes", "mnemos:turns:dead", "retrievals")
+
+
+def test_a_shard_names_its_streams_and_queue_with_a_cluster_hash_tag() -> None:
+    s = Settings(shards=3, shard=2)
+    assert (s.turns_stream, s.outcomes_stream, s.dead_letter_stream, s.retrieval_queue) == (
+        "mnemos:turns:{shard-2}", "mnemos:outcomes:{shard-2}", "mnemos:turns:dead:{shard-2}", "retrievals:{shard-2}")
+
+
+@pytest.mark.parametrize("changes", [{"shards": 0}, {"shards": 2, "shard": 2}, {"shard": -1},
+                                     {"index_memory_mb": 0}, {"max_cached_tenants": 0}])
+def test_settings_refuse_a_shard_outside_the_ring_and_an_empty_budget(changes: dict[str, int]) -> None:
+    with pytest.raises(SettingsError):
+        Settings(**changes)
+
+
+def test_settings_read_the_shard_variables() -> None:
+    s = Settings.from_env({"MNEMOS_SHARDS": "4", "MNEMOS_SHARD": "3", "MNEMOS_INDEX_MEMORY_MB": "64"})
+    assert (s.shards, s.shard, s.index_memory_bytes) == (4, 3, 64 * 1024 * 1024)
+
+
+def test_the_client_publishes_and_forgets_on_each_tenant_s_shard() -> None:
+    redis = RecordingRedis()
+    client = MnemosClient(redis, stream_prefix="unit", shards=3)  # type: ignore[arg-type]
+    tenants = ["alice", "bob", "dave"]
+    assert [client.shard_of(t) for t in tenants] == [0, 1, 2]
+    client.publish_turns([{"tenant_id": t, "session_id": "s", "turn_id": f"{t}-{i}", "role": "user",
+                           "text": f"turn {i} of {t}", "occurred_at": "2024-03-01T09:00:00+00:00"}
+                          for i in range(2) for t in tenants])
+    client.forget("dave", session_id="s")
+    for shard, tenant in enumerate(tenants):
+        stream = redis.streams[f"unit:turns:{{shard-{shard}}}"]
+        assert [m["tenant_id"] for m in stream] == [tenant] * (3 if tenant == "dave" else 2)
+    assert set(redis.streams) == {f"unit:turns:{{shard-{n}}}" for n in range(3)}
+    assert [client.queue_of(t).name for t in tenants] == [f"retrievals:{{shard-{n}}}" for n in range(3)]
+
+
+def test_an_unsharded_client_keeps_its_one_stream_and_queue() -> None:
+    redis = RecordingRedis()
+    client = MnemosClient(redis, stream_prefix="unit")  # type: ignore[arg-type]
+    client.publish_turn({"tenant_id": "bob", "session_id": "s", "turn_id": "t", "role": "user", "text": "hi",
+                         "occurred_at": "2024-03-01T09:00:00+00:00"})
+    assert list(redis.streams) == ["unit:turns"] == [client.turns_stream]
+    assert client.queue_of("bob").name == client.queue.name == "retrievals"
