@@ -222,6 +222,13 @@ INGEST = Dashboard(
             Panel("Dead letters", "Messages moved to the dead-letter stream per interval, by reason.",
                   (Query(f"sum by (reason) (increase(mnemos_dead_letters_total{sel()}[{RATE}]))", "{{reason}}"),)),
         )),
+        Row("Forget", (
+            Panel("Forgets", "Forget events applied per second, turns they erased, and re-published turns "
+                  "dropped by a tombstone (no tenant label: erasure leaves no per-tenant trace here).",
+                  (Query(rate("mnemos_ingest_forget_events_total"), "events"),
+                   Query(rate("mnemos_ingest_forgotten_turns_total"), "turns forgotten"),
+                   Query(rate("mnemos_ingest_turns_tombstoned_total"), "tombstoned")), unit="ops", width=24),
+        )),
     ),
 )
 
