@@ -199,15 +199,16 @@ def _load_cross_encoder(model_name_or_path: str | Path, max_length: int, device:
         import torch
         from sentence_transformers import CrossEncoder
 
+        dtype = {RerankPrecision.FP32: torch.float32, RerankPrecision.FP16: torch.float16,
+                 RerankPrecision.BF16: torch.bfloat16}[precision]
         model = CrossEncoder(
             str(model_name_or_path),
             max_length=max_length,
             device=device,
             activation_fn=torch.nn.Identity(),  # logits, whatever the saved config says
+            model_kwargs={"dtype": dtype},  # loaded in this format, whatever the stored one (shipped: float16)
         )
-        dtype = {RerankPrecision.FP32: torch.float32, RerankPrecision.FP16: torch.float16,
-                 RerankPrecision.BF16: torch.bfloat16}[precision]
-        model.to(dtype)  # weights may be stored in another format (the shipped model: float16)
+        model.to(dtype)
         model.eval()
     except Exception as exc:  # the library raises many unrelated types
         raise ModelLoadError(str(model_name_or_path), f"{type(exc).__name__}: {exc}") from exc
