@@ -86,7 +86,7 @@ class RetrievalConfig:
     eta: float = 0.1
     update_rule: UpdateRule = UpdateRule.RANK_GAP
     suppression: bool = True
-    suppression_threshold: float = 0.0
+    suppression_threshold: float = 0.5
     features: tuple[FeatureSetting, ...] = ()
 
     def __post_init__(self) -> None:

@@ -70,7 +70,7 @@ class Settings:
     eta: float = 0.1
     update_rule: str = "rank_gap"  # rank_gap | uniform
     suppression: bool = True
-    suppression_threshold: float = 0.0  # evidence threshold tau: penalty alpha * max(0, s - tau)
+    suppression_threshold: float = 0.5  # evidence threshold tau: penalty alpha * max(0, s - tau); LoCoMo dev split
     clusters_k: int = 30
     bootstrap_factor: int = 10  # k-means after bootstrap_factor * clusters_k queries
     # post-rerank features (AssoMem §4.2 / §3.2.3; mnemos.features); weights in logit units of the

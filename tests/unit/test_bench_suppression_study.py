@@ -9,6 +9,7 @@ from bench.engine import Engine, FoldRerankers, RerankerFold, prepare_questions
 from bench.quality import QualityOptions, run_quality
 from bench.suppression_study import study_markdown, suppression_study
 from mnemos.encoder import HashingEncoder
+from mnemos.pipeline import RetrievalConfig
 from mnemos.rerank import CachedReranker, FakeReranker
 from tests.unit.test_bench_synthetic import synthetic_conversations
 
@@ -50,5 +51,5 @@ def test_quality_report_carries_the_study_when_asked() -> None:
     report = run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=rerankers, options=options,
                          dataset={"name": "synthetic", "path": "-"})
     assert len(report.document["suppression_study"]["grid"]) == 4
-    assert report.document["settings"]["suppression_threshold"] == 0.0
+    assert report.document["settings"]["suppression_threshold"] == RetrievalConfig().suppression_threshold == 0.5
     assert "Suppression study on the dev" in report.markdown

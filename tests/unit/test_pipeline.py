@@ -104,7 +104,8 @@ def test_penalty_arithmetic_on_fused_scores(index, encoder):
     # penalty 0.3 * s on the leader; choose s so it drops just below the runner-up
     gap = first.score - second.score
     table = SuppressionTable({(first.entry_id, 0): gap / 0.3 + 1e-6})
-    adjusted = _run(index, encoder, query, k=10, reranker=None, suppression=table, cluster=0)
+    paper_rule = RetrievalConfig(suppression_threshold=0.0)  # every bit of s counts
+    adjusted = _run(index, encoder, query, k=10, reranker=None, suppression=table, cluster=0, config=paper_rule)
     assert adjusted.hits[0].entry_id == second.entry_id
     moved = next(h for h in adjusted.hits if h.entry_id == first.entry_id)
     assert moved.score == pytest.approx(first.score - 0.3 * (gap / 0.3 + 1e-6))
@@ -137,7 +138,7 @@ def test_suppression_threshold_must_be_finite_and_non_negative(tau):
 
 def test_closed_loop_outcome_feeds_the_next_retrieval(index, encoder):
     query = "the dog"
-    config = RetrievalConfig(deep_threshold=None)
+    config = RetrievalConfig(deep_threshold=None, suppression_threshold=0.0)
     leader = _run(index, encoder, query, reranker=None).hits[0]
     reranker = FakeReranker(overrides={index.rendered(leader.entry_id): -5.0}, fn=lambda q, t: 1.0)  # rejects it
     table = SuppressionTable()
@@ -147,7 +148,7 @@ def test_closed_loop_outcome_feeds_the_next_retrieval(index, encoder):
     deltas = outcome_deltas(first.outcome, UpdateRule.RANK_GAP, eta=config.eta)
     assert set(deltas) == {(leader.entry_id, 0)}  # everyone else moved up by one
     table.apply(deltas)
-    second = _run(index, encoder, query, reranker=None, suppression=table, cluster=0)
+    second = _run(index, encoder, query, reranker=None, suppression=table, cluster=0, config=config)
     penalised = next(h for h in second.hits if h.entry_id == leader.entry_id)
     assert penalised.score == pytest.approx(leader.score - 0.3 * deltas[(leader.entry_id, 0)])
 
