@@ -74,12 +74,12 @@ class Settings:
     clusters_k: int = 30
     bootstrap_factor: int = 10  # k-means after bootstrap_factor * clusters_k queries
     # post-rerank features (AssoMem §4.2 / §3.2.3; mnemos.features); weights in logit units of the
-    # configured cross-encoder, 0 = off. The LoCoMo bench's dev-split selection kept session(top=3,
-    # weight=2) and temporal(slack_days=7, weight=2) for the LoCoMo-trained reranker the package
-    # ships, so they are the defaults; with another cross-encoder, select them again.
-    session_top: int = 3  # turns of the best session_top sessions get session_weight
+    # configured cross-encoder, 0 = off. The LoCoMo bench's dev-split selection kept session(top=1,
+    # weight=2) and temporal(slack_days=31, weight=2) for the LoCoMo-trained reranker the package
+    # ships (bench/results/locomo.md), so they are the defaults; with another cross-encoder, select again.
+    session_top: int = 1  # turns of the best session_top sessions get session_weight
     session_weight: float = 2.0
-    temporal_slack_days: float = 7.0  # a session may start up to this many days after the named time
+    temporal_slack_days: float = 31.0  # a session may start up to this many days after the named time
     temporal_weight: float = 2.0
     dedupe_threshold: float = 0.95
     default_k: int = 10
