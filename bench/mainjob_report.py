@@ -156,7 +156,7 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
         "features": [{"feature": f.feature.value, **dict(f.params)} for f in feature_settings(settings)],
         "settings": {name: getattr(settings, name) for name in (
             "bi_encoder", "n_candidates", "pool_size", "deep_pool_size", "deep_threshold", "rrf_k", "alpha", "eta",
-            "update_rule", "clusters_k", "bootstrap_factor", "dedupe_threshold", "rerank_cache_pairs",
+            "update_rule", "suppression_threshold", "clusters_k", "bootstrap_factor", "dedupe_threshold", "rerank_cache_pairs",
             "rerank_max_length", "device")},
         "protocol": {
             "heldout": "two tenants per conversation: .a burns in on half A and is evaluated on half B, .b the "
@@ -166,6 +166,7 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
                        "runs); evaluation starts once the suppression worker applied every burn-in outcome",
             "headline": "LoCoMo categories 1-4; category 5 reported apart"},
         "n_questions": service["n_questions"],
+        "n_questions_evaluated": len(rows),  # every question asked and scored, category 5 included
         **{key: service[key] for key in service if key != "n_questions"},
         "category_5": _summary([r for r in rows if not overall_question(r["category"])], "", seed),
         "per_category": {str(c): {"name": CATEGORY_NAMES.get(c, str(c)),

@@ -183,6 +183,7 @@ def test_main_job_holds_out_suppression_and_replays_equal_in_process(
     assert check["questions"] == check["equal_ndcg@10"] == check["equal_rankings"] == check["equal_clusters"] == 8
     assert check["equal_outcome_pools"] == check["requests_compared"] == 88  # 80 burn-in + 8 evaluation
     assert payload["n_questions"] == 8 and payload["in_process"]["n_questions"] == 8
+    assert payload["n_questions_evaluated"] == check["questions"] == 8  # this sample has no category 5
     assert payload["ndcg@10"] == payload["in_process"]["ndcg@10"]
     assert 0.0 < payload["ndcg@10"] <= 1.0
     low, high = payload["ndcg@10_ci95"]
