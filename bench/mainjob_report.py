@@ -165,8 +165,7 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
             "burn_in": "draws with replacement from the half (seeded as mnemos bench quality's per-tenant held-out "
                        "runs); evaluation starts once the suppression worker applied every burn-in outcome",
             "headline": "LoCoMo categories 1-4; category 5 reported apart"},
-        "n_questions": service["n_questions"],
-        "n_questions_evaluated": len(rows),  # every question asked and scored, category 5 included
+        "n_questions": service["n_questions"], "n_questions_evaluated": len(rows),  # category 5 included
         **{key: service[key] for key in service if key != "n_questions"},
         "category_5": _summary([r for r in rows if not overall_question(r["category"])], "", seed),
         "per_category": {str(c): {"name": CATEGORY_NAMES.get(c, str(c)),
