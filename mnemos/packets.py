@@ -145,16 +145,8 @@ class Candidate:
     qualifiers: Qualifiers
 
 
-@dataclass(frozen=True)
-class PacketItem:
-    """One kept item: the candidate's fields (``tokens`` counts :func:`render_item` of it)."""
-
-    entry_id: int
-    turn_id: str
-    text: str
-    score: float
-    tokens: int
-    qualifiers: Qualifiers
+PacketItem = Candidate
+"""A kept item is the candidate itself (``tokens`` counts :func:`render_item` of it)."""
 
 
 @dataclass(frozen=True)
@@ -318,7 +310,7 @@ def build_packet(candidates: Sequence[Candidate], embeddings: np.ndarray, budget
     if matrix.ndim != 2 or matrix.shape[0] != len(candidates):
         raise DimensionMismatchError("candidate embeddings", f"({len(candidates)}, dim)", tuple(matrix.shape))
     kept, left_out = select(current, matrix[[rows[c.entry_id] for c in current]], budget_tokens, config)
-    items = sorted((PacketItem(c.entry_id, c.turn_id, c.text, c.score, c.tokens, c.qualifiers) for c in kept),
+    items = sorted(kept,
                    key=reading_order)
     position = {c.entry_id: row for row, c in enumerate(candidates)}
     omitted = sorted([*superseded, *left_out], key=lambda o: position[o.entry_id])
