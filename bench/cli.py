@@ -106,8 +106,17 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
 VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
 
 
+def reranker_details(router, max_length: int) -> dict | None:
+    """``{"layers", "max_length", "epochs", "max_pairs"}`` of a fold router's first fold (None for none)."""
+    if router is None:
+        return None
+    provenance = router.folds[0].provenance
+    return {"layers": provenance.get("layers", 6), "max_length": max_length, "epochs": provenance.get("epochs"),
+            "max_pairs": provenance.get("max_pairs")}
+
+
 def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,
-                   batch_size: int, main_loaders: dict) -> list:
+                   batch_size: int, main_loaders: dict, main_router=None) -> list:
     """Ablations by name (:data:`VARIANT_NAMES`) and reranker variants from ``NAME=DIR[,DIR...][@MAX_LENGTH]``
     specs (each DIR a fold, as ``--reranker-fold``), as :class:`bench.variants.Variant` values.
 
@@ -132,7 +141,8 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
         else:
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANT_NAMES)}")
     if main_timing is not None and reranker_specs:
-        out.append(Variant("main_reranker", "the main run's rerankers (timing only)", {}, timing=main_timing))
+        out.append(Variant("main_reranker", "the main run's rerankers (timing only)", {}, timing=main_timing,
+                           reranker=reranker_details(main_router, max_length)))
     for spec in reranker_specs:
         label, sep, rest = spec.partition("=")
         if not sep or not rest:
@@ -142,7 +152,7 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
         router, loaders = load_folds([d for d in dirs.split(",") if d], cache_dir=cache_dir, max_length=length_value,
                                      batch_size=batch_size)
         out.append(Variant(label, f"rerankers {dirs} at max_length {length_value}", {}, rerankers=router,
-                           timing=next(iter(loaders.values()))))
+                           timing=next(iter(loaders.values())), reranker=reranker_details(router, length_value)))
     return out
 
 
@@ -260,7 +270,7 @@ def run_quality_command(request: QualityCommand) -> int:
                                      max_length=request.max_length, batch_size=request.batch_size)
         variant_list = build_variants(list(request.variants), list(request.compare_rerankers),
                                       cache_dir=request.cache_dir, max_length=request.max_length,
-                                      batch_size=request.batch_size, main_loaders=loaders)
+                                      batch_size=request.batch_size, main_loaders=loaders, main_router=router)
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2

@@ -40,6 +40,7 @@ from bench.service import (
     running_service,
     write_json,
 )
+from bench.speed_report import write_speed_report
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,8 @@ def freshness(run, tenant_id: str, probes: int) -> tuple[list[float], int]:
 
 
 def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
-                    limit_conversations: int | None, probes: int, json_path: Path | None) -> int:
+                    limit_conversations: int | None, probes: int, json_path: Path | None,
+                    sweep_from: tuple[Path, ...] = (), markdown: Path | None = None) -> int:
     from bench.corpora import rendered_texts
     from bench.engine import prepare_questions
     from workers.models import load_encoder, load_reranker
@@ -182,6 +184,7 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
     if json_path is not None:
         write_json(json_path, payload)
         click.echo(f"wrote {json_path}")
+        write_speed_report(json_path, sweep_from, markdown)
     return 0
 
 
@@ -194,10 +197,27 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
 @click.option("--probes", type=int, default=20, show_default=True, help="freshness probes")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the results here (e.g. bench/results/speed.json)")
+@click.option("--sweep-from", "sweep_from", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="a `bench quality` JSON whose reranker variants become the rerank_sweep (repeatable)")
+@click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write speed.md here (with --json)")
 @click.pass_context
 def speed(ctx: click.Context, data: Path, reranker: str | None, limit: int | None, limit_conversations: int | None,
-          probes: int, json_path: Path | None) -> None:
+          probes: int, json_path: Path | None, sweep_from: tuple[Path, ...], markdown: Path | None) -> None:
     """Ingest, query and freshness speed of the service against the models' own time."""
     settings: Settings = ctx.find_root().obj
     sys.exit(run_speed_bench(settings, data=data, reranker=reranker or settings.cross_encoder, limit=limit,
-                             limit_conversations=limit_conversations, probes=probes, json_path=json_path))
+                             limit_conversations=limit_conversations, probes=probes, json_path=json_path,
+                             sweep_from=sweep_from, markdown=markdown))
+
+
+@click.command("speed-report")
+@click.option("--speed", "speed_json", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="a `bench speed` JSON (updated in place with rerank_sweep)")
+@click.option("--sweep-from", "sweep_from", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="a `bench quality` JSON whose reranker variants become the rerank_sweep (repeatable)")
+@click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def speed_report(speed_json: Path, sweep_from: tuple[Path, ...], markdown: Path) -> None:
+    """Write speed.md (and the rerank_sweep) from committed results without re-running anything."""
+    rows = write_speed_report(speed_json, sweep_from, markdown)
+    click.echo(f"wrote {markdown} ({len(rows)} sweep rows)")

@@ -43,7 +43,9 @@ class Variant:
     ``engine_changes`` are keyword arguments the caller's engine factory applies (for example
     ``{"rendering": Rendering.TEXT}`` or ``{"dedupe_guard": False}``); ``rerankers`` replaces the
     main run's folds (None keeps them); ``suppression`` False evaluates ``mnemos_full``'s features
-    on ``hybrid_rerank`` pools (suppression off); ``timing`` names the reranker to time per pool.
+    on ``hybrid_rerank`` pools (suppression off); ``timing`` names the reranker to time per pool;
+    ``reranker`` describes a reranker variant for the sweep table (``layers``, ``max_length``,
+    ``epochs``, ``max_pairs`` of its first fold's provenance).
     """
 
     name: str
@@ -52,6 +54,7 @@ class Variant:
     rerankers: Any = None
     suppression: bool = True
     timing: Callable[[], Reranker] | None = None
+    reranker: Mapping[str, Any] | None = None
 
 
 def time_reranker(reranker: Reranker, pools: Sequence[tuple[str, Sequence[str]]], *, warmup: int = 3
@@ -108,6 +111,8 @@ def run_variant(
         KeyError: if ``main`` lacks an arm this variant is compared on.
     """
     block: dict[str, Any] = {"name": variant.name, "description": variant.description, "modes": {}}
+    if variant.reranker is not None:
+        block["reranker"] = dict(variant.reranker)
     for mode in engine.modes:
         arms: dict[str, Any] = {}
         for arm in (FIRST_STAGE_ARM, BASELINE_ARM, FULL_ARM):
