@@ -196,6 +196,7 @@ class QualityCommand:
     folds: tuple[str, ...] = ()
     arms: tuple[str, ...] = ()
     corpora: tuple[str, ...] = ("per_tenant", "pooled")
+    variant_corpora: tuple[str, ...] = ()
     protocols: tuple[str, ...] = ("heldout", "transductive")
     limit: int | None = None
     burnin_factor: float = 5.0
@@ -234,6 +235,7 @@ class QualityCommand:
         return QualityOptions(
             arms=self.arms or ARM_NAMES,
             modes=tuple(CorpusMode(c) for c in self.corpora),
+            variant_modes=tuple(CorpusMode(c) for c in self.variant_corpora),
             protocols=tuple(Protocol(p) for p in self.protocols),
             burnin_factor=self.burnin_factor, clusters=self.clusters, queries_per_cluster=self.queries_per_cluster,
             seed=self.seed, n_resamples=self.resamples, abstain_threshold=self.abstain_threshold,
@@ -421,6 +423,8 @@ def bench() -> None:
               help="An ablation measured beside the main run (repeatable).")
 @click.option("--suppression-study", is_flag=True, default=False,
               help="Also run the dev-split suppression study (alpha x evidence threshold grid; bench/suppression_study.py).")
+@click.option("--variant-corpus", "variant_corpus", default="",
+              help="Corpus modes of the variants (default: those of --corpus), e.g. per_tenant.")
 @click.option("--compare-rerankers", "compare_rerankers", multiple=True, metavar="NAME=DIR[,DIR...][@MAX_LENGTH]",
               help="Other reranker folds measured beside the main ones, quality and time per pool (repeatable).")
 def quality(**kwargs: Any) -> None:
@@ -430,6 +434,7 @@ def quality(**kwargs: Any) -> None:
     request = QualityCommand(
         data=kwargs["data"], data_format=kwargs["data_format"], folds=tuple(kwargs["folds"]),
         arms=tuple(_split(kwargs["arms"])), corpora=tuple(_split(kwargs["corpus"])),
+        variant_corpora=tuple(_split(kwargs["variant_corpus"])),
         protocols=tuple(_split(kwargs["protocol"])), limit=kwargs["limit"], json_path=kwargs["json_path"],
         markdown_path=kwargs["markdown_path"], plot_path=kwargs["plot_path"],
         per_question_path=kwargs["per_question_path"], cache_dir=kwargs["cache_dir"],

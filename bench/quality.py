@@ -66,7 +66,8 @@ Progress = Callable[[int, str], tuple[Callable[[int], None], Callable[[], None]]
 @dataclass(frozen=True)
 class QualityOptions:
     """What to run. ``full_features``: ``"auto"`` selects on the dev split (needs the held-out
-    protocol), ``"none"`` makes ``mnemos_full`` equal to ``+clustered_rif_gap``."""
+    protocol), ``"none"`` makes ``mnemos_full`` equal to ``+clustered_rif_gap``. ``variant_modes``:
+    the corpus modes the variants run on (empty: ``modes``); each must be one of ``modes``."""
 
     arms: tuple[str, ...] = ARM_NAMES
     modes: tuple[CorpusMode, ...] = (CorpusMode.PER_TENANT, CorpusMode.POOLED)
@@ -83,8 +84,12 @@ class QualityOptions:
     full_features: str = "auto"
     alpha: float = 0.05
     suppression_study: bool = False
+    variant_modes: tuple[CorpusMode, ...] = ()
 
     def __post_init__(self) -> None:
+        if not set(self.variant_modes) <= set(self.modes):
+            raise ValueError(f"variant corpus modes {[m.value for m in self.variant_modes]} must be among "
+                             f"{[m.value for m in self.modes]}")
         unknown = [a for a in self.arms if a not in ARM_NAMES]
         if unknown:
             raise ValueError(f"unknown arms {unknown}; known: {', '.join(ARM_NAMES)}")
@@ -309,12 +314,14 @@ def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine
         changes = dict(variant.engine_changes)
         if variant.rerankers is not None:
             changes["rerankers"] = variant.rerankers
-        target = make_engine(**changes) if changes else engine
+        modes = options.variant_modes or engine.modes
+        target = make_engine(**changes, modes=modes) if changes else engine
         if target is not engine and target.rerankers is not None:
             target.prewarm([arm_by_name(BASELINE_ARM).config])
         logger.info("variant %s: %s", variant.name, variant.description)
         blocks.append(run_variant(variant, target, main, selection, abstain_threshold=options.abstain_threshold,
-                                  n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools))
+                                  n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools,
+                                  modes=modes))
     return blocks
 
 

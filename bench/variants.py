@@ -103,9 +103,11 @@ def run_variant(
     n_resamples: int,
     seed: int,
     timing_pools: Sequence[tuple[str, Sequence[str]]] = (),
+    modes: Sequence[CorpusMode] | None = None,
 ) -> dict[str, Any]:
     """Measure ``variant`` on ``engine`` (its own) against the main run's per-question ``main``
-    metrics keyed by ``(corpus mode, arm)``; returns the JSON block of the variant.
+    metrics keyed by ``(corpus mode, arm)``, in ``modes`` (default: all of the engine's); returns
+    the JSON block of the variant.
 
     Raises:
         KeyError: if ``main`` lacks an arm this variant is compared on.
@@ -113,7 +115,7 @@ def run_variant(
     block: dict[str, Any] = {"name": variant.name, "description": variant.description, "modes": {}}
     if variant.reranker is not None:
         block["reranker"] = dict(variant.reranker)
-    for mode in engine.modes:
+    for mode in modes or engine.modes:
         arms: dict[str, Any] = {}
         for arm in (FIRST_STAGE_ARM, BASELINE_ARM, FULL_ARM):
             if arm != FIRST_STAGE_ARM and engine.rerankers is None:

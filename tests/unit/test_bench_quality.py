@@ -235,3 +235,20 @@ def test_variants_are_measured_against_the_main_run() -> None:
     assert blocks["same"]["rerank_time"]["pools"] > 0 and blocks["same"]["rerank_time"]["p50_ms"] >= 0
     assert "rerank_time" not in blocks["rendering_off"]
     assert "Variants (held-out protocol" in report.markdown
+
+
+def test_variants_run_on_their_own_corpus_modes_only() -> None:
+    """--variant-corpus per_tenant: the main run keeps both modes, every variant reports per_tenant
+    alone (an engine-changing one builds only that mode), and a mode outside the run is refused."""
+    options = QualityOptions(arms=("hybrid_rrf", "hybrid_rerank", "mnemos_full"), protocols=(Protocol.HELDOUT,),
+                             burnin_factor=2.0, n_resamples=200, variant_modes=(CorpusMode.PER_TENANT,))
+    variants = [Variant("same", "changes nothing", {}, rerankers=_rerankers()),
+                Variant("suppression_off", "no suppression", {}, suppression=False)]
+    report = run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(),
+                         options=options, dataset={"name": "synthetic", "path": "-"}, variants=variants)
+    assert {r["corpus"] for r in report.document["runs"]} == {"per_tenant", "pooled"}
+    for block in report.document["variants"]:
+        assert list(block["modes"]) == ["per_tenant"]
+        assert block["modes"]["per_tenant"]["hybrid_rerank"]["vs_main"]["n"] > 0
+    with pytest.raises(ValueError, match="variant corpus modes"):
+        QualityOptions(modes=(CorpusMode.POOLED,), variant_modes=(CorpusMode.PER_TENANT,))
