@@ -18,6 +18,9 @@ from tests.deploy.manifests import DEPLOY, K8S, K8S_VERSIONS, KUSTOMIZATION, WOR
 MANIFEST_FILES = manifests.manifest_files()
 KUSTOMIZATION_DIRS = manifests.kustomization_dirs()
 PATCH_FILES = sorted({p for d in KUSTOMIZATION_DIRS for p in manifests.patch_files(d)})
+# kustomize's own configuration (fieldSpecs such as KEDA's name references), not Kubernetes objects
+CONFIGURATION_FILES = sorted({(d / c).resolve() for d in KUSTOMIZATION_DIRS
+                              for c in manifests.kustomization(d).get("configurations", [])})
 
 
 def _rel(path) -> str:
@@ -69,6 +72,8 @@ def test_kustomization_references_exist(directory):
             assert manifests.kustomization(target)["kind"] == "Kustomization", f"{entry} is not a Kustomization"
     for entry in spec.get("components", []):
         assert manifests.kustomization(directory / entry)["kind"] == "Component", f"{entry} is not a Component"
+    for entry in spec.get("configurations", []):
+        assert (directory / entry).is_file(), f"{_rel(directory)}: configuration {entry} missing"
     for patch in spec.get("patches", []):
         assert ("path" in patch) != ("patch" in patch), f"{_rel(directory)}: a patch needs exactly one of path/patch"
         if "path" in patch:
@@ -84,8 +89,9 @@ def test_kustomization_references_exist(directory):
 
 
 def test_no_orphan_manifests():
-    """Every YAML file under deploy/k8s is a kustomization, a resource or a patch of one."""
-    used = set(MANIFEST_FILES) | set(PATCH_FILES) | {d / KUSTOMIZATION for d in KUSTOMIZATION_DIRS}
+    """Every YAML file under deploy/k8s is a kustomization, a resource, a patch or a configuration of one."""
+    used = {*MANIFEST_FILES, *PATCH_FILES, *CONFIGURATION_FILES}
+    used |= {d / KUSTOMIZATION for d in KUSTOMIZATION_DIRS}
     orphans = [p for p in K8S.rglob("*.yaml") if p.resolve() not in used]
     assert not orphans, f"files no kustomization includes: {orphans}"
 
