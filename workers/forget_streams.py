@@ -14,7 +14,8 @@ is committed, the ingest worker deletes (XDEL):
   deleted together, in one MULTI);
 * every entry of the dead-letter stream ``<prefix>:turns:dead`` that copies a covered message;
 * every stored rq result (a result stream ``rq:results:mnemos-*``) of a retrieval of the tenant
-  that returned a covered hit (:func:`erase_results`; a scan of the keyspace, once per forget).
+  that returned a covered hit or evidence-packet item (a packet may carry turns of the reranked
+  pool below the top ``k`` hits; :func:`erase_results`; a scan of the keyspace, once per forget).
 
 The forget event itself holds ids only and is acknowledged and trimmed like any entry.
 """
@@ -152,16 +153,24 @@ def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: For
     return [sid for sid, fields in _entries(connection, dead_stream, "+") if covered(fields)]
 
 
-def _covered_hit(request: ForgetRequest) -> Callable[[Mapping[str, Any]], bool]:
-    def covered(hit: Mapping[str, Any]) -> bool:
-        return request.covers(str(hit.get("session_id", "")), str(hit.get("turn_id", "")))
-    return covered
+def _turns_with_text(value: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """``(session_id, turn_id)`` of every turn whose text a stored retrieval result holds: its hits
+    and its packet's items (omitted packet candidates hold ids only)."""
+    for hit in value.get("hits") or ():
+        if isinstance(hit, dict):
+            yield str(hit.get("session_id", "")), str(hit.get("turn_id", ""))
+    packet = value.get("packet")
+    for item in (packet.get("items") or ()) if isinstance(packet, dict) else ():
+        if isinstance(item, dict):
+            qualifiers = item.get("qualifiers")
+            session = qualifiers.get("session_id", "") if isinstance(qualifiers, dict) else ""
+            yield str(session), str(item.get("turn_id", ""))
 
 
 def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
-    """Delete the stored results of the tenant's retrievals that returned a hit ``request`` covers
-    (a client waiting for one of them right now times out); returns how many were deleted."""
-    covered = _covered_hit(request)
+    """Delete the stored results of the tenant's retrievals that returned a hit or packet item
+    ``request`` covers (a client waiting for one of them right now times out); returns how many
+    were deleted."""
     deleted = 0
     for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
         job_id = _text(key).removeprefix(Result.get_key(""))
@@ -173,7 +182,7 @@ def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
                 continue
             value = result.return_value
             if (isinstance(value, dict) and value.get("tenant_id") == request.tenant_id
-                    and any(isinstance(h, dict) and covered(h) for h in value.get("hits", ()))):
+                    and any(request.covers(*turn) for turn in _turns_with_text(value))):
                 doomed.append(_text(raw_id))
         if doomed:
             deleted += int(connection.xdel(key, *doomed))
