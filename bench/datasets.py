@@ -350,10 +350,15 @@ def _lme_conversation(item: Any, index: int, path: Path) -> Conversation:
     turns: list[Turn] = []
     answers: list[str] = []
     seen: set[str] = set()
+    first_seen: dict[str, Any] = {}
     for s, (session_id, date, session) in enumerate(zip(session_ids, dates, sessions, strict=True)):
         where = f"{at}.haystack_sessions[{s}]"
         if not isinstance(session, list):
             raise DatasetFormatError(path, where, f"expected a list of turns, got {type(session).__name__}")
+        if first_seen.get(str(session_id)) == session:  # the same session again (another date): read once
+            logger.debug("%s: session %s repeats with the same turns; kept at its first date", at, session_id)
+            continue
+        first_seen.setdefault(str(session_id), session)
         if not isinstance(date, str):
             raise DatasetFormatError(path, f"{at}.haystack_dates[{s}]", "expected str")
         occurred_at = _lme_date(date, path, f"{at}.haystack_dates[{s}]")
@@ -395,12 +400,15 @@ def load_longmemeval(path: str | Path) -> list[Conversation]:
     each other's sessions. Turn ids are ``"<haystack session id>:<index in session>"``, session
     ids are the haystack ids, ``occurred_at`` the session's ``haystack_dates`` entry (UTC). The
     single question's relevant turns are those with ``has_answer: true`` (none for abstention
-    items).
+    items). A session whose id repeats within one haystack with the same turns is read once, at
+    its first date (13 items of LongMemEval-S repeat one session so, under another date); a
+    repeated id with other turns is an error.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
         DatasetFormatError: if the file is not JSON, a required key is missing or mistyped, a date
-            is unparseable, the haystack lists differ in length, or a session id repeats.
+            is unparseable, the haystack lists differ in length, or a session id repeats with other
+            turns.
     """
     path = Path(path)
     data = _read_json(path)

@@ -263,6 +263,17 @@ def test_longmemeval_compressed_files_load_like_plain_json(tmp_path, suffix):
         load_longmemeval(path)
 
 
+def test_a_session_repeated_with_the_same_turns_is_read_once_at_its_first_date(tmp_path):
+    data = json.loads(LONGMEMEVAL_FIXTURE)
+    item = data[0]
+    item["haystack_session_ids"].append(item["haystack_session_ids"][0])
+    item["haystack_dates"].append("2024/01/01 (Mon) 09:00")
+    item["haystack_sessions"].append(item["haystack_sessions"][0])
+    first = load_longmemeval(_write(tmp_path, json.dumps(data)))[0]
+    assert [t.turn_id for t in first.turns] == ["sess_a:0", "sess_a:1", "answer_b:0", "answer_b:1"]
+    assert first.turns[0].occurred_at.year == 2023
+
+
 def _lme_variant(**changes) -> str:
     data = json.loads(LONGMEMEVAL_FIXTURE)
     data[0].update(changes)
