@@ -131,11 +131,16 @@ def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> fl
 
 @contextmanager
 def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, keep: bool = False,
-                    ready_timeout_s: float = 300.0, log_level: str | None = None) -> Iterator[ServiceRun]:
+                    ready_timeout_s: float = 300.0, log_level: str | None = None,
+                    workers_of: Sequence[Settings] | None = None) -> Iterator[ServiceRun]:
     """Create and migrate the run's database, start the workers, wait until they listen.
 
-    ``log_level`` is the workers' (default: this process's). On exit the workers are stopped and,
-    unless ``keep``, the run's streams, queue and database are removed.
+    ``log_level`` is the workers' (default: this process's). With ``settings.shards`` > 1 the client
+    routes tenants to shards (docs/scaling.md) and ``kinds`` are started once per shard;
+    ``workers_of`` gives the settings of each set of workers to start instead (default: ``settings``
+    itself, or ``settings`` with ``shard`` 0 .. shards-1), e.g. each with its own metrics ports.
+    On exit the workers are stopped and, unless ``keep``, the run's streams, queues and database
+    are removed.
     """
     ensure_database(settings.database_url)
     run_migrations(settings.database_url)
@@ -144,19 +149,16 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
     connection = redis_client(settings)
     client = MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                           limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
-                          job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s)
-    children = spawn_workers(settings, tuple(kinds), log_level=log_level)
+                          job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
+                          shards=settings.shards)
+    if workers_of is None:
+        workers_of = [settings.replace(shard=shard) for shard in range(settings.shards)]
+    children = [child for own in workers_of for child in spawn_workers(own, tuple(kinds), log_level=log_level)]
     store = PostgresStore(settings.database_url, settings.db_app_role).open()
     run = ServiceRun(settings, client, store, connection, children)
     try:
-        if "ingest" in kinds:
-            _wait(lambda: _has_consumer(connection, settings.turns_stream, INGEST_GROUP), ready_timeout_s,
-                  "the ingest worker")
-        if "query" in kinds:
-            _wait(lambda: bool(Worker.all(queue=client.queue)), ready_timeout_s, "the query worker")
-        if "suppression" in kinds:
-            _wait(lambda: _has_consumer(connection, settings.outcomes_stream, SUPPRESSION_GROUP), ready_timeout_s,
-                  "the suppression worker")
+        for own in workers_of:
+            _wait_listening(run, own, kinds, ready_timeout_s)
         yield run
     finally:
         stop_workers(children)
@@ -165,9 +167,21 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
         if keys and not keep:
             connection.delete(*keys)
         if not keep:
-            delete_queue(connection, settings.queue_name)
+            for queue in client.queues:
+                delete_queue(connection, queue.name)
         if not keep:
             drop_database(settings.database_url)
+
+
+def _wait_listening(run: ServiceRun, own: Settings, kinds: Sequence[str], timeout_s: float) -> None:
+    """Wait until the workers of ``kinds`` started with ``own`` (one shard's) listen."""
+    if "ingest" in kinds:
+        _wait(lambda: _has_consumer(run.connection, own.turns_stream, INGEST_GROUP), timeout_s, "the ingest worker")
+    if "query" in kinds:
+        _wait(lambda: bool(Worker.all(queue=run.client.queues[own.shard])), timeout_s, "the query worker")
+    if "suppression" in kinds:
+        _wait(lambda: _has_consumer(run.connection, own.outcomes_stream, SUPPRESSION_GROUP), timeout_s,
+              "the suppression worker")
 
 
 def _has_consumer(connection: redis.Redis, stream: str, group: str) -> bool:
@@ -215,7 +229,8 @@ def turn_message(tenant_id: str, turn: DatasetTurn) -> dict[str, Any]:
 
 def publish_tenants(run: ServiceRun, tenants: Sequence[tuple[str, Conversation]], timeout_s: float = 3600.0,
                     progress: Callable[[int], None] | None = None) -> dict[str, float]:
-    """Publish every turn of each ``(tenant id, conversation)`` turn by turn, wait until all are stored.
+    """Publish every turn of each ``(tenant id, conversation)`` turn by turn, wait until all are stored
+    (with shards, each tenant on its shard's turns stream, and every shard's ingest worker caught up).
 
     ``progress(n)`` is called with the number of newly acknowledged turns while the ingest worker
     catches up (every turn is acknowledged only after its commit). Returns ``turns``,
@@ -224,18 +239,24 @@ def publish_tenants(run: ServiceRun, tenants: Sequence[tuple[str, Conversation]]
     """
     turns = [turn_message(tenant_id, t) for tenant_id, c in tenants for t in c.turns]
     expected = {tenant_id: len(c.turns) for tenant_id, c in tenants}
-    stream = run.settings.turns_stream
-    before = group_acknowledged(run.connection, stream, INGEST_GROUP) or 0
+    streams = [run.settings.replace(shard=shard).turns_stream for shard in range(run.settings.shards)]
+
+    def acknowledged() -> int | None:
+        counts = [group_acknowledged(run.connection, stream, INGEST_GROUP) for stream in streams]
+        known = [c for c in counts if c is not None]
+        return sum(known) if known else None
+
+    before = acknowledged() or 0
     reported = 0
 
     def caught_up() -> bool:
         nonlocal reported
         if progress is not None:
-            done = group_acknowledged(run.connection, stream, INGEST_GROUP)
+            done = acknowledged()
             if done is not None and done - before > reported:
                 progress(done - before - reported)
                 reported = done - before
-        return group_caught_up(run.connection, stream, INGEST_GROUP)
+        return all(group_caught_up(run.connection, stream, INGEST_GROUP) for stream in streams)
 
     started = time.monotonic()
     for turn in turns:  # turn by turn, as an agent would
