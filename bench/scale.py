@@ -45,10 +45,12 @@ from api.validation import limits_of
 from bench.datasets import Conversation
 from bench.scale_data import cycled, haystack_pool, question_texts
 from bench.scale_probe import (
+    ALIASES,
     CACHE_BYTES,
     CACHE_MISSES,
     QueryProcess,
     memory_of,
+    scrape,
     start_query_worker,
     with_free_ports,
 )
@@ -210,6 +212,7 @@ def large_phase(base: Settings, options: ScaleOptions, conversations: Sequence[C
     with running_service(settings, ("ingest",)) as run:
         ingest = publish(run, [(LARGE, large), (SMALL, small)], "large and small tenant")
         stored = {tenant: run.stored(tenant) for tenant in (LARGE, SMALL)}
+        aliases = scrape(settings.ingest_metrics_port).get(ALIASES)
         click.echo(f"ingested {ingest['ingest_turns_per_s']:.1f} turns/s; stored {stored}")
         worker = start_query_worker(run, settings)
         cold = cold_start(run, worker, queries[0], stored[LARGE], options.k)
@@ -217,7 +220,8 @@ def large_phase(base: Settings, options: ScaleOptions, conversations: Sequence[C
                    f"{cold['bytes_per_turn']} bytes per turn (estimate)")
         latency = compare_latency(run, queries[:options.queries] or queries, options.k)
         refresh = refresh_probes(run, options.probes, options.probe_turns, options.k)
-    return {"large_turns": stored[LARGE], "small_turns": stored[SMALL], "distinct_pool_turns": len(pool.turns),
+    return {"large_turns": stored[LARGE], "small_turns": stored[SMALL], "aliases_stored": aliases,
+            "distinct_pool_turns": len(pool.turns),
             "pool_turns_refused": pool.refused, "large_turns_requested": options.large_turns,
             "small_turns_requested": options.small_turns, "ingest": ingest, "cold_start": cold, "queries": latency,
             "refresh": refresh}

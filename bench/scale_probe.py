@@ -40,7 +40,8 @@ CACHE_EVICTIONS = "mnemos_query_tenant_cache_evictions_total"
 CACHE_BYTES = "mnemos_query_tenant_cache_bytes"
 CACHE_TENANTS = "mnemos_query_tenant_cache_tenants"
 JOBS_OK = 'mnemos_query_jobs_total{status="ok"}'
-TURNS_INDEXED = "mnemos_ingest_turns_indexed_total"
+TURNS_INDEXED = "mnemos_ingest_turns_indexed_total"  # stored as canonical entries
+ALIASES = "mnemos_ingest_duplicates_total"  # stored as aliases of a near-duplicate (docs/architecture.md "Dedupe")
 
 
 def free_port() -> int:

@@ -24,7 +24,8 @@ def _large_lines(large: dict[str, Any]) -> list[str]:
     return [
         "## Large tenant", "", f"`{large['command']}` ({_f(large['wall_s'], 0)} s)", "",
         "| figure | value |", "|---|---|",
-        f"| stored turns: large / small tenant | {_f(large['large_turns'])} / {_f(large['small_turns'])} |",
+        f"| stored turns: large / small tenant (of them aliases, both) | {_f(large['large_turns'])} / "
+        f"{_f(large['small_turns'])} ({_f(large.get('aliases_stored'), 0)}) |",
         f"| distinct publishable haystack turns (refused) | {_f(large['distinct_pool_turns'])} "
         f"({_f(large['pool_turns_refused'])}) |",
         f"| ingest, turns/s (first XADD to last commit, one ingest worker) | {_f(large['ingest']['ingest_turns_per_s'], 1)} |",
@@ -68,11 +69,11 @@ def _shard_lines(shards: dict[str, Any]) -> list[str]:
     lines = ["## Shards", "", f"`{shards['command']}`: {shards['setting']}, {_f(shards['tenants'])} tenants, "
              f"{_f(shards['requests'])} requests; every tenant served by its shard: "
              f"{_f(shards['every_tenant_served_by_its_shard'])}", "",
-             "| shard | tenants | turns routed / indexed | requests routed / served | query jobs ok | cached tenants |",
+             "| shard | tenants | turns routed / stored | requests routed / served | query jobs ok | cached tenants |",
              "|---|---|---|---|---|---|"]
     for row in shards["per_shard"]:
         lines.append(f"| {row['shard']} | {_f(row['tenants'])} | {_f(row['turns_routed'])} / "
-                     f"{_f(row['turns_indexed'], 0)} | {_f(row['requests_routed'])} / {_f(row['requests_served'])} | "
+                     f"{_f(row['turns_stored'], 0)} | {_f(row['requests_routed'])} / {_f(row['requests_served'])} | "
                      f"{_f(row['query_jobs_ok'], 0)} | {_f(row['cached_tenants'], 0)} |")
     return [*lines, ""]
 

@@ -16,7 +16,8 @@
   (docs/scaling.md). ``--shard-requests`` requests go round the tenants; the shard that served each
   one is read from its rq job (the worker that ran it, among each shard queue's workers) and
   compared with :func:`api.sharding.shard_of`; each shard's workers also count what they did
-  (``mnemos_query_jobs_total``, ``mnemos_ingest_turns_indexed_total``).
+  (``mnemos_query_jobs_total``; ``mnemos_ingest_turns_indexed_total`` plus ``_duplicates_total``,
+  the turns stored as canonical entries and as aliases).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bench.datasets import Conversation
 from bench.scale import ScaleOptions, load_seconds, phase_stamp, publish, scale_settings
 from bench.scale_data import question_tenants, zipf_draws
 from bench.scale_probe import (
+    ALIASES,
     CACHE_BYTES,
     CACHE_EVICTIONS,
     CACHE_HITS,
@@ -155,7 +157,8 @@ def shards_phase(base: Settings, options: ScaleOptions, conversations: Sequence[
     for shard in range(options.shards):
         mine = [t for t in tenants if shard_of[t.conversation_id] == shard]
         per_shard.append({"shard": shard, "tenants": len(mine), "turns_routed": sum(len(t.turns) for t in mine),
-                          "turns_indexed": indexed[shard].get(TURNS_INDEXED),
+                          "turns_stored": indexed[shard].get(TURNS_INDEXED, 0.0) + indexed[shard].get(ALIASES, 0.0),
+                          "aliases": indexed[shard].get(ALIASES),
                           "requests_routed": sum(r["shard"] == shard for r in rows),
                           "requests_served": sum(r["served_by"] == shard for r in rows),
                           "query_jobs_ok": query[shard].get(JOBS_OK),

@@ -5,7 +5,8 @@ Six questions, five haystack sessions of ten turns each; the first session is th
 haystack (LongMemEval-S repeats sessions across questions), so the large tenant's pool holds 250
 distinct turns and 300 large turns go round it once more; the first haystack also repeats that
 session under another date, as 13 haystacks of the S file do. A 1 MiB index budget holds two or three
-of the six question tenants, so the Zipf mix evicts and reloads.
+of the six question tenants, so the Zipf mix evicts and reloads. About 13 s on an idle 2-core
+machine (both tests 21 s).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import lzma
 import random
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,14 +112,13 @@ def test_scale_bench_measures_every_phase_on_tiny_data(settings: Settings, longm
     options = ScaleOptions(data=longmemeval, reranker=FAKE_MODEL, large_turns=300, small_turns=60, queries=5,
                            probes=2, probe_turns=5, tenants=_QUESTIONS, memory_mb=1, requests=40, shards=2,
                            shard_tenants=_QUESTIONS, shard_requests=12)
-    started = time.monotonic()
     assert run_scale_bench(settings, options, json_path=out, markdown=report) == 0
-    seconds = time.monotonic() - started
     payload = json.loads(out.read_text(encoding="utf-8"))
 
     assert payload["command"].startswith("mnemos") and payload["machine"]["cores"] >= 1
     assert payload["sizes"]["large_turns"] == 300 and payload["sizes"]["small_turns"] == 60
     large = payload["phases"]["large"]
+    assert large["aliases_stored"] == 0  # every synthetic turn says another number
     assert large["distinct_pool_turns"] == 250  # the shared session counted once; 50 copies go round again
     assert payload["p50_ratio_200k_vs_6k"] > 0
     assert payload["cold_start_turns"] == 300 and payload["cold_start_s_200k"] > 0
@@ -142,11 +141,10 @@ def test_scale_bench_measures_every_phase_on_tiny_data(settings: Settings, longm
     assert sum(row["tenants"] for row in shards["per_shard"]) == _QUESTIONS
     for row in shards["per_shard"]:
         assert row["requests_served"] == row["requests_routed"] == row["query_jobs_ok"]
-        assert row["turns_indexed"] == row["turns_routed"]
+        assert row["turns_stored"] == row["turns_routed"]
         assert row["cached_tenants"] == row["tenants"]
     assert "# Scale of the service" in report.read_text(encoding="utf-8")
     assert len(scale_runs) == 3 and _left_behind(scale_runs, redis_client) == []
-    assert seconds < 60, f"the tiny scale bench took {seconds:.0f}s"
 
 
 def test_a_later_phase_is_added_to_an_earlier_result(settings: Settings, longmemeval: Path, tmp_path: Path,
