@@ -297,22 +297,80 @@ def dedupe_batch(
             differs from its matrix's rows.
     """
     new, existing = _check(new, existing)
+    if not guard:
+        return decide(new, existing, threshold)
+    new_codes, existing_codes = _signature_codes(new_signatures, existing_signatures, new.shape[0], existing.shape[0])
+    return decide(new, existing, threshold, new_codes, existing_codes)
+
+
+def _best_existing(
+    new: np.ndarray, existing: np.ndarray, threshold: float, new_codes: np.ndarray | None,
+    existing_codes: np.ndarray | None,
+) -> list[tuple[int, float] | None]:
+    """Per row of ``new``, ``(j, cosine)`` of its best existing match under the rule, or None.
+
+    The best match with an equal code is the row's overall best when their codes agree (ties go
+    to the lowest index either way); only a row whose overall best reaches ``threshold`` with
+    another code (the guard refuses it) is scanned again, for the best equal-code column at or
+    above ``threshold``. So the cost is the ``(n, m)`` product and its row maxima, plus ``O(m)``
+    per refused row: no ``(n, m)`` mask, no pass over the existing signatures.
+    """
     n, m = new.shape[0], existing.shape[0]
-    sims_existing = new @ existing.T if m else np.zeros((n, 0), np.float32)
+    if m == 0:
+        return [None] * n
+    sims = new @ existing.T
+    best = sims.argmax(axis=1)
+    best_sims = sims[np.arange(n), best]
+    out: list[tuple[int, float] | None] = []
+    for i in range(n):
+        j, sim = int(best[i]), float(best_sims[i])
+        if not sim >= threshold:
+            out.append(None)
+        elif new_codes is None or existing_codes is None or existing_codes[j] == new_codes[i]:
+            out.append((j, sim))
+        else:
+            above = np.flatnonzero(sims[i] >= threshold)  # ascending, so argmax keeps the lowest index
+            above = above[existing_codes[above] == new_codes[i]]
+            k = int(above[int(np.argmax(sims[i, above]))]) if above.size else -1
+            out.append((k, float(sims[i, k])) if k >= 0 else None)
+    return out
+
+
+def decide(
+    new: np.ndarray,
+    existing: np.ndarray,
+    threshold: float = DEFAULT_THRESHOLD,
+    new_codes: np.ndarray | None = None,
+    existing_codes: np.ndarray | None = None,
+) -> list[DedupeDecision]:
+    """The decision of the module docstring on checked matrices, signatures given as codes.
+
+    :func:`dedupe_batch` and :meth:`mnemos.canonical_set.CanonicalSet.dedupe` both decide here.
+
+    Args:
+        new: ``(n, dim)`` float32 unit embeddings of the incoming turns, in arrival order.
+        existing: ``(m, dim)`` float32 unit embeddings of the canonical entries (m may be 0).
+        threshold: cosine at or above which a row may be a duplicate.
+        new_codes: ``(n,)`` int64, equal exactly where the incoming rows' signatures are equal.
+        existing_codes: ``(m,)`` int64 in the same code space. Both None: the guard is off.
+
+    Returns:
+        ``n`` decisions, in row order. Cost: one ``(n, m)`` and one ``(n, n)`` product, their
+        row maxima, and ``O(m)`` more per row the guard refuses its best match (docs/scaling.md,
+        "Ingest of a large tenant").
+    """
+    n = new.shape[0]
+    matches = _best_existing(new, existing, threshold, new_codes, existing_codes)
     sims_batch = new @ new.T
-    if guard:
-        new_codes, existing_codes = _signature_codes(new_signatures, existing_signatures, n, m)
-        sims_existing = np.where(new_codes[:, None] == existing_codes[None, :], sims_existing, -np.inf)
+    if new_codes is not None:
         sims_batch = np.where(new_codes[:, None] == new_codes[None, :], sims_batch, -np.inf)
     canonical_rows: list[int] = []
     decisions: list[DedupeDecision] = []
     for i in range(n):
-        if m:
-            j = int(np.argmax(sims_existing[i]))
-            sim = float(sims_existing[i, j])
-            if sim >= threshold:
-                decisions.append(DedupeDecision(i, existing=j, batch=None, similarity=sim))
-                continue
+        match = matches[i]
+        if match is not None:
+            decisions.append(DedupeDecision(i, existing=match[0], batch=None, similarity=match[1]))
+            continue
         if canonical_rows:
             candidates = sims_batch[i, canonical_rows]
             best = int(np.argmax(candidates))
