@@ -39,7 +39,8 @@ from api.errors import InvalidInputError, Reason
 from api.forget import ForgetRequest, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import limits_of
-from mnemos.dedupe import Signature, dedupe_batch, turn_signature
+from mnemos.canonical_set import CanonicalSet
+from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
 from workers.dead_letters import DeadLetter, payload_of, publish_dead_letters
@@ -79,12 +80,13 @@ class _Pending:
 @dataclass
 class _Canonicals:
     """Cached canonical entries of one tenant: every canonical entry with id <= ``last_entry_id``,
-    its embedding and its dedupe signature (:func:`mnemos.dedupe.turn_signature`), in id order."""
+    its embedding and its dedupe signature (:func:`mnemos.dedupe.turn_signature`), in id order.
+    Grown in place, ``O(batch)`` per batch (:class:`mnemos.canonical_set.CanonicalSet`,
+    docs/scaling.md "Ingest of a large tenant"), only with committed rows."""
 
     last_entry_id: int
-    entry_ids: list[int]
-    vectors: np.ndarray  # (n, dim) float32
-    signatures: list[Signature]
+    entry_ids: list[int]  # entry id of each row of ``entries``
+    entries: CanonicalSet
     forget_version: int = 0  # the tenant's forget version they were read at (another: reloaded)
 
 
@@ -266,8 +268,7 @@ class IngestWorker:
             if fresh:
                 matrix = np.stack([p.vector for p in fresh]).astype(np.float32)
                 signatures = [turn_signature(p.turn.role, p.turn.text, p.turn.image_caption) for p in fresh]
-                decisions = dedupe_batch(matrix, canon.vectors, self.settings.dedupe_threshold,
-                                         new_signatures=signatures, existing_signatures=canon.signatures)
+                decisions = canon.entries.dedupe(matrix, self.settings.dedupe_threshold, new_signatures=signatures)
                 ids = tx.allocate_entry_ids(len(fresh))  # stream order, ascending
                 rows: list[tuple[_Pending, int, int | None]] = []
                 signature_of: dict[int, Signature] = {}
@@ -331,28 +332,27 @@ class IngestWorker:
     def _load_canonicals(self, tx: TenantSession, forget_version: int) -> _Canonicals:
         """The tenant's canonical entries (embeddings and signatures): the cache plus rows committed
         since (under the lock). A signature is computed from the stored role, text and caption.
-        A cache of another forget version is dropped: entries were deleted or promoted since."""
-        cached = self._canonicals.get(tx.tenant_id)
-        if cached is not None and cached.forget_version != forget_version:
-            cached = None
-        last = cached.last_entry_id if cached else 0
-        rows = tx.canonical_entries(after=last)
-        ids = list(cached.entry_ids) if cached else []
-        vectors = cached.vectors if cached else np.zeros((0, self.encoder.dim), np.float32)
-        signatures = list(cached.signatures) if cached else []
+        A cache of another forget version is dropped: entries were deleted or promoted since.
+        The rows read are committed, so they join the cache in place even if this transaction fails."""
+        canon = self._canonicals.get(tx.tenant_id)
+        if canon is None or canon.forget_version != forget_version:
+            canon = _Canonicals(0, [], CanonicalSet(self.encoder.dim), forget_version)
+        rows = tx.canonical_entries(after=canon.last_entry_id)
         if rows:
-            ids.extend(r.entry_id for r in rows)
-            vectors = np.vstack([vectors, vectors_from_bytes([r.embedding for r in rows], self.encoder.dim)])
-            signatures.extend(turn_signature(r.role, r.text, r.image_caption) for r in rows)
-            last = rows[-1].entry_id
-        return _Canonicals(last, ids, vectors, signatures, forget_version)
+            canon.entries.add(vectors_from_bytes([r.embedding for r in rows], self.encoder.dim),
+                              [turn_signature(r.role, r.text, r.image_caption) for r in rows])
+            canon.entry_ids.extend(r.entry_id for r in rows)
+            canon.last_entry_id = rows[-1].entry_id
+        return canon
 
     def _remember(self, tenant_id: str, canon: _Canonicals, new_ids: list[int],
                   new_vectors: list[np.ndarray], new_signatures: list[Signature]) -> None:
+        """Add this batch's committed canonical entries to the tenant's cache (``O(batch)``), mark
+        the tenant most recently used and evict beyond ``max_cached_tenants``."""
         if new_ids:
-            canon = _Canonicals(max(new_ids), canon.entry_ids + new_ids,
-                                np.vstack([canon.vectors, np.stack(new_vectors).astype(np.float32)]),
-                                canon.signatures + new_signatures, canon.forget_version)
+            canon.entries.add(np.stack(new_vectors), new_signatures)
+            canon.entry_ids.extend(new_ids)
+            canon.last_entry_id = max(new_ids)
         self._canonicals[tenant_id] = canon
         self._canonicals.move_to_end(tenant_id)
         while len(self._canonicals) > self.settings.max_cached_tenants:

@@ -7,6 +7,7 @@ dead letters, the tenant lock, version refusals and a failed commit.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from api.errors import Reason
@@ -14,12 +15,14 @@ from tests.unit.worker_fakes import (
     DIM,
     RecordingRedis,
     conversation,
+    forget_message,
     ingest_worker,
     turn_message,
     unit_settings,
 )
 from workers.errors import StoreError
-from workers.store import FakeStore, TenantLock
+from workers.ingest import IngestWorker
+from workers.store import FakeStore, TenantLock, vectors_from_bytes
 
 
 def _turns(store: FakeStore, tenant: str) -> list[tuple[int, str, int | None]]:
@@ -121,3 +124,31 @@ def test_a_failed_commit_stores_nothing_and_the_retry_stores_everything_once() -
     turns = _turns(store, "alice")
     assert len(turns) == len(conversation("alice")) and all(c is None for _, _, c in turns)
     assert _memory_version(store, "alice") == 1
+
+
+def _cache_matches_the_store(worker: IngestWorker, store: FakeStore, tenant: str) -> None:
+    canon = worker._canonicals[tenant]
+    with store.tenant(tenant) as tx:
+        rows = tx.canonical_entries(after=0)
+    assert canon.entry_ids == [r.entry_id for r in rows] and canon.last_entry_id == rows[-1].entry_id
+    assert np.array_equal(canon.entries.vectors, vectors_from_bytes([r.embedding for r in rows], DIM))
+
+
+def test_the_canonical_cache_grows_in_place_and_is_rebuilt_after_a_forget_elsewhere() -> None:
+    store, redis = FakeStore(), RecordingRedis()
+    worker, other = ingest_worker(store, redis), ingest_worker(store, redis)
+    worker.handle(conversation("alice"))
+    canon = worker._canonicals["alice"]
+    other.handle([turn_message("20-0", "alice", "o1", "My sister Lena lives in Oslo", session="s7")])
+    worker.handle([turn_message("21-0", "alice", "w1", "I moved to Lisbon in March", session="s8"),
+                   turn_message("22-0", "alice", "w2", "I adopted a grey cat named Pixel last spring", session="s8")])
+    assert worker._canonicals["alice"] is canon  # extended, not copied: the other worker's row, then its own
+    assert _turns(store, "alice")[-1][2] is not None  # the repeated turn is an alias
+    _cache_matches_the_store(worker, store, "alice")
+    other.handle([forget_message("30-0", "alice", turn_ids=("alice-t0", "w1"))])  # another forget version
+    worker.handle([turn_message("31-0", "alice", "w3", "I adopted a grey cat named Pixel last spring", session="s9")])
+    assert worker._canonicals["alice"] is not canon  # reloaded from the store
+    _cache_matches_the_store(worker, store, "alice")
+    entry_of = {turn: entry_id for entry_id, turn, _ in _turns(store, "alice")}
+    (*_, (_, _, canonical)) = _turns(store, "alice")
+    assert canonical == entry_of["w2"]  # the alias promoted by the forget is the canonical now
