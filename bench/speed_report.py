@@ -5,7 +5,7 @@ beside the main run's on the same held-out questions, and times each one on the 
 in the same process (``rerank_time`` of each variant block; see :mod:`bench.variants`). This module
 turns those blocks into the ``rerank_sweep`` rows of ``bench/results/speed.json`` (layers ×
 max_length × NDCG@10 × ms per pool) and writes ``speed.md`` beside it, so that the choice of the
-default reranker (docs/reranking.md) is read from one table. Numbers only, no assertions.
+default reranker (docs/architecture.md, "Reranker") is read from one table. Numbers only, no assertions.
 """
 
 from __future__ import annotations
