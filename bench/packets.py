@@ -203,6 +203,8 @@ def run_packets_bench(locomo: Sequence[Conversation], longmemeval: Sequence[Conv
 def _markdown(document: Mapping[str, Any]) -> str:
     lines = ["# Evidence packets vs top-k at equal token budgets", "",
              "docs/architecture.md \"Evidence packets\". Means with 95% bootstrap CIs.", ""]
+    if document.get("command"):
+        lines += [f"Command: `{document['command']}`", ""]
     recall = document["locomo_evidence_recall"]
     if recall:
         lines += ["## LoCoMo evidence recall (per tenant, held-out reranker folds)", "",

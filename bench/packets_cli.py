@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
+import sys
 from pathlib import Path
 
 import click
@@ -68,5 +70,6 @@ def packets(locomo: Path | None, longmemeval: Path | None, folds: tuple[str, ...
     lme = load_longmemeval(longmemeval)[:limit] if longmemeval is not None else []
     document = run_packets_bench(loco, lme, encoder, router.for_conversation, count,
                                  PacketBenchOptions(budgets=sizes, resamples=resamples, seed=seed))
+    document = {"command": "mnemos " + " ".join(shlex.quote(a) for a in sys.argv[1:]), **document}
     for path in write_outputs(document, out_dir):
         click.echo(f"wrote {path}")
