@@ -33,6 +33,8 @@ import numpy as np
 
 from bench.corpora import CorpusMode, Tenant, build_tenants, global_id, rendered_texts
 from bench.datasets import Conversation, Question
+from bench.packet_knobs import StudyQuestion, knob_study
+from bench.questions import prepare_questions
 from bench.stats import bootstrap_ci
 from mnemos.encoder import Encoder
 from mnemos.packets import (
@@ -45,6 +47,7 @@ from mnemos.packets import (
 )
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import Reranker
+from mnemos.supersession import SupersessionTable
 
 __all__ = ["BUDGETS", "PacketBenchOptions", "run_packets_bench", "topk_within_budget", "write_outputs"]
 
@@ -84,22 +87,46 @@ class _Selections:
     topk: dict[int, frozenset[int]]
 
 
-def _select(tenant: Tenant, question: Question, encoder: Encoder, reranker: Reranker | None,
-            count_tokens: TokenCounter, options: PacketBenchOptions) -> _Selections:
+@dataclass(frozen=True)
+class RankedPool:
+    """One question's reranked candidates (best first), their embeddings ``(n, dim)`` and the packet
+    configuration fitting its scores (min-max relevance when nothing was reranked)."""
+
+    candidates: list[Candidate]
+    embeddings: np.ndarray
+    config: PacketConfig
+
+
+def ranked_pool(tenant: Tenant, question: Question, encoder: Encoder, reranker: Reranker | None,
+                count_tokens: TokenCounter, options: PacketBenchOptions) -> RankedPool:
+    """The pipeline's retrieval of ``question`` on ``tenant`` as packet candidates."""
     index = tenant.index
     query_vector = encoder.encode([question.text])[0]
     core = retrieve(index, question.text, query_vector, k=10, config=options.retrieval, reranker=reranker,
                     reference_time=question.question_date, outcome_id=question.question_id)
     candidates = candidates_from_index(index, core.ranking, count_tokens)
-    embeddings = index.embeddings_of([c.entry_id for c in candidates])
+    embeddings = np.asarray(index.embeddings_of([c.entry_id for c in candidates]))
     config = options.packet if core.pool_size > 0 else dataclasses.replace(options.packet, relevance=Relevance.MINMAX)
-    packet, topk = {}, {}
-    for budget in options.budgets:
-        built = build_packet(candidates, embeddings, budget, config, supersessions=index.supersessions)
+    return RankedPool(candidates, embeddings, config)
+
+
+def choose(pool: RankedPool, budgets: Sequence[int], packet: PacketConfig | None = None,
+           supersessions: SupersessionTable | None = None) -> _Selections:
+    """Per budget, the packet (``packet`` knobs, default the pool's) and the top-k list of ``pool``."""
+    config = pool.config if packet is None else dataclasses.replace(packet, relevance=pool.config.relevance)
+    chosen, topk = {}, {}
+    for budget in budgets:
+        built = build_packet(pool.candidates, pool.embeddings, budget, config, supersessions=supersessions)
         assert built.used_tokens <= budget
-        packet[budget] = frozenset(item.entry_id for item in built.items)
-        topk[budget] = frozenset(topk_within_budget(candidates, budget))
-    return _Selections(packet, topk)
+        chosen[budget] = frozenset(item.entry_id for item in built.items)
+        topk[budget] = frozenset(topk_within_budget(pool.candidates, budget))
+    return _Selections(chosen, topk)
+
+
+def _select(tenant: Tenant, question: Question, encoder: Encoder, reranker: Reranker | None,
+            count_tokens: TokenCounter, options: PacketBenchOptions) -> _Selections:
+    pool = ranked_pool(tenant, question, encoder, reranker, count_tokens, options)
+    return choose(pool, options.budgets, supersessions=tenant.index.supersessions)
 
 
 def _tenants(conversations: Sequence[Conversation], encoder: Encoder) -> dict[str, Tenant]:
@@ -123,17 +150,22 @@ def _interval(values: Sequence[float], options: PacketBenchOptions) -> dict[str,
 
 
 def evidence_recall(conversations: Sequence[Conversation], encoder: Encoder, reranker_for: RerankerFor,
-                    count_tokens: TokenCounter, options: PacketBenchOptions) -> dict[str, Any]:
-    """LoCoMo part: per budget, mean evidence recall of packet and top-k with CIs, and their paired difference."""
+                    count_tokens: TokenCounter, options: PacketBenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """LoCoMo part: per budget, mean evidence recall of packet and top-k with CIs, and their paired
+    difference; and the knob study on the same pools (:func:`bench.packet_knobs.knob_study`)."""
     tenants = _tenants(conversations, encoder)
+    dev = {q.key for q in prepare_questions(conversations, seed=options.seed) if q.dev}
     recalls: dict[int, dict[str, list[float]]] = {b: {"packet": [], "topk": []} for b in options.budgets}
+    study: list[StudyQuestion] = []
     for conv, question in _questions(conversations, lambda q: True):
         tenant = tenants[conv.conversation_id]
         relevant = tenant.relevant_entries(frozenset(global_id(conv.conversation_id, t)
                                                      for t in question.relevant_turn_ids))
         if not relevant:
             continue
-        chosen = _select(tenant, question, encoder, reranker_for(conv.conversation_id), count_tokens, options)
+        pool = ranked_pool(tenant, question, encoder, reranker_for(conv.conversation_id), count_tokens, options)
+        chosen = choose(pool, options.budgets, supersessions=tenant.index.supersessions)
+        study.append(StudyQuestion(question.question_id in dev, relevant, pool, tenant.index.supersessions))
         for budget in options.budgets:
             recalls[budget]["packet"].append(len(relevant & chosen.packet[budget]) / len(relevant))
             recalls[budget]["topk"].append(len(relevant & chosen.topk[budget]) / len(relevant))
@@ -142,7 +174,7 @@ def evidence_recall(conversations: Sequence[Conversation], encoder: Encoder, rer
         difference = np.asarray(pair["packet"]) - np.asarray(pair["topk"])
         out[str(budget)] = {"packet": _interval(pair["packet"], options), "topk": _interval(pair["topk"], options),
                             "difference": _interval(list(difference), options)}
-    return out
+    return out, knob_study(study, options.budgets, options.packet)
 
 
 def _newest_evidence(tenant: Tenant, conv: Conversation, question: Question) -> tuple[frozenset[int], frozenset[int]]:
@@ -185,6 +217,7 @@ def run_packets_bench(locomo: Sequence[Conversation], longmemeval: Sequence[Conv
     """The benchmark's JSON document (module docstring); either data set may be empty (its part is ``{}``)."""
     options = options or PacketBenchOptions()
     packet = options.packet
+    recall, study = evidence_recall(locomo, encoder, reranker_for, count_tokens, options) if locomo else ({}, {})
     return {
         "benchmark": "packets",
         "settings": {"budgets": list(options.budgets), "corpus": CorpusMode.PER_TENANT.value,
@@ -193,8 +226,8 @@ def run_packets_bench(locomo: Sequence[Conversation], longmemeval: Sequence[Conv
                      "packet": {"mmr_lambda": packet.mmr_lambda, "redundancy_threshold": packet.redundancy_threshold,
                                 "session_share": packet.session_share, "token_exponent": packet.token_exponent},
                      "topk_baseline": "reranked pool in rank order, each item kept while it fits"},
-        "locomo_evidence_recall": evidence_recall(locomo, encoder, reranker_for, count_tokens, options) if locomo
-        else {},
+        "locomo_evidence_recall": recall,
+        "locomo_knob_study": study,
         "longmemeval_knowledge_update": knowledge_updates(longmemeval, encoder, reranker_for, count_tokens, options)
         if longmemeval else {},
     }
@@ -214,6 +247,7 @@ def _markdown(document: Mapping[str, Any]) -> str:
                      for a in ("packet", "topk", "difference")]
             lines.append(f"| {budget} | {' | '.join(cells)} | {row['packet']['n']} |")
         lines.append("")
+    lines += _study_lines(document.get("locomo_knob_study") or {})
     updates = document["longmemeval_knowledge_update"]
     if updates:
         lines += ["## LongMemEval knowledge-update: newest value held", "",
@@ -224,6 +258,24 @@ def _markdown(document: Mapping[str, Any]) -> str:
                                                        "topk_stale_only")]
             lines.append(f"| {budget} | {' | '.join(cells)} | {row['packet_newest']['n']} |")
     return "\n".join(lines) + "\n"
+
+
+def _study_lines(study: Mapping[str, Any]) -> list[str]:
+    """The knob study's table: packet - top-k evidence recall per knob setting, dev and test halves."""
+    if not study:
+        return []
+    budgets = list(study["grid"][0]["dev"])
+    lines = ["## Knob study (LoCoMo; chosen on the dev half, test half reported only)", "",
+             f"Default {study['default']}; chosen on dev {study['chosen']} "
+             f"({study['n_dev']} dev / {study['n_test']} test questions). Packet - top-k evidence recall:", "",
+             "| mmr_lambda | session_share | token_exponent | " + " | ".join(f"dev {b}" for b in budgets) + " | "
+             + " | ".join(f"test {b}" for b in budgets) + " |", "|---|---|---|" + "---|" * (2 * len(budgets))]
+    for row in study["grid"]:
+        knobs = row["knobs"]
+        cells = [f"{row[split][b]:+.3f}" for split in ("dev", "test") for b in budgets]
+        lines.append(f"| {knobs['mmr_lambda']} | {knobs['session_share']} | {knobs['token_exponent']} | "
+                     + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _plot(document: Mapping[str, Any], path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.datasets import Conversation, Question, Turn
@@ -70,3 +71,29 @@ def test_the_command_is_registered() -> None:
     from bench.commands import bench
 
     assert "packets" in bench.commands
+
+
+def test_the_knob_study_chooses_on_the_dev_half_only() -> None:
+    """Every grid point is measured on both halves; the choice maximises the dev mean over budgets,
+    whatever the test half says; no questions, no study."""
+    from bench.packet_knobs import KNOB_GRID, StudyQuestion, knob_study
+    from bench.packets import RankedPool
+    from mnemos.packets import PacketConfig
+
+    long_hit = Candidate(1, "t1", "hit", 3.0, 60, Qualifiers("s1", "user", T0))
+    misses = [Candidate(i, f"t{i}", "miss", 2.0, 20, Qualifiers(f"s{i}", "user", T0)) for i in (2, 3, 4)]
+    pool = RankedPool([long_hit, *misses], np.eye(4, 8), PacketConfig())
+    dev = StudyQuestion(True, frozenset({1}), pool)
+    test = StudyQuestion(False, frozenset({2}), pool)
+    study = knob_study([dev, test], (100,), PacketConfig())
+    assert len(study["grid"]) == int(np.prod([len(v) for v in KNOB_GRID.values()]))
+    assert (study["n_dev"], study["n_test"]) == (1, 1)
+    best = max(row["dev_mean"] for row in study["grid"])
+    chosen = next(row for row in study["grid"] if row["knobs"] == study["chosen"])
+    assert chosen["dev_mean"] == best
+    # value per token fills 100 tokens with the short misses first; value alone keeps the long hit
+    by_exponent = {row["knobs"]["token_exponent"]: row["dev"]["100"] for row in study["grid"]
+                   if row["knobs"]["mmr_lambda"] == 1.0 and row["knobs"]["session_share"] == 0.75}
+    assert by_exponent[0.0] == 0.0 and by_exponent[1.0] == -1.0
+    assert study["chosen"]["token_exponent"] != 1.0
+    assert knob_study([], (100,), PacketConfig()) == {}
