@@ -97,14 +97,18 @@ class PacketConfig:
         relevance: how scores become relevance (:class:`Relevance`).
         hidden_reported: at most this many filtered or not-visible candidates are reported.
 
+    The defaults are those the dev half of LoCoMo chose in ``mnemos bench packets``'s knob study
+    (docs/architecture.md "Evidence packets"): no MMR penalty below the redundancy threshold, a
+    session may use three quarters of the budget, relevance alone (not per token) orders the picks.
+
     Raises:
         InvalidParameterError: for a value outside its range.
     """
 
-    mmr_lambda: float = 0.7
+    mmr_lambda: float = 1.0
     redundancy_threshold: float = 0.9
-    session_share: float = 0.5
-    token_exponent: float = 1.0
+    session_share: float = 0.75
+    token_exponent: float = 0.0
     relevance: Relevance = Relevance.SIGMOID
     hidden_reported: int = 10
 

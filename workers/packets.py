@@ -42,6 +42,7 @@ def packet_config(settings: Settings, *, reranked: bool) -> PacketConfig:
     return PacketConfig(mmr_lambda=settings.packet_mmr_lambda,
                         redundancy_threshold=settings.packet_redundancy_threshold,
                         session_share=settings.packet_session_share,
+                        token_exponent=settings.packet_token_exponent,
                         relevance=Relevance.SIGMOID if reranked else Relevance.MINMAX)
 
 

@@ -115,10 +115,12 @@ class Settings:
     rerank_cache_pairs: int = 50_000  # (query, rendered turn) scores kept by a query worker; 0 = no cache
     packet_cache_size: int = 1024  # evidence packets (whole answers) kept by a query worker; 0 = no cache
     # evidence packets (docs/architecture.md "Evidence packets"): MMR weight of relevance against
-    # redundancy, cosine at which a candidate repeats a kept item, most of the budget one session may use
-    packet_mmr_lambda: float = 0.7
+    # redundancy, cosine at which a candidate repeats a kept item, most of the budget one session may use,
+    # r of value / tokens ** r (0: relevance alone); defaults chosen on LoCoMo's dev half (bench packets)
+    packet_mmr_lambda: float = 1.0
     packet_redundancy_threshold: float = 0.9
-    packet_session_share: float = 0.5
+    packet_session_share: float = 0.75
+    packet_token_exponent: float = 0.0
     # liveness: each worker's loop refreshes a Redis record with this TTL every ttl/3 seconds (plus the
     # longest legitimate batch or job while it works on one); `mnemos retrieve` and `health` read them
     heartbeat_ttl_s: float = 30.0
@@ -159,6 +161,8 @@ class Settings:
         for name in ("packet_mmr_lambda", "packet_redundancy_threshold", "packet_session_share"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise SettingsError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not (math.isfinite(self.packet_token_exponent) and self.packet_token_exponent >= 0):
+            raise SettingsError(f"packet_token_exponent must be a finite number >= 0, got {self.packet_token_exponent}")
         if self.blas_threads is not None and self.blas_threads < 1:
             raise SettingsError(f"blas_threads must be >= 1 or none, got {self.blas_threads}")
         for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",

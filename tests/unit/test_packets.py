@@ -73,8 +73,11 @@ def test_redundancy_penalty_prefers_a_diverse_item_over_a_similar_better_one() -
 
 def test_value_per_token_prefers_a_short_item_of_similar_relevance() -> None:
     kept, omitted = select([cand(1, 2.0, 50), cand(2, 1.9, 10)], orthogonal(2), 50,
-                           PacketConfig(session_share=1.0))
+                           PacketConfig(session_share=1.0, token_exponent=1.0))
     assert [c.entry_id for c in kept] == [2] and omitted[0].reason is Omission.OVER_BUDGET
+    # relevance alone (the default exponent 0) keeps the better, longer one
+    kept, omitted = select([cand(1, 2.0, 50), cand(2, 1.9, 10)], orthogonal(2), 50, PacketConfig(session_share=1.0))
+    assert [c.entry_id for c in kept] == [1] and omitted[0].reason is Omission.OVER_BUDGET
 
 
 def test_one_session_cannot_fill_the_budget() -> None:
@@ -196,7 +199,7 @@ def test_property_budget_and_partition_and_determinism(rows: list, budget: int, 
     left = [o.entry_id for o in packet.omitted]
     assert sorted(kept + left) == [c.entry_id for c in pool]  # every candidate is kept or reported once
     for session in {c.qualifiers.session_id for c in pool}:
-        assert sum(i.tokens for i in packet.items if i.qualifiers.session_id == session) <= 0.5 * budget
+        assert sum(i.tokens for i in packet.items if i.qualifiers.session_id == session) <= config.session_share * budget
     assert build_packet(list(pool), vectors.copy(), budget, config) == packet
     for o in packet.omitted:
         if o.reason is Omission.OVER_BUDGET:
