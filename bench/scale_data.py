@@ -18,8 +18,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -28,6 +29,8 @@ from api.schemas import Turn as WireTurn
 from api.validation import Limits
 from bench.datasets import Conversation, Turn
 from bench.service import turn_message
+
+_T = TypeVar("_T")
 
 COPY_MARGIN_BYTES = 32
 """Bytes kept free under the text limit so that ``" [copy c]"`` still fits."""
@@ -71,17 +74,25 @@ def haystack_pool(conversations: Sequence[Conversation], limits: Limits) -> Pool
     return Pool(tuple(turns), refused)
 
 
+def _rounds(items: Sequence[_T], n: int, empty: str) -> Iterator[tuple[int, _T]]:
+    """``n`` times ``(round, item)``: ``items`` in order, round 0, then again round by round.
+
+    Raises ValueError(``empty``) when ``items`` is empty and ``n`` > 0.
+    """
+    if n > 0 and not items:
+        raise ValueError(empty)
+    for number in range(n):
+        round_, position = divmod(number, len(items))
+        yield round_, items[position]
+
+
 def cycled(turns: Sequence[Turn], n: int) -> list[Turn]:
     """``n`` turns: ``turns`` in order, then copies of them round by round (module docstring).
 
     Raises ValueError when ``turns`` is empty and ``n`` > 0.
     """
-    if n > 0 and not turns:
-        raise ValueError("no turn to take from")
     out = []
-    for number in range(n):
-        round_, position = divmod(number, len(turns))
-        turn = turns[position]
+    for round_, turn in _rounds(turns, n, "no turn to take from"):
         if round_:
             turn = dataclasses.replace(turn, turn_id=f"{turn.turn_id}~{round_}",
                                        session_id=f"{turn.session_id}~{round_}", text=f"{turn.text} [copy {round_}]")
@@ -95,12 +106,8 @@ def question_tenants(conversations: Sequence[Conversation], n: int, limits: Limi
 
     Raises ValueError when there is no conversation and ``n`` > 0.
     """
-    if n > 0 and not conversations:
-        raise ValueError("no conversation to make tenants of")
     tenants = []
-    for number in range(n):
-        round_, position = divmod(number, len(conversations))
-        source = conversations[position]
+    for round_, source in _rounds(conversations, n, "no conversation to make tenants of"):
         name = source.conversation_id if not round_ else f"{source.conversation_id}~{round_}"
         turns = tuple(t for t in source.turns if publishable(t, limits))
         questions = tuple(dataclasses.replace(q, conversation_id=name) for q in source.questions)
