@@ -9,7 +9,6 @@ two runs in the same second (or another run on the machine) never share a databa
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,9 @@ import bench.speed
 from bench.datasets import load_locomo
 from bench.engine import prepare_questions
 from bench.mainjob import run_main_job
-from bench.queue_cleanup import delete_queue_jobs, queue_job_ids
+from bench.queue_cleanup import queue_job_ids
 from bench.speed import run_speed_bench
+from tests.e2e.recorded_runs import database_name, drop_runs, record_runs
 from tests.support import PG_ADMIN_URL
 from workers.settings import FAKE_MODEL, Settings
 
@@ -91,44 +91,15 @@ def locomo(tmp_path: Path) -> Path:
 @pytest.fixture
 def bench_runs(monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis) -> Iterator[list[Settings]]:
     """Settings of every benchmark run the test starts (recorded, stamps made unique); cleaned up after."""
-    token = uuid.uuid4().hex[:8]
-    runs: list[Settings] = []
-    original = bench.service.bench_settings
-
-    def recording(base: Settings, *, reranker: str | None, stamp: str) -> Settings:
-        value = original(base, reranker=reranker, stamp=f"{stamp}_{token}")
-        runs.append(value)
-        return value
-
-    original_main = bench.mainjob.main_job_settings
-
-    def recording_main(base: Settings, *, reranker: str, stamp: str) -> Settings:
-        value = original_main(base, reranker=reranker, stamp=f"{stamp}_{token}")
-        runs.append(value)
-        return value
-
-    monkeypatch.setattr(bench.speed, "bench_settings", recording)
-    monkeypatch.setattr(bench.mainjob, "main_job_settings", recording_main)
+    runs = record_runs(monkeypatch, [(bench.speed, "bench_settings"), (bench.mainjob, "main_job_settings")])
     yield runs
     # safety net only: the assertions below are about what the benchmarks themselves left behind
-    for run in runs:
-        delete_queue_jobs(redis_client, run.queue_name)
-        keys = [*redis_client.scan_iter(match=f"{run.stream_prefix}*"),
-                *redis_client.scan_iter(match=f"rq:*{run.stream_prefix}*")]
-        if keys:
-            redis_client.delete(*keys)
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                psycopg.sql.Identifier(_dbname(run))))
-
-
-def _dbname(run: Settings) -> str:
-    return psycopg.conninfo.conninfo_to_dict(run.database_url)["dbname"]
+    drop_runs(redis_client, runs)
 
 
 def _assert_nothing_left(runs: list[Settings], redis_client: redis.Redis) -> None:
     assert runs
-    names = {_dbname(run) for run in runs}
+    names = {database_name(run) for run in runs}
     assert all(name.startswith("mnemos_bench_") for name in names)
     with psycopg.connect(PG_ADMIN_URL) as conn:
         existing = {row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'mnemos_bench_%'")}

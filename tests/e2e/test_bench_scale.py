@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import lzma
 import random
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import bench.scale_tenants
 from api import sharding
 from bench.scale import ScaleOptions
 from bench.scale_cli import run_scale_bench
+from tests.e2e.recorded_runs import database_name, drop_runs, record_runs
 from tests.support import PG_ADMIN_URL
 from workers.settings import FAKE_MODEL, Settings
 
@@ -74,30 +74,13 @@ def longmemeval(tmp_path: Path) -> Path:
 @pytest.fixture
 def scale_runs(monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis) -> Iterator[list[Settings]]:
     """Settings of every phase the bench runs (stamps made unique); their leftovers removed after."""
-    token = uuid.uuid4().hex[:8]
-    runs: list[Settings] = []
-    original = bench.scale.scale_settings
-
-    def recording(base: Settings, *, reranker: str | None, stamp: str) -> Settings:
-        value = original(base, reranker=reranker, stamp=f"{stamp}_{token}")
-        runs.append(value)
-        return value
-
-    monkeypatch.setattr(bench.scale, "scale_settings", recording)
-    monkeypatch.setattr(bench.scale_tenants, "scale_settings", recording)
+    runs = record_runs(monkeypatch, [(bench.scale, "scale_settings"), (bench.scale_tenants, "scale_settings")])
     yield runs
-    for run in runs:  # safety net only: the test asserts the bench itself left nothing
-        keys = [*redis_client.scan_iter(match=f"{run.stream_prefix}*"),
-                *redis_client.scan_iter(match=f"rq:*{run.stream_prefix}*")]
-        if keys:
-            redis_client.delete(*keys)
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                psycopg.sql.Identifier(psycopg.conninfo.conninfo_to_dict(run.database_url)["dbname"])))
+    drop_runs(redis_client, runs)  # safety net only: the test asserts the bench itself left nothing
 
 
 def _left_behind(runs: list[Settings], redis_client: redis.Redis) -> list[str]:
-    names = {psycopg.conninfo.conninfo_to_dict(run.database_url)["dbname"] for run in runs}
+    names = {database_name(run) for run in runs}
     with psycopg.connect(PG_ADMIN_URL) as conn:
         existing = {row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'mnemos_bench_%'")}
     keys = [k for run in runs for pattern in (f"{run.stream_prefix}*", f"rq:*{run.queue_name}*")
