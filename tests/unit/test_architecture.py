@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,13 +162,19 @@ def _git(*args: str) -> str:
     return done.stdout
 
 
+_SHARED_DIRS = frozenset({Path(tempfile.gettempdir()).resolve(), Path("/tmp"), Path("/var/tmp")})
+"""Machine-wide directories: a checkout made in one (``mktemp -d``) has the checkout itself, not
+the shared directory every deployment also uses (``/tmp/huggingface``), as its workspace."""
+
+
 def _workspace_dirs() -> list[str]:
-    """The parent directory of this checkout and, for a linked worktree, of the main checkout."""
+    """The parent directory of this checkout and, for a linked worktree, of the main checkout (the
+    checkout itself where that parent is a machine-wide directory such as the temp directory)."""
     roots = {Path(_git("rev-parse", "--show-toplevel").strip())}
     common = Path(_git("rev-parse", "--path-format=absolute", "--git-common-dir").strip())
     roots.add(common.parent)
-    parents = {root.resolve().parent for root in roots}
-    return sorted(str(p) for p in parents if len(p.parts) > 1)  # a checkout at / has no workspace to leak
+    dirs = {root.resolve() if root.resolve().parent in _SHARED_DIRS else root.resolve().parent for root in roots}
+    return sorted(str(p) for p in dirs if len(p.parts) > 1)  # a checkout at / has no workspace to leak
 
 
 def test_no_tracked_file_holds_an_absolute_path_of_the_workspace() -> None:
