@@ -1,8 +1,10 @@
 """Wire form of an evidence packet (docs/architecture.md "Evidence packets", "Contracts").
 
 A retrieval request with ``budget_tokens`` gets, besides its hits, a :class:`Packet`: the selected
-evidence in reading order, each :class:`PacketItem` with its :class:`Qualifiers` next to it and
-the ``line`` an agent pastes into its prompt (the text the tokens were counted on), and the
+evidence in reading order, each :class:`PacketItem` with its :class:`Qualifiers` next to it, the
+``line`` an agent pastes into its prompt (the text its tokens were counted on) and the ``header``
+of its session group (session id and start, pasted once above the session's lines:
+:meth:`Packet.prompt_text`), and the
 omission report, one :class:`OmittedItem` per candidate left out with its ``reason``
 (:data:`OMISSION_REASONS`) and, for ``redundant`` and ``superseded``, the turn id it is redundant
 with or superseded by. ``used_tokens <= budget_tokens``.
@@ -52,7 +54,8 @@ class Qualifiers:
 @dataclass(frozen=True)
 class PacketItem:
     """One selected piece of evidence: ``score`` is the rerank score, ``tokens`` the cross-encoder
-    tokens of ``line`` (the item with its qualifiers, as pasted into a prompt)."""
+    tokens of ``line`` (speaker and text, the time where it differs from the session's start), which
+    is pasted under ``header`` (its session's id and start; ``""``: none)."""
 
     entry_id: int
     turn_id: str
@@ -61,15 +64,18 @@ class PacketItem:
     tokens: int
     qualifiers: Qualifiers
     line: str
+    header: str = ""
 
     def to_payload(self) -> dict[str, Any]:
         return {"entry_id": self.entry_id, "turn_id": self.turn_id, "text": self.text, "score": self.score,
-                "tokens": self.tokens, "qualifiers": self.qualifiers.to_payload(), "line": self.line}
+                "tokens": self.tokens, "qualifiers": self.qualifiers.to_payload(), "line": self.line,
+                "header": self.header}
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> PacketItem:
         return cls(int(data["entry_id"]), str(data["turn_id"]), str(data["text"]), float(data["score"]),
-                   int(data["tokens"]), Qualifiers.from_payload(data["qualifiers"]), str(data["line"]))
+                   int(data["tokens"]), Qualifiers.from_payload(data["qualifiers"]), str(data["line"]),
+                   str(data.get("header", "")))
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ class OmittedItem:
 @dataclass(frozen=True)
 class Packet:
     """Selected items in reading order (session start, then turn time), the omission report, the
-    budget and the tokens the items use."""
+    budget and the tokens :meth:`prompt_text` uses (the items' lines and their session headers)."""
 
     items: tuple[PacketItem, ...]
     omitted: tuple[OmittedItem, ...]
@@ -107,8 +113,12 @@ class Packet:
     used_tokens: int
 
     def prompt_text(self) -> str:
-        """The items' lines, one per line, in reading order: what an agent pastes."""
-        return "\n".join(item.line for item in self.items)
+        """What an agent pastes: each session's header once, then its items' lines (groups in order of
+        their first item, items in reading order), newline-separated."""
+        groups: dict[str, list[str]] = {}
+        for item in self.items:
+            groups.setdefault(item.header, []).append(item.line)
+        return "\n".join(line for header, lines in groups.items() for line in ([header] if header else []) + lines)
 
     def to_payload(self) -> dict[str, Any]:
         return {"items": [i.to_payload() for i in self.items], "omitted": [o.to_payload() for o in self.omitted],

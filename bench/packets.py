@@ -14,9 +14,13 @@ configuration (no suppression state: a packet is selected from one retrieval's r
 
 The top-k list at a budget is the reranked pool in rank order, each item kept while it still
 fits (an item that does not fit is skipped, not a stop): the strongest list baseline at that
-budget. Both selections cost the same tokens per item: :func:`mnemos.packets.render_item` of it,
-counted by the cross-encoder's tokenizer (``tokenizer.json`` of the first fold model; words for
-tests). This module is a benchmark: it writes ``packets.{json,md,png}`` and never runs in the service.
+budget. A list of hits is pasted as self-contained lines, so each of its items costs
+:func:`mnemos.packets.render_item` (every qualifier on every line); a packet pastes each session's
+header once and its items' lines under it (:func:`mnemos.packets.prompt_text`). A third selection,
+``topk_grouped`` (the top-k list priced and pasted like a packet), separates what the packet's
+rendering gains from what its selection gains. Tokens are counted by the cross-encoder's tokenizer
+(``tokenizer.json`` of the first fold model; words for tests). This module is a benchmark: it
+writes ``packets.{json,md,png}`` and never runs in the service.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from mnemos.packets import (
     TokenCounter,
     build_packet,
     candidates_from_index,
+    render_item,
 )
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import Reranker
@@ -54,6 +59,7 @@ __all__ = ["BUDGETS", "PacketBenchOptions", "run_packets_bench", "topk_within_bu
 logger = logging.getLogger(__name__)
 
 BUDGETS = (256, 512, 1024)
+ARMS = ("packet", "topk", "topk_grouped")
 KNOWLEDGE_UPDATE = "knowledge-update"
 RerankerFor = Callable[[str], Reranker | None]
 
@@ -69,32 +75,44 @@ class PacketBenchOptions:
     seed: int = 0
 
 
-def topk_within_budget(candidates: Sequence[Candidate], budget_tokens: int) -> list[int]:
-    """Entry ids of ``candidates`` (best first) kept in rank order while they fit ``budget_tokens``."""
-    kept, used = [], 0
-    for c in candidates:
-        if used + c.tokens <= budget_tokens:
+def topk_within_budget(candidates: Sequence[Candidate], budget_tokens: int,
+                       flat_tokens: Sequence[int] | None = None) -> list[int]:
+    """Entry ids of ``candidates`` (best first) kept in rank order while they fit ``budget_tokens``.
+
+    With ``flat_tokens`` (one per candidate) an item costs that (a flat list's line); without, it
+    is priced as in a packet: its line, plus its session header the first time the header is used.
+    """
+    kept, used, headers = [], 0, set()
+    for row, c in enumerate(candidates):
+        cost = (flat_tokens[row] if flat_tokens is not None
+                else c.tokens + (c.header_tokens if c.header and c.header not in headers else 0))
+        if used + cost <= budget_tokens:
             kept.append(c.entry_id)
-            used += c.tokens
+            used += cost
+            headers.add(c.header)
     return kept
 
 
 @dataclass(frozen=True)
 class _Selections:
-    """Per budget, the entry ids of the packet and of the top-k list for one question."""
+    """Per budget, the entry ids of the packet, of the top-k list (flat lines) and of the top-k
+    list priced like a packet (``topk_grouped``) for one question."""
 
     packet: dict[int, frozenset[int]]
     topk: dict[int, frozenset[int]]
+    topk_grouped: dict[int, frozenset[int]]
 
 
 @dataclass(frozen=True)
 class RankedPool:
-    """One question's reranked candidates (best first), their embeddings ``(n, dim)`` and the packet
-    configuration fitting its scores (min-max relevance when nothing was reranked)."""
+    """One question's reranked candidates (best first), their embeddings ``(n, dim)``, the packet
+    configuration fitting its scores (min-max relevance when nothing was reranked) and each
+    candidate's tokens as a flat list's line (:func:`mnemos.packets.render_item`)."""
 
     candidates: list[Candidate]
     embeddings: np.ndarray
     config: PacketConfig
+    flat_tokens: tuple[int, ...]
 
 
 def ranked_pool(tenant: Tenant, question: Question, encoder: Encoder, reranker: Reranker | None,
@@ -107,20 +125,22 @@ def ranked_pool(tenant: Tenant, question: Question, encoder: Encoder, reranker: 
     candidates = candidates_from_index(index, core.ranking, count_tokens)
     embeddings = np.asarray(index.embeddings_of([c.entry_id for c in candidates]))
     config = options.packet if core.pool_size > 0 else dataclasses.replace(options.packet, relevance=Relevance.MINMAX)
-    return RankedPool(candidates, embeddings, config)
+    flat = tuple(max(1, int(count_tokens(render_item(c.text, c.qualifiers)))) for c in candidates)
+    return RankedPool(candidates, embeddings, config, flat)
 
 
 def choose(pool: RankedPool, budgets: Sequence[int], packet: PacketConfig | None = None,
            supersessions: SupersessionTable | None = None) -> _Selections:
     """Per budget, the packet (``packet`` knobs, default the pool's) and the top-k list of ``pool``."""
     config = pool.config if packet is None else dataclasses.replace(packet, relevance=pool.config.relevance)
-    chosen, topk = {}, {}
+    chosen, topk, grouped = {}, {}, {}
     for budget in budgets:
         built = build_packet(pool.candidates, pool.embeddings, budget, config, supersessions=supersessions)
         assert built.used_tokens <= budget
         chosen[budget] = frozenset(item.entry_id for item in built.items)
-        topk[budget] = frozenset(topk_within_budget(pool.candidates, budget))
-    return _Selections(chosen, topk)
+        topk[budget] = frozenset(topk_within_budget(pool.candidates, budget, pool.flat_tokens))
+        grouped[budget] = frozenset(topk_within_budget(pool.candidates, budget))
+    return _Selections(chosen, topk, grouped)
 
 
 def _select(tenant: Tenant, question: Question, encoder: Encoder, reranker: Reranker | None,
@@ -155,7 +175,7 @@ def evidence_recall(conversations: Sequence[Conversation], encoder: Encoder, rer
     difference; and the knob study on the same pools (:func:`bench.packet_knobs.knob_study`)."""
     tenants = _tenants(conversations, encoder)
     dev = {q.key for q in prepare_questions(conversations, seed=options.seed) if q.dev}
-    recalls: dict[int, dict[str, list[float]]] = {b: {"packet": [], "topk": []} for b in options.budgets}
+    recalls: dict[int, dict[str, list[float]]] = {b: {arm: [] for arm in ARMS} for b in options.budgets}
     study: list[StudyQuestion] = []
     for conv, question in _questions(conversations, lambda q: True):
         tenant = tenants[conv.conversation_id]
@@ -167,13 +187,15 @@ def evidence_recall(conversations: Sequence[Conversation], encoder: Encoder, rer
         chosen = choose(pool, options.budgets, supersessions=tenant.index.supersessions)
         study.append(StudyQuestion(question.question_id in dev, relevant, pool, tenant.index.supersessions))
         for budget in options.budgets:
-            recalls[budget]["packet"].append(len(relevant & chosen.packet[budget]) / len(relevant))
-            recalls[budget]["topk"].append(len(relevant & chosen.topk[budget]) / len(relevant))
+            for arm in ARMS:
+                recalls[budget][arm].append(len(relevant & getattr(chosen, arm)[budget]) / len(relevant))
     out = {}
-    for budget, pair in recalls.items():
-        difference = np.asarray(pair["packet"]) - np.asarray(pair["topk"])
-        out[str(budget)] = {"packet": _interval(pair["packet"], options), "topk": _interval(pair["topk"], options),
-                            "difference": _interval(list(difference), options)}
+    for budget, arms in recalls.items():
+        packet = np.asarray(arms["packet"])
+        out[str(budget)] = {**{arm: _interval(values, options) for arm, values in arms.items()},
+                            "difference": _interval(list(packet - np.asarray(arms["topk"])), options),
+                            "difference_vs_grouped": _interval(list(packet - np.asarray(arms["topk_grouped"])),
+                                                               options)}
     return out, knob_study(study, options.budgets, options.packet)
 
 
@@ -225,7 +247,9 @@ def run_packets_bench(locomo: Sequence[Conversation], longmemeval: Sequence[Conv
                      "seed": options.seed,
                      "packet": {"mmr_lambda": packet.mmr_lambda, "redundancy_threshold": packet.redundancy_threshold,
                                 "session_share": packet.session_share, "token_exponent": packet.token_exponent},
-                     "topk_baseline": "reranked pool in rank order, each item kept while it fits"},
+                     "topk_baseline": "reranked pool in rank order, each item kept while it fits, priced as "
+                                      "a flat list's self-contained line (render_item)",
+                     "topk_grouped": "the same list priced and pasted like a packet (session headers once)"},
         "locomo_evidence_recall": recall,
         "locomo_knob_study": study,
         "longmemeval_knowledge_update": knowledge_updates(longmemeval, encoder, reranker_for, count_tokens, options)
@@ -241,10 +265,16 @@ def _markdown(document: Mapping[str, Any]) -> str:
     recall = document["locomo_evidence_recall"]
     if recall:
         lines += ["## LoCoMo evidence recall (per tenant, held-out reranker folds)", "",
-                  "| budget | packet | top-k | packet - top-k | n |", "|---|---|---|---|---|"]
+                  "top-k: the reranked list pasted as self-contained lines (every qualifier on every line); "
+                  "top-k grouped: the same list priced like a packet (session headers once), the control "
+                  "that isolates the packet's selection from its rendering.", "",
+                  "| budget | packet | top-k | packet - top-k | top-k grouped | packet - top-k grouped | n |",
+                  "|---|---|---|---|---|---|---|"]
         for budget, row in recall.items():
-            cells = [f"{row[a]['mean']:.3f} [{row[a]['ci95'][0]:.3f}, {row[a]['ci95'][1]:.3f}]"
-                     for a in ("packet", "topk", "difference")]
+            cells = [f"{row[a]['mean']:+.3f} [{row[a]['ci95'][0]:+.3f}, {row[a]['ci95'][1]:+.3f}]"
+                     if a.startswith("difference") else
+                     f"{row[a]['mean']:.3f} [{row[a]['ci95'][0]:.3f}, {row[a]['ci95'][1]:.3f}]"
+                     for a in ("packet", "topk", "difference", "topk_grouped", "difference_vs_grouped")]
             lines.append(f"| {budget} | {' | '.join(cells)} | {row['packet']['n']} |")
         lines.append("")
     lines += _study_lines(document.get("locomo_knob_study") or {})
@@ -288,11 +318,11 @@ def _plot(document: Mapping[str, Any], path: Path) -> None:
     axes = figure.add_subplot(1, 1, 1)
     budgets = list(recall)
     x = np.arange(len(budgets))
-    for offset, arm in ((-0.2, "packet"), (0.2, "topk")):
+    for offset, arm in ((-0.27, "packet"), (0.0, "topk"), (0.27, "topk_grouped")):
         means = [recall[b][arm]["mean"] for b in budgets]
         errors = [[m - recall[b][arm]["ci95"][0] for b, m in zip(budgets, means, strict=True)],
                   [recall[b][arm]["ci95"][1] - m for b, m in zip(budgets, means, strict=True)]]
-        axes.bar(x + offset, means, width=0.4, yerr=errors, capsize=3, label=arm)
+        axes.bar(x + offset, means, width=0.27, yerr=errors, capsize=3, label=arm)
     axes.set_xticks(x, [f"{b} tokens" for b in budgets])
     axes.set_ylabel("evidence recall (LoCoMo, per tenant)")
     axes.set_title("Evidence packets vs top-k at equal budgets")

@@ -22,9 +22,15 @@ Enough*: a list of hits is not yet context an agent can use):
    newest statement of a fact comes last. The omission report lists the pool's left-out
    candidates in pool order (best first), then the hidden ones in fused order.
 
-Token counts are of :func:`render_item` (the item text with its qualifiers, as the agent would
-paste it) under an injected ``count_tokens``: the service passes the cross-encoder's tokenizer
-(:func:`token_counter`), tests :func:`whitespace_tokens`. ``used_tokens <= budget_tokens`` always.
+A packet is pasted as session groups (:func:`prompt_text`): a session's header
+(:func:`render_header`: session id and start) once, then its items' lines (:func:`render_line`:
+speaker and text, the turn's time only where it differs from the session's start). An item costs
+the tokens of its line, plus its header's the first time its session enters the packet, so the
+qualifiers a flat list repeats on every line (:func:`render_item`, what a top-k list of hits costs)
+are paid once per session. Tokens are counted under an injected ``count_tokens``: the service
+passes the cross-encoder's tokenizer (:func:`token_counter`), tests :func:`whitespace_tokens`.
+``used_tokens <= budget_tokens`` always, and ``used_tokens`` is the count of :func:`prompt_text`
+(lines joined by newlines; both counters are additive over whitespace).
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ from mnemos.supersession import SupersessionTable
 from mnemos.tenant_index import TenantIndex
 
 __all__ = ["Candidate", "Omission", "Omitted", "Packet", "PacketConfig", "PacketItem", "Qualifiers", "Relevance",
-           "build_packet", "candidates_from_index", "hidden_candidates", "packet_from_index", "reading_order",
-           "render_item", "screen", "select", "token_counter", "whitespace_tokens"]
+           "build_packet", "candidates_from_index", "hidden_candidates", "packet_from_index", "prompt_text",
+           "reading_order", "render_header", "render_item", "render_line", "screen", "select", "token_counter",
+           "whitespace_tokens"]
 
 TokenCounter = Callable[[str], int]
 
@@ -139,7 +146,9 @@ class Qualifiers:
 @dataclass(frozen=True)
 class Candidate:
     """One pool entry offered to :func:`select`: its rerank ``score``, its text (as published, with
-    an image caption appended), the ``tokens`` of :func:`render_item` and its qualifiers."""
+    an image caption appended), the ``tokens`` of its :func:`render_line`, its qualifiers, and the
+    ``header`` it is pasted under (:func:`render_header`; ``""``: none) with that header's
+    ``header_tokens``, paid once per packet by the first item kept under it."""
 
     entry_id: int
     turn_id: str
@@ -147,16 +156,20 @@ class Candidate:
     score: float
     tokens: int
     qualifiers: Qualifiers
+    header: str = ""
+    header_tokens: int = 0
 
 
 PacketItem = Candidate
-"""A kept item is the candidate itself (``tokens`` counts :func:`render_item` of it)."""
+"""A kept item is the candidate itself (``tokens`` counts :func:`render_line` of it)."""
 
 
 @dataclass(frozen=True)
 class Omitted:
     """One left-out candidate: why, and ``because_of`` the turn id it is redundant with (a kept
-    item) or superseded by; ``score`` and ``tokens`` are None for a candidate the filter hid."""
+    item) or superseded by; ``tokens`` is what it would have cost when it was left out (its line,
+    plus its header when its session was not yet in the packet); ``score`` and ``tokens`` are None
+    for a candidate the filter hid."""
 
     entry_id: int
     turn_id: str
@@ -168,7 +181,8 @@ class Omitted:
 
 @dataclass(frozen=True)
 class Packet:
-    """Kept items in reading order, the omission report, the budget and the tokens used (<= budget)."""
+    """Kept items in reading order, the omission report, the budget and the tokens used (<= budget):
+    the kept items' lines plus the headers of their sessions, i.e. the count of :func:`prompt_text`."""
 
     items: tuple[PacketItem, ...]
     omitted: tuple[Omitted, ...]
@@ -194,9 +208,39 @@ def token_counter(reranker: object) -> TokenCounter:
 
 
 def render_item(text: str, qualifiers: Qualifiers) -> str:
-    """The line an agent pastes: ``"[<YYYY-MM-DD HH:MM> UTC, session <id>] <role>: <text>"``."""
+    """One self-contained line of a flat list (every qualifier repeated on it, as a top-k list of
+    hits is pasted): ``"[<YYYY-MM-DD HH:MM> UTC, session <id>] <role>: <text>"``."""
     when = qualifiers.occurred_at.strftime("%Y-%m-%d %H:%M")
     return f"[{when} UTC, session {qualifiers.session_id}] {render_turn(qualifiers.role, text)}"
+
+
+def render_header(qualifiers: Qualifiers) -> str:
+    """The line a packet's session group starts with: ``"[session <id>, <YYYY-MM-DD HH:MM> UTC]"``,
+    the time being the session's start; ``"[session <id>]"`` when the start is unknown."""
+    if qualifiers.session_date is None:
+        return f"[session {qualifiers.session_id}]"
+    return f"[session {qualifiers.session_id}, {qualifiers.session_date.strftime('%Y-%m-%d %H:%M')} UTC]"
+
+
+def render_line(text: str, qualifiers: Qualifiers) -> str:
+    """An item's line under its :func:`render_header`: ``"<role>: <text>"`` when the turn happened at
+    its session's start, ``"[<HH:MM>] <role>: <text>"`` later that day, else with the full
+    ``"[<YYYY-MM-DD HH:MM> UTC]"`` (also when the session's start is unknown)."""
+    turn, start, when = render_turn(qualifiers.role, text), qualifiers.session_date, qualifiers.occurred_at
+    if start is not None and when == start:
+        return turn
+    if start is not None and when.date() == start.date():
+        return f"[{when.strftime('%H:%M')}] {turn}"
+    return f"[{when.strftime('%Y-%m-%d %H:%M')} UTC] {turn}"
+
+
+def prompt_text(items: Sequence[PacketItem]) -> str:
+    """What an agent pastes: the items grouped under their headers (groups in order of their first
+    item, items in the given order: a packet's reading order), one line each, newline-separated."""
+    groups: dict[str, list[str]] = {}
+    for item in items:
+        groups.setdefault(item.header, []).append(render_line(item.text, item.qualifiers))
+    return "\n".join(line for header, lines in groups.items() for line in ([header] if header else []) + lines)
 
 
 def reading_order(item: PacketItem) -> tuple[datetime, str, datetime, int]:
@@ -250,8 +294,8 @@ def select(candidates: Sequence[Candidate], embeddings: np.ndarray, budget_token
     config = config or PacketConfig()
     if budget_tokens < 1:
         raise InvalidParameterError(f"budget_tokens must be >= 1, got {budget_tokens}")
-    if any(c.tokens < 1 for c in candidates):
-        raise InvalidParameterError("every candidate must count at least 1 token")
+    if any(c.tokens < 1 or c.header_tokens < 0 for c in candidates):
+        raise InvalidParameterError("every candidate must count at least 1 token (and a header at least 0)")
     n = len(candidates)
     unit = _unit_rows(embeddings, n)
     rel = RELEVANCE[config.relevance](np.asarray([c.score for c in candidates], dtype=np.float64))
@@ -259,14 +303,19 @@ def select(candidates: Sequence[Candidate], embeddings: np.ndarray, budget_token
     max_sim, nearest = np.zeros(n), np.full(n, -1)
     session_cap = config.session_share * budget_tokens
     session_used: dict[str, int] = {}
+    headers: set[str] = set()  # headers already in the packet: their items pay only their line
     is_open = np.ones(n, dtype=bool)
     kept: list[int] = []
     reasons: dict[int, Omitted] = {}
 
+    def cost_of(i: int) -> int:
+        c = candidates[i]
+        return c.tokens + (c.header_tokens if c.header and c.header not in headers else 0)
+
     def omit(i: int, reason: Omission) -> None:
         c = candidates[i]
         named = candidates[nearest[i]].turn_id if reason is Omission.REDUNDANT and nearest[i] >= 0 else None
-        reasons[i] = Omitted(c.entry_id, c.turn_id, reason, c.score, c.tokens, named)
+        reasons[i] = Omitted(c.entry_id, c.turn_id, reason, c.score, cost_of(i), named)
         is_open[i] = False
 
     used = 0
@@ -275,9 +324,9 @@ def select(candidates: Sequence[Candidate], embeddings: np.ndarray, budget_token
             c = candidates[i]
             if max_sim[i] >= config.redundancy_threshold:
                 omit(i, Omission.REDUNDANT)
-            elif used + c.tokens > budget_tokens:
+            elif used + cost_of(i) > budget_tokens:
                 omit(i, Omission.OVER_BUDGET)
-            elif session_used.get(c.qualifiers.session_id, 0) + c.tokens > session_cap:
+            elif session_used.get(c.qualifiers.session_id, 0) + cost_of(i) > session_cap:
                 omit(i, Omission.SESSION_CAP)
         choices = [int(i) for i in np.flatnonzero(is_open)]
         if not choices:
@@ -291,9 +340,11 @@ def select(candidates: Sequence[Candidate], embeddings: np.ndarray, budget_token
             break
         kept.append(best)
         is_open[best] = False
-        used += candidates[best].tokens
+        spent = cost_of(best)
+        used += spent
+        headers.add(candidates[best].header)
         session = candidates[best].qualifiers.session_id
-        session_used[session] = session_used.get(session, 0) + candidates[best].tokens
+        session_used[session] = session_used.get(session, 0) + spent
         sims = unit @ unit[best]
         closer = sims > max_sim
         max_sim[closer], nearest[closer] = sims[closer], best
@@ -318,14 +369,15 @@ def build_packet(candidates: Sequence[Candidate], embeddings: np.ndarray, budget
                    key=reading_order)
     position = {c.entry_id: row for row, c in enumerate(candidates)}
     omitted = sorted([*superseded, *left_out], key=lambda o: position[o.entry_id])
+    header_tokens = {item.header: item.header_tokens for item in items if item.header}
     return Packet(items=tuple(items), omitted=(*omitted, *hidden), budget_tokens=budget_tokens,
-                  used_tokens=sum(item.tokens for item in items))
+                  used_tokens=sum(item.tokens for item in items) + sum(header_tokens.values()))
 
 
 def candidates_from_index(index: TenantIndex, ranking: Sequence[tuple[int, float]],
                           count_tokens: TokenCounter) -> list[Candidate]:
     """Candidates of ``(entry_id, score)`` pairs of ``index``'s tenant, in the given order, their
-    tokens counted on :func:`render_item` (at least 1).
+    tokens counted on :func:`render_line` (at least 1) and their header's on :func:`render_header`.
 
     Raises:
         UnknownEntryError: if an entry id is not in the index.
@@ -339,8 +391,10 @@ def candidates_from_index(index: TenantIndex, ranking: Sequence[tuple[int, float
         except KeyError:
             session_date = None
         qualifiers = Qualifiers(entry.session_id, entry.role, entry.occurred_at, entry.aliases, session_date)
-        tokens = max(1, int(count_tokens(render_item(text, qualifiers))))
-        out.append(Candidate(entry.entry_id, entry.turn_id, text, float(score), tokens, qualifiers))
+        tokens = max(1, int(count_tokens(render_line(text, qualifiers))))
+        header = render_header(qualifiers)
+        out.append(Candidate(entry.entry_id, entry.turn_id, text, float(score), tokens, qualifiers, header,
+                             max(0, int(count_tokens(header)))))
     return out
 
 

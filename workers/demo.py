@@ -111,7 +111,7 @@ def format_result(tenant: str, question: str, result: RetrievalResult) -> str:
     packet = result.packet
     if packet is not None:
         lines.append(f"  evidence packet: {len(packet.items)} items, {packet.used_tokens}/{packet.budget_tokens} tokens")
-        lines.extend(f"    {item.line}" for item in packet.items)
+        lines.extend(f"    {line}" for line in packet.prompt_text().splitlines())
         for o in packet.omitted:
             why = f"{o.reason} ({o.because_of})" if o.because_of else o.reason
             lines.append(f"    left out {o.turn_id}: {why}")

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from api import packets as wire_packets
 from api import schemas
 from mnemos.filters import EntryFilter
-from mnemos.packets import Packet, Qualifiers, render_item
+from mnemos.packets import Packet, Qualifiers, render_line
 from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult
 
 __all__ = ["entry_filter", "hit_message", "outcome_message", "outcome_record", "packet_message", "result_message"]
@@ -94,11 +94,13 @@ def _qualifiers(q: Qualifiers) -> wire_packets.Qualifiers:
 
 
 def packet_message(packet: Packet) -> wire_packets.Packet:
-    """The wire form of a core packet: every item with its qualifiers and the ``line`` its tokens
-    were counted on (:func:`mnemos.packets.render_item`), every omission with its reason's value."""
+    """The wire form of a core packet: every item with its qualifiers, the ``line`` its tokens were
+    counted on (:func:`mnemos.packets.render_line`) and the ``header`` of its session group, every
+    omission with its reason's value."""
     items = tuple(wire_packets.PacketItem(entry_id=i.entry_id, turn_id=i.turn_id, text=i.text, score=float(i.score),
                                           tokens=i.tokens, qualifiers=_qualifiers(i.qualifiers),
-                                          line=render_item(i.text, i.qualifiers)) for i in packet.items)
+                                          line=render_line(i.text, i.qualifiers), header=i.header)
+                  for i in packet.items)
     omitted = tuple(wire_packets.OmittedItem(entry_id=o.entry_id, turn_id=o.turn_id, reason=o.reason.value,
                                              score=None if o.score is None else float(o.score), tokens=o.tokens,
                                              because_of=o.because_of) for o in packet.omitted)

@@ -36,6 +36,17 @@ def test_topk_within_budget_skips_what_does_not_fit() -> None:
     q = Qualifiers("s", "user", T0)
     pool = [Candidate(1, "t1", "x", 3.0, 30, q), Candidate(2, "t2", "y", 2.0, 80, q), Candidate(3, "t3", "z", 1.0, 20, q)]
     assert topk_within_budget(pool, 60) == [1, 3]
+    assert topk_within_budget(pool, 60, flat_tokens=(30, 20, 40)) == [1, 2]
+
+
+def test_topk_grouped_pays_a_session_header_once() -> None:
+    """Priced like a packet, a second item of a session costs its line only; a flat list pays the
+    qualifiers on every line, so it fits fewer items in the same budget."""
+    q, r = Qualifiers("s", "user", T0), Qualifiers("r", "user", T0)
+    pool = [Candidate(1, "t1", "x", 3.0, 10, q, "[session s]", 5), Candidate(2, "t2", "y", 2.0, 10, q, "[session s]", 5),
+            Candidate(3, "t3", "z", 1.0, 10, r, "[session r]", 5)]
+    assert topk_within_budget(pool, 25) == [1, 2]  # 5 + 10 + 10
+    assert topk_within_budget(pool, 25, flat_tokens=(15, 15, 15)) == [1]
 
 
 def test_the_bench_runs_on_synthetic_data_and_writes_its_files(tmp_path: Path) -> None:
@@ -45,7 +56,7 @@ def test_the_bench_runs_on_synthetic_data_and_writes_its_files(tmp_path: Path) -
     recall = document["locomo_evidence_recall"]
     assert set(recall) == {"20", "60"}
     for row in recall.values():
-        for arm in ("packet", "topk", "difference"):
+        for arm in ("packet", "topk", "topk_grouped", "difference", "difference_vs_grouped"):
             lo, hi = row[arm]["ci95"]
             assert lo <= row[arm]["mean"] <= hi
         assert 0.0 <= row["packet"]["mean"] <= 1.0 and row["packet"]["n"] == 88
@@ -82,7 +93,7 @@ def test_the_knob_study_chooses_on_the_dev_half_only() -> None:
 
     long_hit = Candidate(1, "t1", "hit", 3.0, 60, Qualifiers("s1", "user", T0))
     misses = [Candidate(i, f"t{i}", "miss", 2.0, 20, Qualifiers(f"s{i}", "user", T0)) for i in (2, 3, 4)]
-    pool = RankedPool([long_hit, *misses], np.eye(4, 8), PacketConfig())
+    pool = RankedPool([long_hit, *misses], np.eye(4, 8), PacketConfig(), (60, 20, 20, 20))
     dev = StudyQuestion(True, frozenset({1}), pool)
     test = StudyQuestion(False, frozenset({2}), pool)
     study = knob_study([dev, test], (100,), PacketConfig())

@@ -22,7 +22,10 @@ from mnemos.packets import (
     build_packet,
     hidden_candidates,
     packet_from_index,
+    prompt_text,
+    render_header,
     render_item,
+    render_line,
     select,
     token_counter,
     whitespace_tokens,
@@ -36,10 +39,17 @@ T0 = datetime(2024, 1, 1, 9, 0, tzinfo=UTC)
 
 
 def cand(entry_id: int, score: float, tokens: int = 10, session: str = "s1", minutes: int = 0,
-         aliases: tuple[str, ...] = (), session_day: int = 0) -> Candidate:
+         aliases: tuple[str, ...] = (), session_day: int = 0, header: bool = False) -> Candidate:
+    """A candidate whose text has ``tokens`` words; ``header``: grouped under its session's header."""
     when = T0 + timedelta(days=session_day, minutes=minutes)
-    return Candidate(entry_id, f"t{entry_id}", f"text {entry_id}", score, tokens,
-                     Qualifiers(session, "user", when, aliases, T0 + timedelta(days=session_day)))
+    qualifiers = Qualifiers(session, "user", when, aliases, T0 + timedelta(days=session_day))
+    words = " ".join(["w"] * max(0, tokens - 1 - len(render_line("", qualifiers).split())))
+    text = f"text{entry_id} {words}".strip()
+    if not header:
+        return Candidate(entry_id, f"t{entry_id}", text, score, tokens, qualifiers)
+    line_tokens = whitespace_tokens(render_line(text, qualifiers))
+    title = render_header(qualifiers)
+    return Candidate(entry_id, f"t{entry_id}", text, score, line_tokens, qualifiers, title, whitespace_tokens(title))
 
 
 def orthogonal(n: int, dim: int = 16) -> np.ndarray:
@@ -166,8 +176,13 @@ def test_packet_from_index_counts_rendered_items_and_reads_supersessions() -> No
     assert [i.entry_id for i in packet.items] == [2, 3, 4]  # session s1 first, then s2
     assert packet.omitted[0].reason is Omission.SUPERSEDED
     item = packet.items[0]
-    assert item.tokens == whitespace_tokens(render_item(item.text, item.qualifiers))
+    assert item.tokens == whitespace_tokens(render_line(item.text, item.qualifiers))
+    assert item.header == render_header(item.qualifiers) == "[session s1, 2024-01-01 09:00 UTC]"
+    assert render_line(item.text, item.qualifiers).startswith("[09:01] user: ")  # a minute after the session start
     assert render_item(item.text, item.qualifiers).startswith("[2024-01-01 09:01 UTC, session s1] user: ")
+    text = prompt_text(packet.items)
+    assert text.splitlines()[0] == "[session s1, 2024-01-01 09:00 UTC]" and text.count("[session s2,") == 1
+    assert whitespace_tokens(text) == packet.used_tokens
     old = packet_from_index(index, ranking, 1000, whitespace_tokens, as_of=T0 + timedelta(days=1))
     assert 1 in {i.entry_id for i in old.items}
 
@@ -189,20 +204,35 @@ def test_hidden_candidates_name_what_the_filter_and_as_of_kept_out() -> None:
 @given(st.lists(st.tuples(st.floats(-8, 8), st.integers(1, 60), st.integers(0, 3)), min_size=1, max_size=25),
        st.integers(1, 300), st.floats(0.1, 1.0), st.integers(0, 2**16))
 def test_property_budget_and_partition_and_determinism(rows: list, budget: int, lam: float, seed: int) -> None:
-    pool = [cand(i + 1, s, t, session=f"s{g}", session_day=g, minutes=i) for i, (s, t, g) in enumerate(rows)]
+    pool = [cand(i + 1, s, t, session=f"s{g}", session_day=g, minutes=i, header=True)
+            for i, (s, t, g) in enumerate(rows)]
     vectors = np.random.default_rng(seed).normal(size=(len(pool), 8)).astype(np.float32)
     config = PacketConfig(mmr_lambda=lam)
     packet = build_packet(pool, vectors, budget, config)
     assert packet.used_tokens <= budget
-    assert sum(i.tokens for i in packet.items) == packet.used_tokens
+    assert whitespace_tokens(prompt_text(packet.items)) == packet.used_tokens  # lines plus one header per session
     kept = [i.entry_id for i in packet.items]
     left = [o.entry_id for o in packet.omitted]
     assert sorted(kept + left) == [c.entry_id for c in pool]  # every candidate is kept or reported once
     for session in {c.qualifiers.session_id for c in pool}:
-        assert sum(i.tokens for i in packet.items if i.qualifiers.session_id == session) <= config.session_share * budget
+        ours = [i for i in packet.items if i.qualifiers.session_id == session]
+        headers = {i.header: i.header_tokens for i in ours}
+        assert sum(i.tokens for i in ours) + sum(headers.values()) <= config.session_share * budget
     assert build_packet(list(pool), vectors.copy(), budget, config) == packet
     for o in packet.omitted:
         if o.reason is Omission.OVER_BUDGET:
             assert o.tokens is not None and o.tokens > budget - packet.used_tokens
         if o.because_of is not None:
             assert o.because_of in {f"t{k}" for k in kept}
+
+
+def test_a_session_header_is_paid_once_so_a_second_item_of_that_session_fits_where_a_new_session_does_not() -> None:
+    first, same, other = cand(1, 3.0, 8, header=True), cand(2, 2.0, 8, minutes=5, header=True), \
+        cand(3, 2.5, 8, session="s2", session_day=1, header=True)
+    header = first.header_tokens
+    assert header > 0 and first.header == same.header != other.header
+    budget = 2 * 8 + header + 1  # room for one more line, not for a line and a new header
+    packet = build_packet([first, other, same], orthogonal(3), budget, PacketConfig(session_share=1.0))
+    assert [i.entry_id for i in packet.items] == [1, 2] and packet.used_tokens == 2 * 8 + header
+    assert [(o.entry_id, o.reason, o.tokens) for o in packet.omitted] == [(3, Omission.OVER_BUDGET, 8 + header)]
+    assert prompt_text(packet.items).splitlines()[0] == first.header
