@@ -48,6 +48,7 @@ from mnemos.packets import (
     TokenCounter,
     build_packet,
     candidates_from_index,
+    cost_in,
     render_item,
 )
 from mnemos.pipeline import RetrievalConfig, retrieve
@@ -84,8 +85,7 @@ def topk_within_budget(candidates: Sequence[Candidate], budget_tokens: int,
     """
     kept, used, headers = [], 0, set()
     for row, c in enumerate(candidates):
-        cost = (flat_tokens[row] if flat_tokens is not None
-                else c.tokens + (c.header_tokens if c.header and c.header not in headers else 0))
+        cost = flat_tokens[row] if flat_tokens is not None else cost_in(c, headers)
         if used + cost <= budget_tokens:
             kept.append(c.entry_id)
             used += cost

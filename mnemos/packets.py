@@ -36,7 +36,7 @@ passes the cross-encoder's tokenizer (:func:`token_counter`), tests :func:`white
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -51,7 +51,7 @@ from mnemos.supersession import SupersessionTable
 from mnemos.tenant_index import TenantIndex
 
 __all__ = ["Candidate", "Omission", "Omitted", "Packet", "PacketConfig", "PacketItem", "Qualifiers", "Relevance",
-           "build_packet", "candidates_from_index", "hidden_candidates", "packet_from_index", "prompt_text",
+           "build_packet", "candidates_from_index", "cost_in", "hidden_candidates", "packet_from_index", "prompt_text",
            "reading_order", "render_header", "render_item", "render_line", "screen", "select", "token_counter",
            "whitespace_tokens"]
 
@@ -243,6 +243,13 @@ def prompt_text(items: Sequence[PacketItem]) -> str:
     return "\n".join(line for header, lines in groups.items() for line in ([header] if header else []) + lines)
 
 
+def cost_in(candidate: Candidate, headers: Collection[str]) -> int:
+    """Tokens ``candidate`` adds to a packet whose session ``headers`` are already pasted: its line,
+    plus its header's when the header is not among them yet."""
+    pays_header = candidate.header and candidate.header not in headers
+    return candidate.tokens + (candidate.header_tokens if pays_header else 0)
+
+
 def reading_order(item: PacketItem) -> tuple[datetime, str, datetime, int]:
     """Sort key of the packet: session start (its own time when unknown), session id, turn time, entry id."""
     q = item.qualifiers
@@ -309,8 +316,7 @@ def select(candidates: Sequence[Candidate], embeddings: np.ndarray, budget_token
     reasons: dict[int, Omitted] = {}
 
     def cost_of(i: int) -> int:
-        c = candidates[i]
-        return c.tokens + (c.header_tokens if c.header and c.header not in headers else 0)
+        return cost_in(candidates[i], headers)
 
     def omit(i: int, reason: Omission) -> None:
         c = candidates[i]
