@@ -73,13 +73,14 @@ def speed_markdown(speed: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) 
         modes = list(dict.fromkeys(m for row in rows for m in row["modes"]))
         head = " | ".join(f"{m} {arm}" for m in modes for arm in (_RERANK_ARM, _FULL_ARM))
         lines += ["", "## rerank_sweep", "",
-                  "Held-out NDCG@10 (Δ vs the main run's rerankers, paired 95% CI) and the cross-encoder's "
-                  "time per real 30-turn pool, all from the same `bench quality` run:", "",
-                  f"| dataset | reranker | layers | max_length | epochs | max_pairs | {head} | ms/pool p50 (p95) |",
-                  "|---|---|---|---|---|---|" + "---|" * (2 * len(modes) + 1)]
+                  "Held-out NDCG@10 (Δ vs the main rerankers of the same run, paired 95% CI) and the "
+                  "cross-encoder's time per real 30-turn pool, measured in that run. Compare rows within one run "
+                  "(`run`: the `bench quality` JSON they come from): runs differ in questions and machine.", "",
+                  f"| run | dataset | reranker | layers | max_length | epochs | max_pairs | {head} | ms/pool p50 (p95) |",
+                  "|---|---|---|---|---|---|---|" + "---|" * (2 * len(modes) + 1)]
         for row in rows:
             cells = [_cell(row["modes"].get(m, {}).get(arm)) for m in modes for arm in (_RERANK_ARM, _FULL_ARM)]
-            lines.append(f"| {row['dataset']} | {row['name']} | {row.get('layers')} | {row.get('max_length')} | "
+            lines.append(f"| {row.get('run', '–')} | {row['dataset']} | {row['name']} | {row.get('layers')} | {row.get('max_length')} | "
                          f"{row.get('epochs')} | {row.get('max_pairs') or 'all'} | " + " | ".join(cells)
                          + f" | {row['p50_ms']:.0f} ({row['p95_ms']:.0f}) |")
     return "\n".join(lines) + "\n"
@@ -87,13 +88,15 @@ def speed_markdown(speed: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) 
 
 def write_speed_report(speed_json: Path, sweep_sources: Sequence[Path], markdown: Path | None) -> list[dict]:
     """Add ``rerank_sweep`` (from the ``bench quality`` JSON files ``sweep_sources``) to the speed
-    JSON at ``speed_json`` in place and write ``markdown``; returns the sweep rows.
+    JSON at ``speed_json`` in place and write ``markdown``; returns the sweep rows, each with
+    ``run``: the file name of the source it came from.
 
     Raises:
         OSError: if a file cannot be read or written; json.JSONDecodeError on a malformed file.
     """
     speed = json.loads(speed_json.read_text())
-    rows = [row for source in sweep_sources for row in rerank_sweep(json.loads(source.read_text()))]
+    rows = [{"run": source.name, **row} for source in sweep_sources
+            for row in rerank_sweep(json.loads(source.read_text()))]
     if sweep_sources:
         speed["rerank_sweep"] = rows
         speed_json.write_text(json.dumps(speed, indent=2) + "\n")

@@ -42,7 +42,7 @@ def test_only_timed_reranker_variants_become_rows_with_their_quality() -> None:
 def test_markdown_has_one_line_per_row_with_time_and_delta() -> None:
     text = speed_markdown({"command": "mnemos bench speed", "query_p50_s": 0.2}, rerank_sweep(DOCUMENT))
     assert "## rerank_sweep" in text
-    line = next(x for x in text.splitlines() if x.startswith("| locomo10.json | l3 |"))
+    line = next(x for x in text.splitlines() if x.startswith("| – | locomo10.json | l3 |"))
     assert "0.520 (-0.020 [-0.030, -0.010])" in line and "150 (300)" in line
     assert "| query_p50_s | 0.200 |" in text
 
@@ -54,7 +54,8 @@ def test_report_updates_the_speed_json_in_place(tmp_path: Path) -> None:
     rows = write_speed_report(speed, [quality], md)
     stored = json.loads(speed.read_text())
     assert stored["query_p50_s"] == 0.3 and stored["rerank_sweep"] == rows and len(rows) == 2
-    assert md.read_text().count("| locomo10.json |") == 2
+    assert [row["run"] for row in rows] == ["locomo.json", "locomo.json"]  # which run each row is from
+    assert md.read_text().count("| locomo.json | locomo10.json |") == 2
 
 
 def test_reranker_details_come_from_the_first_folds_provenance() -> None:
