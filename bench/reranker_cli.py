@@ -25,7 +25,10 @@ from bench.extras import require_extra
 from workers.models import resolve_device
 
 if TYPE_CHECKING:
-    from bench.training.pairs import PositivePair
+    from collections.abc import Sequence
+
+    from bench.training.distil import DistilConfig
+    from bench.training.pairs import LabelledPair, PositivePair
 
 __all__ = ["reranker", "run_check", "run_train"]
 
@@ -57,6 +60,9 @@ def run_train(
     device: str = "cpu",
     calibration_queries: int = 200,
     fp16: bool = False,
+    teacher: Path | None = None,
+    temperature: float = 1.0,
+    distil_weight: float = 1.0,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
@@ -64,6 +70,11 @@ def run_train(
     names the data by file name and sha256 (never a machine path), the recipe, the seed and the
     commit of this checkout. ``fp16`` stores the weights as float16 safetensors (half the size;
     the service loads them back as float32 on a CPU).
+
+    ``teacher`` (a trained cross-encoder directory with its provenance) turns on knowledge
+    distillation (:mod:`bench.training.distil`): the student trains on
+    ``distil_weight * sigmoid(teacher_logit / temperature) + (1 - distil_weight) * hard_label``,
+    and its provenance counts the teacher's training conversations as its own.
 
     Returns 0 on success, 2 on unusable input (the message goes to stderr).
     """
@@ -73,6 +84,7 @@ def run_train(
     from bench.training import cross_encoder as training
     from bench.training import pairs as training_pairs
     from bench.training.errors import TrainingDataError
+    from mnemos.errors import ModelLoadError
     from mnemos.rendering import RENDERING_VERSION
 
     if threads:
@@ -82,6 +94,7 @@ def run_train(
                                      "rendering_version": int(RENDERING_VERSION), "commit": _git_commit()}
     try:
         calibration: list[tuple[str, list[str]]] = []
+        teacher_setup = _teacher_setup(teacher, temperature, distil_weight)
         positives, corpora = _positives(data, pairs, conversations, fold, provenance)
         encoder = _load_bi_encoder(device) if dense else None
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
@@ -102,11 +115,14 @@ def run_train(
         }
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
         config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device)
+        soft = None
+        if teacher is not None and teacher_setup is not None:
+            soft, provenance = _distil(teacher, teacher_setup, examples, provenance, device)
         report = training.train_cross_encoder(examples, out, config=config, provenance=provenance,
-                                              calibration_pools=calibration)
+                                              calibration_pools=calibration, soft_labels=soft)
         if fp16:
             _store_fp16(out)
-    except (TrainingDataError, DatasetError) as exc:
+    except (TrainingDataError, DatasetError, ModelLoadError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
     click.echo(
@@ -115,6 +131,44 @@ def run_train(
     )
     click.echo(f"training time: {report.seconds:.1f} s on {device}; model saved to {report.out_dir}")
     return 0
+
+
+def _teacher_setup(teacher: Path | None, temperature: float,
+                   distil_weight: float) -> tuple[DistilConfig, list[str]] | None:
+    """The distillation settings and the teacher's training conversations (None without a teacher),
+    read before any mining so that a teacher without provenance fails fast.
+
+    Raises:
+        TrainingDataError: for a bad temperature or weight, or a teacher without a readable
+            provenance (held-out evaluation could not be guaranteed).
+    """
+    from bench.training import distil
+
+    if teacher is None:
+        return None
+    return distil.DistilConfig(temperature=temperature, weight=distil_weight), \
+        distil.teacher_training_conversations(teacher)
+
+
+def _distil(teacher: Path, setup: tuple[DistilConfig, list[str]], examples: Sequence[LabelledPair],
+            provenance: dict[str, object], device: str) -> tuple[list[float], dict[str, object]]:
+    """Score every example once with the teacher (max length 128, on ``device``; one batched call
+    per query, on the rendered text the student trains on) and return the soft labels and the
+    student's provenance with the teacher's conversations and a ``distillation`` block."""
+    from bench.training import distil
+    from mnemos.rerank import CrossEncoderReranker, model_digest
+
+    config, conversations = setup
+    started = time.perf_counter()
+    model = CrossEncoderReranker(teacher, max_length=128, device=device)
+    logits = distil.teacher_logits(examples, model.score)
+    del model
+    soft = distil.soft_labels(logits, examples, config)
+    click.echo(f"teacher {teacher.resolve().name} scored {len(examples)} pairs in {time.perf_counter() - started:.1f} s")
+    record = distil.distilled_provenance(provenance, teacher_name=teacher.resolve().name,
+                                         teacher_digest=model_digest(teacher.resolve()),
+                                         teacher_conversations=conversations, config=config)
+    return soft, record
 
 
 def _positives(data: Path | None, pairs: Path | None, conversations: list[str] | None,
@@ -317,8 +371,14 @@ def reranker() -> None:
 @click.option("--calibration-queries", type=click.IntRange(min=0), default=200, show_default=True,
               help="Training questions whose pools calibrate the deep-pass threshold (0: none).")
 @click.option("--fp16", is_flag=True, help="Store the weights as float16 safetensors (the shipped model).")
+@click.option("--teacher", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A trained cross-encoder directory to distil from (its training conversations count as seen).")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Distillation temperature T > 0 (with --teacher; default 1.0).")
+@click.option("--distil-weight", type=click.FloatRange(min=0, max=1), default=None,
+              help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_steps, dense, threads, layers, device,
-          calibration_queries, fp16) -> None:
+          calibration_queries, fp16, teacher, temperature, distil_weight) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -326,6 +386,7 @@ def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_st
     max_length 128, three epochs over every mined pair) on positive (query, turn) pairs from
     LoCoMo (--data) or a JSONL file (--pairs), with hard negatives mined by BM25 and the bi-encoder.
     The output directory loads as a CrossEncoder and records its training conversations.
+    With --teacher the student trains on W * sigmoid(teacher_logit / T) + (1 - W) * hard_label.
     """
     if (data is None) == (pairs is None):
         raise click.UsageError("give exactly one of --data or --pairs")
@@ -333,6 +394,8 @@ def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_st
         raise click.UsageError("with --data give exactly one of --conversations or --fold")
     if pairs is not None and (conversations or fold):
         raise click.UsageError("--conversations/--fold apply to --data only")
+    if teacher is None and (temperature is not None or distil_weight is not None):
+        raise click.UsageError("--temperature/--distil-weight apply to distillation only: give --teacher DIR")
     require_extra("train")
     ids = [c.strip() for c in conversations.split(",") if c.strip()] if conversations else None
     sys.exit(
@@ -340,6 +403,8 @@ def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_st
             data=data, pairs=pairs, conversations=ids, fold=_parse_fold(fold) if fold else None, out=out,
             max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, threads=threads,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
+            teacher=teacher, temperature=1.0 if temperature is None else temperature,
+            distil_weight=1.0 if distil_weight is None else distil_weight,
         )
     )
 

@@ -151,6 +151,7 @@ def train_cross_encoder(
     provenance: Mapping[str, Any] | None = None,
     calibration_pools: Sequence[tuple[str, Sequence[str]]] = (),
     calibration_percentile: float = 20.0,
+    soft_labels: Sequence[float] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> TrainingReport:
     """Fine-tune a 1-logit cross-encoder on ``examples`` and save it to ``out_dir``.
@@ -171,14 +172,21 @@ def train_cross_encoder(
     epochs, seconds, seed, created_at (UTC ISO 8601) plus any other ``provenance`` keys.
     ``seconds`` covers model loading and training, not saving.
 
+    ``soft_labels`` (one float in [0, 1] per example, same order; knowledge distillation,
+    :mod:`bench.training.distil`) replace the examples' 0/1 labels as training targets; the
+    examples' own labels still decide the pair counts and the label check. None trains on the
+    hard labels.
+
     Raises:
-        TrainingDataError: if ``examples`` is empty or has only one label.
+        TrainingDataError: if ``examples`` is empty or has only one label, or ``soft_labels`` does
+            not hold one value in [0, 1] per example.
     """
     if not examples:
         raise TrainingDataError("examples", "no training examples")
     labels = {e.label for e in examples}
     if labels != {0.0, 1.0}:
         raise TrainingDataError("examples", f"need both labels 0 and 1, got {sorted(labels)}")
+    targets = _label_column(examples, soft_labels)
     import datasets  # noqa: F401  (imported before the clock starts: ``seconds`` counts no imports)
     import sentence_transformers.cross_encoder  # noqa: F401
     import torch
@@ -188,7 +196,7 @@ def train_cross_encoder(
     started = clock()
     torch.manual_seed(config.seed)  # the new 1-logit head; the trainer seeds data order itself
     model = _base_cross_encoder(base, config)
-    result = _fit(model, examples, config)
+    result = _fit(model, examples, config, targets)
     seconds = clock() - started
     deep = _calibrate(model, calibration_pools, calibration_percentile, config.batch_size)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -234,10 +242,26 @@ def _base_cross_encoder(base: Path, config: TrainConfig) -> Any:
     return model
 
 
-def _fit(model: Any, examples: Sequence[LabelledPair], config: TrainConfig) -> Any:
-    """Train ``model`` in place with ``CrossEncoderTrainer`` and ``BinaryCrossEntropyLoss``, seeded,
-    no checkpoints (a scratch output directory is removed afterwards); the trainer's
-    ``TrainOutput`` (``global_step``, ``training_loss``)."""
+def _label_column(examples: Sequence[LabelledPair], soft_labels: Sequence[float] | None) -> list[float]:
+    """The training targets: the examples' labels, or ``soft_labels`` when given.
+
+    Raises:
+        TrainingDataError: if ``soft_labels`` has a different length or a value outside [0, 1].
+    """
+    if soft_labels is None:
+        return [float(e.label) for e in examples]
+    if len(soft_labels) != len(examples):
+        raise TrainingDataError("soft_labels", f"{len(soft_labels)} soft labels for {len(examples)} examples")
+    targets = [float(v) for v in soft_labels]
+    if not all(0.0 <= v <= 1.0 for v in targets):
+        raise TrainingDataError("soft_labels", "every soft label must be within [0, 1]")
+    return targets
+
+
+def _fit(model: Any, examples: Sequence[LabelledPair], config: TrainConfig, targets: Sequence[float]) -> Any:
+    """Train ``model`` in place with ``CrossEncoderTrainer`` and ``BinaryCrossEntropyLoss`` on
+    ``targets`` (one label per example), seeded, no checkpoints (a scratch output directory is
+    removed afterwards); the trainer's ``TrainOutput`` (``global_step``, ``training_loss``)."""
     from datasets import Dataset
     from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
@@ -246,7 +270,7 @@ def _fit(model: Any, examples: Sequence[LabelledPair], config: TrainConfig) -> A
         {
             "query": [e.query for e in examples],
             "passage": [e.passage for e in examples],
-            "label": [float(e.label) for e in examples],
+            "label": [float(v) for v in targets],
         }
     )
     with tempfile.TemporaryDirectory(prefix="mnemos-train-") as scratch:
