@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scipy.special import expit
+
 from bench.training.errors import TrainingDataError
 from bench.training.pairs import LabelledPair
-from workers.models import PROVENANCE_FILE
+from workers.models import PROVENANCE_FILE, reranker_provenance
 
 __all__ = [
     "DistilConfig",
@@ -61,14 +63,6 @@ class DistilConfig:
             raise TrainingDataError("distil-weight", f"must be within [0, 1], got {self.weight}")
 
 
-def _sigmoid(x: float) -> float:
-    """The logistic function, without overflow for large ``|x|``."""
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    z = math.exp(x)
-    return z / (1.0 + z)
-
-
 def soft_label(teacher_logit: float, hard_label: float, config: DistilConfig) -> float:
     """``W * sigmoid(teacher_logit / T) + (1 - W) * hard_label``: a probability in [0, 1].
 
@@ -80,7 +74,7 @@ def soft_label(teacher_logit: float, hard_label: float, config: DistilConfig) ->
     if not math.isfinite(teacher_logit):
         raise TrainingDataError("teacher", f"non-finite teacher logit {teacher_logit}")
     w = config.weight
-    return w * _sigmoid(teacher_logit / config.temperature) + (1.0 - w) * float(hard_label)
+    return w * float(expit(teacher_logit / config.temperature)) + (1.0 - w) * float(hard_label)
 
 
 def soft_labels(logits: Sequence[float], examples: Sequence[LabelledPair], config: DistilConfig) -> list[float]:
@@ -130,13 +124,16 @@ def teacher_training_conversations(teacher_dir: Path) -> list[str]:
         TrainingDataError: if the file is missing or unreadable, or the key is absent: without it,
             held-out evaluation of the student could not be guaranteed.
     """
-    path = teacher_dir / PROVENANCE_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = reranker_provenance(str(teacher_dir))
     except (OSError, json.JSONDecodeError) as exc:
         raise TrainingDataError(
             "teacher", f"cannot read the teacher's {PROVENANCE_FILE} ({exc.__class__.__name__}): its training "
             "conversations are unknown, so held-out evaluation could not be guaranteed") from exc
+    if record is None:
+        raise TrainingDataError(
+            "teacher", f"the teacher has no {PROVENANCE_FILE}: its training conversations are unknown, so "
+            "held-out evaluation could not be guaranteed")
     conversations = record.get("training_conversations") if isinstance(record, dict) else None
     if not isinstance(conversations, list):
         raise TrainingDataError(
