@@ -63,6 +63,7 @@ def run_train(
     teacher: Path | None = None,
     temperature: float = 1.0,
     distil_weight: float = 1.0,
+    learning_rate: float = 5e-5,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
@@ -114,7 +115,8 @@ def run_train(
             "seconds": round(mined_at - started, 3),
         }
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
-        config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device)
+        config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device,
+                                      learning_rate=learning_rate)
         soft = None
         if teacher is not None and teacher_setup is not None:
             soft, provenance = _distil(teacher, teacher_setup, examples, provenance, device)
@@ -361,6 +363,8 @@ def reranker() -> None:
 @click.option("--max-pairs", type=click.IntRange(min=1), default=None, help="Cap on labelled pairs.")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=5e-5, show_default=True,
+              help="Peak learning rate (linear warmup over 10% of the steps, then linear decay).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch CPU threads.")
@@ -378,7 +382,7 @@ def reranker() -> None:
 @click.option("--distil-weight", type=click.FloatRange(min=0, max=1), default=None,
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_steps, dense, threads, layers, device,
-          calibration_queries, fp16, teacher, temperature, distil_weight) -> None:
+          calibration_queries, fp16, teacher, temperature, distil_weight, learning_rate) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -404,7 +408,7 @@ def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_st
             max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, threads=threads,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
-            distil_weight=1.0 if distil_weight is None else distil_weight,
+            distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,
         )
     )
 

@@ -149,7 +149,7 @@ def captured(monkeypatch):
     seen: dict[str, object] = {}
 
     def fake_train(examples, out_dir, *, config, provenance=None, calibration_pools=(), soft_labels=None, **_):
-        seen.update(examples=list(examples), provenance=dict(provenance or {}), soft_labels=soft_labels)
+        seen.update(examples=list(examples), provenance=dict(provenance or {}), soft_labels=soft_labels, config=config)
         return training.TrainingReport(out_dir=Path(out_dir), base_model="fake", n_pairs=len(examples),
                                        n_positives=1, n_negatives=1, epochs=1.0, steps=1, training_loss=0.5,
                                        seconds=0.1, seed=0)
@@ -175,6 +175,15 @@ def test_without_a_teacher_labels_and_provenance_are_unchanged(tmp_path, pairs_f
     assert captured["soft_labels"] is None
     assert "distillation" not in captured["provenance"]  # type: ignore[operator]
     assert "training_conversations" not in captured["provenance"]  # type: ignore[operator]
+
+
+def test_learning_rate_reaches_the_trainer_and_defaults_to_the_recipe(tmp_path, pairs_file, captured):
+    assert _train(tmp_path, pairs_file).exit_code == 0
+    assert captured["config"].learning_rate == 5e-5  # type: ignore[attr-defined]
+    result = _train(tmp_path, pairs_file, "--learning-rate", "2e-4", "--layers", "3")
+    assert result.exit_code == 0, result.output
+    assert captured["config"].learning_rate == 2e-4 and captured["config"].layers == 3  # type: ignore[attr-defined]
+    assert _train(tmp_path, pairs_file, "--learning-rate", "0").exit_code == 2
 
 
 def test_a_teacher_without_provenance_is_refused(tmp_path, pairs_file, captured):
