@@ -107,12 +107,14 @@ VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
 
 
 def reranker_details(router, max_length: int) -> dict | None:
-    """``{"layers", "max_length", "epochs", "max_pairs"}`` of a fold router's first fold (None for none)."""
+    """``{"layers", "max_length", "epochs", "max_pairs", "learning_rate"}`` of a fold router's first fold
+    (None for none); ``learning_rate`` is None when the provenance does not record it."""
     if router is None:
         return None
     provenance = router.folds[0].provenance
+    train_config = provenance.get("train_config") or {}
     return {"layers": provenance.get("layers", 6), "max_length": max_length, "epochs": provenance.get("epochs"),
-            "max_pairs": provenance.get("max_pairs")}
+            "max_pairs": provenance.get("max_pairs"), "learning_rate": train_config.get("learning_rate")}
 
 
 def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,

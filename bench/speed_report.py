@@ -25,7 +25,8 @@ def rerank_sweep(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows of the sweep from one ``bench quality`` JSON document: every variant that names a
     reranker (``layers``, ``max_length``) and was timed, in the document's order.
 
-    Each row: ``dataset``, ``name``, ``layers``, ``max_length``, ``epochs``, ``max_pairs``,
+    Each row: ``dataset``, ``name``, ``layers``, ``max_length``, ``epochs``, ``max_pairs``, ``learning_rate``
+    (absent in documents written before it was recorded),
     ``p50_ms`` / ``p95_ms`` (cross-encoder time per pool), and per corpus mode
     ``{mode: {"hybrid_rerank": {"ndcg@10", "delta", "ci95", "p"}, "mnemos_full": ...}}`` where
     ``delta`` is the paired NDCG@10 difference from the main run's rerankers (0 for the main ones).
@@ -60,6 +61,10 @@ def _cell(entry: Mapping[str, Any] | None) -> str:
     return f"{entry['ndcg@10']:.3f} ({delta:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}])"
 
 
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"
+
+
 def speed_markdown(speed: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """``speed.md``: the service's query and ingest figures, then the rerank sweep table."""
     lines = ["# Speed", "", f"Command: `{speed.get('command', '')}`", "",
@@ -75,13 +80,16 @@ def speed_markdown(speed: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) 
         lines += ["", "## rerank_sweep", "",
                   "Held-out NDCG@10 (Δ vs the main rerankers of the same run, paired 95% CI) and the "
                   "cross-encoder's time per real 30-turn pool, measured in that run. Compare rows within one run "
-                  "(`run`: the `bench quality` JSON they come from): runs differ in questions and machine.", "",
-                  f"| run | dataset | reranker | layers | max_length | epochs | max_pairs | {head} | ms/pool p50 (p95) |",
-                  "|---|---|---|---|---|---|---|" + "---|" * (2 * len(modes) + 1)]
+                  "(`run`: the `bench quality` JSON they come from): runs differ in questions and machine. `lr`: the "
+                  "peak learning rate of the reranker's training (–: not recorded by that run; before "
+                  "`reranker train --learning-rate` existed every model was trained at 5e-05).", "",
+                  f"| run | dataset | reranker | layers | max_length | epochs | max_pairs | lr | {head} | ms/pool p50 (p95) |",
+                  "|---|---|---|---|---|---|---|---|" + "---|" * (2 * len(modes) + 1)]
         for row in rows:
             cells = [_cell(row["modes"].get(m, {}).get(arm)) for m in modes for arm in (_RERANK_ARM, _FULL_ARM)]
             lines.append(f"| {row.get('run', '–')} | {row['dataset']} | {row['name']} | {row.get('layers')} | {row.get('max_length')} | "
-                         f"{row.get('epochs')} | {row.get('max_pairs') or 'all'} | " + " | ".join(cells)
+                         f"{row.get('epochs')} | {row.get('max_pairs') or 'all'} | {_rate(row.get('learning_rate'))} | "
+                         + " | ".join(cells)
                          + f" | {row['p50_ms']:.0f} ({row['p95_ms']:.0f}) |")
     return "\n".join(lines) + "\n"
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from bench.speed_report import rerank_sweep, speed_markdown, write_speed_report
 
 
-def _block(name: str, *, layers: int | None, ms: float | None, ndcg: float, delta: float) -> dict:
+def _block(name: str, *, layers: int | None, ms: float | None, ndcg: float, delta: float,
+           learning_rate: float | None = None) -> dict:
     block = {"name": name, "description": name, "modes": {"per_tenant": {
         "hybrid_rrf": {"ndcg@10": 0.4},
         "hybrid_rerank": {"ndcg@10": ndcg, "vs_main": {"n": 10, "delta": delta, "ci95": [delta - 0.01, delta + 0.01],
@@ -16,6 +17,8 @@ def _block(name: str, *, layers: int | None, ms: float | None, ndcg: float, delt
         "mnemos_full": {"ndcg@10": ndcg + 0.01}}}}
     if layers is not None:
         block["reranker"] = {"layers": layers, "max_length": 64, "epochs": 3.0, "max_pairs": None}
+        if learning_rate is not None:
+            block["reranker"]["learning_rate"] = learning_rate
     if ms is not None:
         block["rerank_time"] = {"p50_ms": ms, "p95_ms": 2 * ms, "pools": 100}
     return block
@@ -24,7 +27,7 @@ def _block(name: str, *, layers: int | None, ms: float | None, ndcg: float, delt
 DOCUMENT = {"dataset": {"path": "locomo10.json"}, "variants": [
     _block("dedupe_guard_off", layers=None, ms=None, ndcg=0.5, delta=0.0),
     _block("main_reranker", layers=6, ms=300.0, ndcg=0.54, delta=0.0),
-    _block("l3", layers=3, ms=150.0, ndcg=0.52, delta=-0.02),
+    _block("l3", layers=3, ms=150.0, ndcg=0.52, delta=-0.02, learning_rate=2e-4),
     _block("untimed", layers=2, ms=None, ndcg=0.5, delta=-0.04),
 ]}
 
@@ -43,7 +46,9 @@ def test_markdown_has_one_line_per_row_with_time_and_delta() -> None:
     text = speed_markdown({"command": "mnemos bench speed", "query_p50_s": 0.2}, rerank_sweep(DOCUMENT))
     assert "## rerank_sweep" in text
     line = next(x for x in text.splitlines() if x.startswith("| – | locomo10.json | l3 |"))
-    assert "0.520 (-0.020 [-0.030, -0.010])" in line and "150 (300)" in line
+    assert "0.520 (-0.020 [-0.030, -0.010])" in line and "150 (300)" in line and "| 0.0002 |" in line
+    main = next(x for x in text.splitlines() if x.startswith("| – | locomo10.json | main_reranker |"))
+    assert "| all | – |" in main  # a run that did not record the learning rate
     assert "| query_p50_s | 0.200 |" in text
 
 
@@ -62,10 +67,12 @@ def test_reranker_details_come_from_the_first_folds_provenance() -> None:
     from bench.cli import reranker_details
     from bench.folds import FoldRerankers, RerankerFold
 
-    folds = [RerankerFold("a", "a", frozenset({"conv-1"}), "id-a", {"layers": 3, "epochs": 1.0, "max_pairs": 10000}),
+    folds = [RerankerFold("a", "a", frozenset({"conv-1"}), "id-a", {"layers": 3, "epochs": 1.0, "max_pairs": 10000,
+                                                                    "train_config": {"learning_rate": 2e-4}}),
              RerankerFold("b", "b", frozenset({"conv-2"}), "id-b", {"layers": 6})]
     router = FoldRerankers(folds, {"a": object(), "b": object()})
-    assert reranker_details(router, 64) == {"layers": 3, "max_length": 64, "epochs": 1.0, "max_pairs": 10000}
+    assert reranker_details(router, 64) == {"layers": 3, "max_length": 64, "epochs": 1.0, "max_pairs": 10000,
+                                            "learning_rate": 2e-4}
     assert reranker_details(None, 64) is None
     unlabelled = FoldRerankers([RerankerFold("c", "c", frozenset({"conv-1"}))], {"c": object()})
     assert reranker_details(unlabelled, 128)["layers"] == 6
