@@ -69,18 +69,22 @@ def display_path(path: Path) -> str:
         return str(Path(*resolved.parts[-2:]))
 
 
-def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int):
+def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int,
+               precision: str = "auto"):
     """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.folds.FoldRerankers` (None for
     no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
-    timing). Scores are cached per model identity and ``max_length``.
+    timing). The cross-encoders run on the CPU in ``precision`` (``auto`` resolved as the query
+    worker resolves ``MNEMOS_RERANK_PRECISION``: :func:`mnemos.rerank.resolve_precision`). Scores
+    are cached per model identity, ``max_length`` and resolved precision.
 
     Raises:
         ValueError: if a directory does not exist or names no training conversations.
     """
     from bench.caches import PersistentReranker, model_identity
     from bench.engine import FoldRerankers, RerankerFold
-    from mnemos.rerank import CachedReranker, CrossEncoderReranker
+    from mnemos.rerank import CachedReranker, CrossEncoderReranker, resolve_precision
 
+    computes_in = resolve_precision(precision, "cpu")
     records, rerankers, loaders = [], {}, {}
     for i, spec in enumerate(specs):
         path, explicit = parse_fold_spec(spec)
@@ -95,9 +99,10 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
         records.append(RerankerFold(name, display_path(path), frozenset(trained), identity, provenance))
 
         def load(p: Path = path) -> CrossEncoderReranker:
-            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size)
+            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size, precision=computes_in)
 
-        persistent = PersistentReranker(f"{identity}|max_length={max_length}", cache_dir / "rerank_scores", load)
+        persistent = PersistentReranker(f"{identity}|max_length={max_length}|{computes_in.value}",
+                                        cache_dir / "rerank_scores", load)
         rerankers[name] = CachedReranker(persistent, max_entries=None)
         loaders[name] = load
     return (FoldRerankers(records, rerankers) if records else None), loaders
@@ -106,21 +111,54 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
 VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
 
 
-def reranker_details(router, max_length: int) -> dict | None:
-    """``{"layers", "max_length", "epochs", "max_pairs", "learning_rate"}`` of a fold router's first fold
-    (None for none); ``learning_rate`` is None when the provenance does not record it."""
+def reranker_details(router, max_length: int, precision: str = "auto") -> dict | None:
+    """``{"layers", "max_length", "precision", "epochs", "max_pairs", "learning_rate"}`` of a fold
+    router's first fold (None for none); ``precision`` is the resolved format the cross-encoder
+    computes in; ``learning_rate`` is None when the provenance does not record it."""
+    from mnemos.rerank import resolve_precision
+
     if router is None:
         return None
     provenance = router.folds[0].provenance
     train_config = provenance.get("train_config") or {}
-    return {"layers": provenance.get("layers", 6), "max_length": max_length, "epochs": provenance.get("epochs"),
+    return {"layers": provenance.get("layers", 6), "max_length": max_length,
+            "precision": resolve_precision(precision, "cpu").value, "epochs": provenance.get("epochs"),
             "max_pairs": provenance.get("max_pairs"), "learning_rate": train_config.get("learning_rate")}
 
 
+def parse_reranker_spec(spec: str, *, max_length: int, precision: str) -> tuple[str, list[str], int, str]:
+    """``NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]`` as ``(name, dirs, max_length, precision)``;
+    an absent part takes the main run's value. A ``:`` followed by text without ``/`` or ``,``
+    names a precision (so a directory name cannot end in such a suffix).
+
+    Raises:
+        ValueError: for a spec without ``NAME=DIR``, a max length that is not an integer, or an
+            unknown precision.
+    """
+    from mnemos.rerank import RerankPrecision
+
+    known = [p.value for p in RerankPrecision]
+    label, sep, rest = spec.partition("=")
+    if not sep or not rest or not label:
+        raise ValueError(f"expected NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION], got {spec!r}")
+    head, colon, tail = rest.rpartition(":")
+    if colon and not any(c in tail for c in "/,"):
+        if tail not in known:
+            raise ValueError(f"unknown precision {tail!r} in {spec!r}; known: {', '.join(known)}")
+        rest, precision = head, tail
+    dirs, _, length = rest.partition("@")
+    try:
+        length_value = int(length) if length else max_length
+    except ValueError as exc:
+        raise ValueError(f"max length {length!r} of {spec!r} is not an integer") from exc
+    return label, [d for d in dirs.split(",") if d], length_value, precision
+
+
 def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,
-                   batch_size: int, main_loaders: dict, main_router=None) -> list:
-    """Ablations by name (:data:`VARIANT_NAMES`) and reranker variants from ``NAME=DIR[,DIR...][@MAX_LENGTH]``
-    specs (each DIR a fold, as ``--reranker-fold``), as :class:`bench.variants.Variant` values.
+                   batch_size: int, main_loaders: dict, main_router=None, precision: str = "auto") -> list:
+    """Ablations by name (:data:`VARIANT_NAMES`) and reranker variants from
+    ``NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]`` specs (each DIR a fold, as ``--reranker-fold``;
+    :func:`parse_reranker_spec`), as :class:`bench.variants.Variant` values.
 
     Raises:
         ValueError: on an unknown ablation name or a malformed spec.
@@ -144,17 +182,16 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANT_NAMES)}")
     if main_timing is not None and reranker_specs:
         out.append(Variant("main_reranker", "the main run's rerankers (timing only)", {}, timing=main_timing,
-                           reranker=reranker_details(main_router, max_length)))
+                           reranker=reranker_details(main_router, max_length, precision)))
     for spec in reranker_specs:
-        label, sep, rest = spec.partition("=")
-        if not sep or not rest:
-            raise ValueError(f"expected NAME=DIR[,DIR...][@MAX_LENGTH], got {spec!r}")
-        dirs, _, length = rest.partition("@")
-        length_value = int(length) if length else max_length
-        router, loaders = load_folds([d for d in dirs.split(",") if d], cache_dir=cache_dir, max_length=length_value,
-                                     batch_size=batch_size)
-        out.append(Variant(label, f"rerankers {dirs} at max_length {length_value}", {}, rerankers=router,
-                           timing=next(iter(loaders.values())), reranker=reranker_details(router, length_value)))
+        label, dirs, length_value, variant_precision = parse_reranker_spec(spec, max_length=max_length,
+                                                                           precision=precision)
+        router, loaders = load_folds(dirs, cache_dir=cache_dir, max_length=length_value, batch_size=batch_size,
+                                     precision=variant_precision)
+        details = reranker_details(router, length_value, variant_precision)
+        out.append(Variant(label, f"rerankers {','.join(dirs)} at max_length {length_value}, "
+                                  f"{details['precision'] if details else variant_precision}", {},
+                           rerankers=router, timing=next(iter(loaders.values())), reranker=details))
     return out
 
 
@@ -218,6 +255,7 @@ class QualityCommand:
     threads: int = 2
     max_length: int = 128
     batch_size: int = 32
+    rerank_precision: str = "auto"
     bi_encoder: Path | None = None
     variants: tuple[str, ...] = ()
     compare_rerankers: tuple[str, ...] = ()
@@ -271,17 +309,20 @@ def run_quality_command(request: QualityCommand) -> int:
         return 2
     try:
         router, loaders = load_folds(list(request.folds), cache_dir=request.cache_dir,
-                                     max_length=request.max_length, batch_size=request.batch_size)
+                                     max_length=request.max_length, batch_size=request.batch_size,
+                                     precision=request.rerank_precision)
         variant_list = build_variants(list(request.variants), list(request.compare_rerankers),
                                       cache_dir=request.cache_dir, max_length=request.max_length,
-                                      batch_size=request.batch_size, main_loaders=loaders, main_router=router)
+                                      batch_size=request.batch_size, main_loaders=loaders, main_router=router,
+                                      precision=request.rerank_precision)
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
     dataset = {"name": "LoCoMo" if request.data_format == "locomo" else "LongMemEval",
                "format": request.data_format, "path": request.data.name, "sha256": _file_sha256(request.data)}
     encoder = _bi_encoder(request)
-    reranker_info = _reranker_info(router, [c.conversation_id for c in conversations], request.max_length)
+    reranker_info = _reranker_info(router, [c.conversation_id for c in conversations], request.max_length,
+                                   request.rerank_precision)
     try:
         report = run_quality(
             conversations, encoder=encoder, rerankers=router, options=options, dataset=dataset,
@@ -335,8 +376,12 @@ def _bi_encoder(request: QualityCommand) -> PersistentEncoder:
     )
 
 
-def _reranker_info(router: FoldRerankers | None, conversation_ids: list[str], max_length: int) -> dict[str, Any]:
-    """The report's ``reranker`` block: each fold with the conversations it trained on and evaluates."""
+def _reranker_info(router: FoldRerankers | None, conversation_ids: list[str], max_length: int,
+                   precision: str = "auto") -> dict[str, Any]:
+    """The report's ``reranker`` block: each fold with the conversations it trained on and evaluates,
+    the max length and the precision the cross-encoders computed in (``auto`` resolved)."""
+    from mnemos.rerank import resolve_precision
+
     assignment: dict[str, str] = {}
     for conv in conversation_ids:
         try:
@@ -346,6 +391,7 @@ def _reranker_info(router: FoldRerankers | None, conversation_ids: list[str], ma
     return {
         "selection": "per question: the first fold whose training conversations exclude the question's conversation",
         "max_length": max_length,
+        "precision": resolve_precision(precision, "cpu").value,
         "folds": [
             {
                 "name": f.name, "path": f.path, "identity": f.identity,
@@ -418,6 +464,9 @@ def bench() -> None:
 @click.option("--full-features", type=click.Choice(["auto", "none"]), default="auto", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--rerank-precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
+              help="What the cross-encoders compute in on the CPU; auto as the query worker's "
+                   "MNEMOS_RERANK_PRECISION: bf16 where the CPU computes it natively, else fp32.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--bi-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")
@@ -427,7 +476,7 @@ def bench() -> None:
               help="Also run the dev-split suppression study (alpha x evidence threshold grid; bench/suppression_study.py).")
 @click.option("--variant-corpus", "variant_corpus", default="",
               help="Corpus modes of the variants (default: those of --corpus), e.g. per_tenant.")
-@click.option("--compare-rerankers", "compare_rerankers", multiple=True, metavar="NAME=DIR[,DIR...][@MAX_LENGTH]",
+@click.option("--compare-rerankers", "compare_rerankers", multiple=True, metavar="NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]",
               help="Other reranker folds measured beside the main ones, quality and time per pool (repeatable).")
 def quality(**kwargs: Any) -> None:
     """Retrieval quality of every arm on identical questions (see bench/quality.py)."""
@@ -444,7 +493,8 @@ def quality(**kwargs: Any) -> None:
         queries_per_cluster=kwargs["queries_per_cluster"], seed=kwargs["seed"], resamples=kwargs["resamples"],
         abstain_threshold=kwargs["abstain_threshold"], dedupe=kwargs["dedupe"],
         full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
-        batch_size=kwargs["batch_size"], bi_encoder=kwargs["bi_encoder"], command=command,
+        batch_size=kwargs["batch_size"], rerank_precision=kwargs["rerank_precision"], bi_encoder=kwargs["bi_encoder"],
+        command=command,
         only_conversations=tuple(_split(kwargs["conversations"])), variants=tuple(kwargs["variants"]),
         compare_rerankers=tuple(kwargs["compare_rerankers"]), suppression_study=kwargs["suppression_study"],
     )

@@ -173,7 +173,10 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
         "freshness_p50_s": percentile(fresh, 50), "freshness_p95_s": percentile(fresh, 95),
         "freshness_probes_returned": fresh_visible,
         "settings": {"pool_size": run_settings.pool_size, "encoder_batch_size": run_settings.encoder_batch_size,
-                     "ingest_batch_size": run_settings.ingest_batch_size, "bi_encoder": run_settings.bi_encoder},
+                     "ingest_batch_size": run_settings.ingest_batch_size, "bi_encoder": run_settings.bi_encoder,
+                     "rerank_max_length": run_settings.rerank_max_length,
+                     # what MNEMOS_RERANK_PRECISION resolved to (the query worker resolves it the same way)
+                     "rerank_precision": getattr(getattr(cross, "precision", None), "value", None)},
     }
     for key in ("encoder_turns_per_s", "encoder_turns_per_s_before", "encoder_turns_per_s_after",
                 "encoder_sorted_turns_per_s", "ingest_turns_per_s", "ingest_share_of_encoder",

@@ -25,8 +25,8 @@ def rerank_sweep(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows of the sweep from one ``bench quality`` JSON document: every variant that names a
     reranker (``layers``, ``max_length``) and was timed, in the document's order.
 
-    Each row: ``dataset``, ``name``, ``layers``, ``max_length``, ``epochs``, ``max_pairs``, ``learning_rate``
-    (absent in documents written before it was recorded),
+    Each row: ``dataset``, ``name``, ``layers``, ``max_length``, ``precision``, ``epochs``, ``max_pairs``,
+    ``learning_rate`` (``precision`` and ``learning_rate`` absent in documents written before they were recorded),
     ``p50_ms`` / ``p95_ms`` (cross-encoder time per pool), and per corpus mode
     ``{mode: {"hybrid_rerank": {"ndcg@10", "delta", "ci95", "p"}, "mnemos_full": ...}}`` where
     ``delta`` is the paired NDCG@10 difference from the main run's rerankers (0 for the main ones).
@@ -68,7 +68,8 @@ def _rate(value: float | None) -> str:
 def speed_markdown(speed: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """``speed.md``: the service's query and ingest figures, then the rerank sweep table."""
     lines = ["# Speed", "", f"Command: `{speed.get('command', '')}`", "",
-             f"Machine: {speed.get('machine', {})}; reranker: `{speed.get('reranker')}`", "",
+             f"Machine: {speed.get('machine', {})}; reranker: `{speed.get('reranker')}`"
+             f" computing in {(speed.get('settings') or {}).get('rerank_precision') or 'fp32'}", "",
              "| figure | value |", "|---|---|"]
     for key in ("query_p50_s", "query_p95_s", "worker_rerank_p50_s", "outside_rerank_p50_s",
                 "ingest_turns_per_s", "encoder_turns_per_s", "freshness_p50_s"):
@@ -82,13 +83,15 @@ def speed_markdown(speed: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) 
                   "cross-encoder's time per real 30-turn pool, measured in that run. Compare rows within one run "
                   "(`run`: the `bench quality` JSON they come from): runs differ in questions and machine. `lr`: the "
                   "peak learning rate of the reranker's training (–: not recorded by that run; before "
-                  "`reranker train --learning-rate` existed every model was trained at 5e-05).", "",
-                  f"| run | dataset | reranker | layers | max_length | epochs | max_pairs | lr | {head} | ms/pool p50 (p95) |",
-                  "|---|---|---|---|---|---|---|---|" + "---|" * (2 * len(modes) + 1)]
+                  "`reranker train --learning-rate` existed every model was trained at 5e-05). `precision`: what the "
+                  "cross-encoder computed in (runs written before it was recorded computed in fp32).", "",
+                  f"| run | dataset | reranker | layers | max_length | precision | epochs | max_pairs | lr | {head} "
+                  "| ms/pool p50 (p95) |",
+                  "|---|---|---|---|---|---|---|---|---|" + "---|" * (2 * len(modes) + 1)]
         for row in rows:
             cells = [_cell(row["modes"].get(m, {}).get(arm)) for m in modes for arm in (_RERANK_ARM, _FULL_ARM)]
             lines.append(f"| {row.get('run', '–')} | {row['dataset']} | {row['name']} | {row.get('layers')} | {row.get('max_length')} | "
-                         f"{row.get('epochs')} | {row.get('max_pairs') or 'all'} | {_rate(row.get('learning_rate'))} | "
+                         f"{row.get('precision') or 'fp32'} | {row.get('epochs')} | {row.get('max_pairs') or 'all'} | {_rate(row.get('learning_rate'))} | "
                          + " | ".join(cells)
                          + f" | {row['p50_ms']:.0f} ({row['p95_ms']:.0f}) |")
     return "\n".join(lines) + "\n"

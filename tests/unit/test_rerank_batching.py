@@ -105,3 +105,23 @@ def test_bf16_runs_on_cpu_and_fp16_on_cpu_is_refused(model_dir):
         CrossEncoderReranker(model_dir, precision="fp16", device="cpu")
     with pytest.raises(ValueError):
         CrossEncoderReranker(model_dir, precision="fp8")
+
+
+def test_resolve_precision_keeps_an_explicit_format_and_resolves_auto_per_device() -> None:
+    from mnemos.rerank import resolve_precision
+
+    yes, no = (lambda: True), (lambda: False)
+    for explicit in ("fp32", "fp16", "bf16"):
+        assert resolve_precision(explicit, "cpu", cpu_bf16=yes) is RerankPrecision(explicit)
+    assert resolve_precision("auto", "cpu", cpu_bf16=yes) is RerankPrecision.BF16
+    assert resolve_precision(RerankPrecision.AUTO, "cpu", cpu_bf16=no) is RerankPrecision.FP32
+    assert resolve_precision("auto", "cuda", cpu_bf16=yes) is RerankPrecision.FP32
+    assert resolve_precision("auto", "cuda:0", cpu_bf16=no) is RerankPrecision.FP32
+    with pytest.raises(ValueError):
+        resolve_precision("int8", "cpu", cpu_bf16=yes)
+
+
+def test_an_auto_reranker_reports_the_format_it_computes_in(model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("mnemos.rerank.cpu_computes_bf16", lambda: False)
+    reranker = CrossEncoderReranker(model_dir, max_length=64, precision="auto")
+    assert reranker.precision is RerankPrecision.FP32 and "|fp32|" in reranker.model_version
