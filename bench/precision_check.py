@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -152,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pools = real_pools(load_locomo(args.locomo), encoder, questions=args.questions or None, pool_size=args.pool_size)
     report = run(args.reranker, pools, precisions=[p for p in args.precisions.split(",") if p], device=args.device,
                  max_length=args.max_length, batch_size=args.batch_size)
+    report = {"command": " ".join(["python -m bench.precision_check", *map(shlex.quote, argv or sys.argv[1:])]),
+              **report}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:
