@@ -111,59 +111,16 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
 VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
 
 
-def reranker_details(router, max_length: int, precision: str = "auto") -> dict | None:
-    """``{"layers", "max_length", "precision", "epochs", "max_pairs", "learning_rate"}`` of a fold
-    router's first fold (None for none); ``precision`` is the resolved format the cross-encoder
-    computes in; ``learning_rate`` is None when the provenance does not record it."""
-    from mnemos.rerank import resolve_precision
-
-    if router is None:
-        return None
-    provenance = router.folds[0].provenance
-    train_config = provenance.get("train_config") or {}
-    return {"layers": provenance.get("layers", 6), "max_length": max_length,
-            "precision": resolve_precision(precision, "cpu").value, "epochs": provenance.get("epochs"),
-            "max_pairs": provenance.get("max_pairs"), "learning_rate": train_config.get("learning_rate")}
-
-
-def parse_reranker_spec(spec: str, *, max_length: int, precision: str) -> tuple[str, list[str], int, str]:
-    """``NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]`` as ``(name, dirs, max_length, precision)``;
-    an absent part takes the main run's value. A ``:`` followed by text without ``/`` or ``,``
-    names a precision (so a directory name cannot end in such a suffix).
-
-    Raises:
-        ValueError: for a spec without ``NAME=DIR``, a max length that is not an integer, or an
-            unknown precision.
-    """
-    from mnemos.rerank import RerankPrecision
-
-    known = [p.value for p in RerankPrecision]
-    label, sep, rest = spec.partition("=")
-    if not sep or not rest or not label:
-        raise ValueError(f"expected NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION], got {spec!r}")
-    head, colon, tail = rest.rpartition(":")
-    if colon and not any(c in tail for c in "/,"):
-        if tail not in known:
-            raise ValueError(f"unknown precision {tail!r} in {spec!r}; known: {', '.join(known)}")
-        rest, precision = head, tail
-    dirs, _, length = rest.partition("@")
-    try:
-        length_value = int(length) if length else max_length
-    except ValueError as exc:
-        raise ValueError(f"max length {length!r} of {spec!r} is not an integer") from exc
-    return label, [d for d in dirs.split(",") if d], length_value, precision
-
-
 def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,
                    batch_size: int, main_loaders: dict, main_router=None, precision: str = "auto") -> list:
     """Ablations by name (:data:`VARIANT_NAMES`) and reranker variants from
     ``NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]`` specs (each DIR a fold, as ``--reranker-fold``;
-    :func:`parse_reranker_spec`), as :class:`bench.variants.Variant` values.
+    :func:`bench.variants.parse_reranker_spec`), as :class:`bench.variants.Variant` values.
 
     Raises:
         ValueError: on an unknown ablation name or a malformed spec.
     """
-    from bench.variants import Variant
+    from bench.variants import Variant, parse_reranker_spec, reranker_details
     from mnemos.rendering import Rendering
 
     out = []

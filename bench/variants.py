@@ -28,7 +28,7 @@ from bench.selection import Selection, overall_question
 from bench.stats import bootstrap_ci, compare_paired
 from mnemos.rerank import Reranker
 
-__all__ = ["Variant", "run_variant", "time_reranker"]
+__all__ = ["Variant", "parse_reranker_spec", "reranker_details", "run_variant", "time_reranker"]
 
 FIRST_STAGE_ARM = "hybrid_rrf"
 FULL_ARM = "mnemos_full"
@@ -141,3 +141,46 @@ def run_variant(
     if variant.timing is not None and timing_pools:
         block["rerank_time"] = time_reranker(variant.timing(), timing_pools)
     return block
+
+
+def reranker_details(router, max_length: int, precision: str = "auto") -> dict | None:
+    """``{"layers", "max_length", "precision", "epochs", "max_pairs", "learning_rate"}`` of a fold
+    router's first fold (None for none); ``precision`` is the resolved format the cross-encoder
+    computes in; ``learning_rate`` is None when the provenance does not record it."""
+    from mnemos.rerank import resolve_precision
+
+    if router is None:
+        return None
+    provenance = router.folds[0].provenance
+    train_config = provenance.get("train_config") or {}
+    return {"layers": provenance.get("layers", 6), "max_length": max_length,
+            "precision": resolve_precision(precision, "cpu").value, "epochs": provenance.get("epochs"),
+            "max_pairs": provenance.get("max_pairs"), "learning_rate": train_config.get("learning_rate")}
+
+
+def parse_reranker_spec(spec: str, *, max_length: int, precision: str) -> tuple[str, list[str], int, str]:
+    """``NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]`` as ``(name, dirs, max_length, precision)``;
+    an absent part takes the main run's value. A ``:`` followed by text without ``/`` or ``,``
+    names a precision (so a directory name cannot end in such a suffix).
+
+    Raises:
+        ValueError: for a spec without ``NAME=DIR``, a max length that is not an integer, or an
+            unknown precision.
+    """
+    from mnemos.rerank import RerankPrecision
+
+    known = [p.value for p in RerankPrecision]
+    label, sep, rest = spec.partition("=")
+    if not sep or not rest or not label:
+        raise ValueError(f"expected NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION], got {spec!r}")
+    head, colon, tail = rest.rpartition(":")
+    if colon and not any(c in tail for c in "/,"):
+        if tail not in known:
+            raise ValueError(f"unknown precision {tail!r} in {spec!r}; known: {', '.join(known)}")
+        rest, precision = head, tail
+    dirs, _, length = rest.partition("@")
+    try:
+        length_value = int(length) if length else max_length
+    except ValueError as exc:
+        raise ValueError(f"max length {length!r} of {spec!r} is not an integer") from exc
+    return label, [d for d in dirs.split(",") if d], length_value, precision
