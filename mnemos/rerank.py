@@ -76,7 +76,8 @@ def cpu_computes_bf16() -> bool:
     try:
         import torch
 
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())  # type: ignore[no-untyped-call]
+        available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        return bool(available and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except Exception:  # a private check: absent or changed in another PyTorch, answer "no"
         return False
 
@@ -86,9 +87,10 @@ def resolve_precision(precision: RerankPrecision | str, device: str,
     """The format the cross-encoder computes in on ``device`` (a torch device string).
 
     An explicit format is returned as it is. ``auto`` is ``bf16`` on a CPU that computes bfloat16
-    natively (``cpu_bf16()``, by default :func:`cpu_computes_bf16`), where the 6-layer cross-encoder scored LoCoMo as in fp32 at about a
-    third of its time (docs/architecture.md "Precision"); ``fp32`` on any other CPU and on CUDA
-    (reduced precision on a GPU is chosen explicitly, after ``bench/precision_check.py``).
+    natively (``cpu_bf16()``, by default :func:`cpu_computes_bf16`), where the 6-layer
+    cross-encoder scored LoCoMo as in fp32 at about a third of its time (docs/architecture.md
+    "Precision"); ``fp32`` on any other CPU and on CUDA (reduced precision on a GPU is chosen
+    explicitly, after ``bench/precision_check.py``).
 
     Raises:
         ValueError: for a value that is not a :class:`RerankPrecision`.
