@@ -30,11 +30,13 @@ from bench.scale import PHASES, ScaleOptions, headline, large_phase, scale_setti
 from bench.scale_report import write_scale_markdown
 from bench.scale_tenants import many_phase, shards_phase
 from bench.service import machine, write_json
-from workers.settings import Settings
+from mnemos.encoder import bundled_bi_encoder_path
+from mnemos.errors import ModelLoadError
+from workers.settings import FAKE_MODEL, Settings
 
 Runner = Callable[[Settings, ScaleOptions, Sequence[Conversation]], dict[str, Any]]
 RUNNERS: dict[str, Runner] = {"large": large_phase, "many": many_phase, "shards": shards_phase}
-RECORDED_SETTINGS = ("bi_encoder", "cross_encoder", "device", "pool_size", "n_candidates", "deep_threshold",
+RECORDED_SETTINGS = ("bi_encoder", "fake_encoder_dim", "cross_encoder", "rerank_precision", "device", "pool_size", "n_candidates", "deep_threshold",
                      "suppression", "session_weight", "temporal_weight", "encoder_batch_size", "ingest_batch_size",
                      "rerank_batch_size", "rerank_cache_pairs", "index_memory_mb", "max_cached_tenants",
                      "job_timeout_s", "db_statement_timeout_s", "blas_threads")
@@ -69,6 +71,24 @@ def sizes(phases: dict[str, Any]) -> dict[str, Any]:
             "tenants": many.get("tenants"), "tenant_turns": many.get("turns"), "requests": many.get("requests"),
             "memory_mb": many.get("memory_mb"), "zipf_s": many.get("zipf_s"), "shards": shards.get("shards"),
             "shard_tenants": shards.get("tenants"), "shard_requests": shards.get("requests")}
+
+
+def with_bi_encoder(settings: Settings, choice: str) -> Settings:
+    """``settings`` with the scale run's bi-encoder: ``settings`` (the configured one, unchanged) or
+    ``hashing``: the fake :class:`mnemos.encoder.HashingEncoder` at the bundled bi-encoder's
+    dimension (its ``config.json`` ``hidden_size``), so that stored vectors, the dense search and
+    the memory per turn have the product's sizes while ingest does not pay the transformer.
+
+    Raises click.ClickException when the bundled model's dimension cannot be read.
+    """
+    if choice == "settings":
+        return settings
+    try:
+        config = json.loads((bundled_bi_encoder_path() / "config.json").read_text(encoding="utf-8"))
+        dim = int(config["hidden_size"])
+    except (OSError, KeyError, ValueError, ModelLoadError) as exc:
+        raise click.ClickException(f"cannot read the bundled bi-encoder's dimension: {exc}") from exc
+    return settings.replace(bi_encoder=FAKE_MODEL, fake_encoder_dim=dim)
 
 
 def run_scale_bench(settings: Settings, options: ScaleOptions, *, json_path: Path | None = None,
@@ -109,6 +129,9 @@ def run_scale_bench(settings: Settings, options: ScaleOptions, *, json_path: Pat
               help="LongMemEval JSON, e.g. longmemeval_s_498.json.xz (its haystacks are the turns)")
 @click.option("--phases", default=",".join(PHASES), show_default=True, help="which phases, comma-separated")
 @click.option("--reranker", default=None, help="cross-encoder dir ('fake' for plumbing); default: settings")
+@click.option("--bi-encoder", type=click.Choice(["settings", "hashing"]), default="settings", show_default=True,
+              help="hashing: a fake bi-encoder of the bundled model's dimension (index-side figures only; "
+                   "ingest then skips the transformer)")
 @click.option("--large-turns", type=click.IntRange(1), default=200_000, show_default=True)
 @click.option("--small-turns", type=click.IntRange(1), default=6_000, show_default=True)
 @click.option("--queries", type=click.IntRange(1), default=100, show_default=True,
@@ -129,10 +152,10 @@ def run_scale_bench(settings: Settings, options: ScaleOptions, *, json_path: Pat
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the report here, e.g. bench/results/scale.md")
 @click.pass_context
-def scale(ctx: click.Context, data: Path, phases: str, reranker: str | None, json_path: Path | None,
-          markdown: Path | None, **sizes_: Any) -> None:
+def scale(ctx: click.Context, data: Path, phases: str, reranker: str | None, bi_encoder: str,
+          json_path: Path | None, markdown: Path | None, **sizes_: Any) -> None:
     """A 200k-turn tenant, 500 tenants under a memory budget, and shards, through the service."""
-    settings: Settings = ctx.find_root().obj
+    settings = with_bi_encoder(ctx.find_root().obj, bi_encoder)
     options = ScaleOptions(data=data, phases=parse_phases(phases), reranker=reranker or settings.cross_encoder,
                            **sizes_)
     sys.exit(run_scale_bench(settings, options, json_path=json_path, markdown=markdown))

@@ -22,7 +22,7 @@ from datetime import datetime
 
 import numpy as np
 
-from mnemos.bm25_index import BM25Index
+from mnemos.bm25_index import BM25Index, TermCounts
 from mnemos.dense_index import as_matrix
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
 from mnemos.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
@@ -40,16 +40,18 @@ class SessionIndex:
     Args:
         dim: embedding dimension of the turn vectors (384 for all-MiniLM-L6-v2).
         rrf_k: RRF constant of the fusion (60).
+        vocabulary: the term -> id dict of the transcripts' BM25 index, shared with the tenant's
+            turn index so that :meth:`add` can take the turns' own term counts.
     """
 
-    def __init__(self, dim: int, rrf_k: int = DEFAULT_RRF_K) -> None:
+    def __init__(self, dim: int, rrf_k: int = DEFAULT_RRF_K, vocabulary: dict[str, int] | None = None) -> None:
         if dim < 1:
             raise InvalidParameterError(f"dim must be >= 1, got {dim}")
         self.dim = dim
         self.rrf_k = rrf_k
         self._numbers: dict[str, int] = {}
         self._ids: list[str] = []
-        self._bm25 = BM25Index()
+        self._bm25 = BM25Index(vocabulary=vocabulary)
         self._sums = np.zeros((0, dim), dtype=np.float32)
         self._counts: list[int] = []
         self._dates: list[datetime] = []
@@ -83,8 +85,11 @@ class SessionIndex:
         texts: Sequence[str],
         embeddings: np.ndarray,
         occurred_at: Sequence[datetime],
+        counted: Sequence[TermCounts] | None = None,
     ) -> None:
         """Add turns, in order: their session ids, texts, ``(n, dim)`` float32 unit vectors and times.
+        ``counted``, when given, is each text already counted by a BM25 index sharing this one's
+        vocabulary (:meth:`mnemos.bm25_index.BM25Index.count`): the texts are then not tokenized again.
 
         A new session id starts a session; a known one grows its transcript and centroid, and
         its date becomes the earlier of the two. All checks run before anything changes.
@@ -94,7 +99,7 @@ class SessionIndex:
             DimensionMismatchError: if ``embeddings`` is not ``(len(session_ids), dim)``.
         """
         n = len(session_ids)
-        if not (len(texts) == len(occurred_at) == n):
+        if not (len(texts) == len(occurred_at) == n) or (counted is not None and len(counted) != n):
             raise InvalidParameterError(
                 f"{n} session ids, {len(texts)} texts and {len(occurred_at)} times must match"
             )
@@ -104,16 +109,17 @@ class SessionIndex:
         if matrix.shape[0] != n:
             raise DimensionMismatchError("turn embeddings", f"({n}, {self.dim})", tuple(matrix.shape))
         self._grow(len(self._ids) + len({s for s in session_ids if s not in self._numbers}))
-        for row, (session, text, when) in enumerate(zip(session_ids, texts, occurred_at, strict=True)):
+        counts = [self._bm25.count(text) for text in texts] if counted is None else counted
+        for row, (session, when) in enumerate(zip(session_ids, occurred_at, strict=True)):
             number = self._numbers.get(session)
             if number is None:
                 number = self._numbers[session] = len(self._ids)
                 self._ids.append(session)
                 self._counts.append(0)
                 self._dates.append(when)
-                self._bm25.add([number], [text])
-            else:
-                self._bm25.extend(number, " " + text)
+                self._bm25.add_counted([number], [counts[row]])
+            else:  # the transcript grows by " " + text: the same tokens
+                self._bm25.extend_counted(number, counts[row])
                 if when < self._dates[number]:
                     self._dates[number] = when
             self._sums[number] += matrix[row]

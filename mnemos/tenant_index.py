@@ -31,7 +31,7 @@ from datetime import datetime
 
 import numpy as np
 
-from mnemos.bm25_index import BM25Index
+from mnemos.bm25_index import BM25Index, vocabulary_bytes
 from mnemos.dense_index import DenseIndex, as_matrix
 from mnemos.errors import (
     DimensionMismatchError,
@@ -68,9 +68,10 @@ class TenantIndex:
         self.dim = dim
         self.version = version
         self.rendering = Rendering(rendering)
-        self.bm25 = BM25Index()
+        self._vocabulary: dict[str, int] = {}  # shared: a rendered turn is tokenized once for both BM25 indexes
+        self.bm25 = BM25Index(vocabulary=self._vocabulary)
         self.dense = DenseIndex(dim)
-        self.sessions = SessionIndex(dim)
+        self.sessions = SessionIndex(dim, vocabulary=self._vocabulary)
         self.turns = TurnTable()
         self.supersessions = SupersessionTable()
         self._entries: dict[int, Entry] = {}
@@ -114,9 +115,11 @@ class TenantIndex:
 
         self.turns.add(ids, [e.facts for e in entries])  # first: it refuses a naive time before anything changes
         rendered = [self.render(e) for e in entries]
-        self.bm25.add(ids, rendered)
+        counted = [self.bm25.count(text) for text in rendered]
+        self.bm25.add_counted(ids, counted)
         self.dense.add(ids, matrix)
-        self.sessions.add([e.session_id for e in entries], rendered, matrix, [e.occurred_at for e in entries])
+        self.sessions.add([e.session_id for e in entries], rendered, matrix, [e.occurred_at for e in entries],
+                          counted=counted)
         self._append_vectors(ids, matrix)
         for entry in entries:
             self._entries[entry.entry_id] = entry
@@ -134,7 +137,7 @@ class TenantIndex:
         """
         return (self._vectors.nbytes + self._text_chars + len(self._entries) * ENTRY_BYTES
                 + self.bm25.memory_bytes() + self.dense.memory_bytes() + self.sessions.memory_bytes()
-                + self.turns.memory_bytes())
+                + self.turns.memory_bytes() + vocabulary_bytes(len(self._vocabulary)))
 
     def _append_vectors(self, ids: Sequence[int], matrix: np.ndarray) -> None:
         needed = self._n_rows + matrix.shape[0]
