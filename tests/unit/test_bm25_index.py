@@ -140,3 +140,41 @@ def test_extend_grows_a_document_like_adding_the_joined_text():
         assert grown.search(query, 5) == joined.search(query, 5)
     with pytest.raises(KeyError):
         grown.extend(3, "x")
+
+
+def test_scores_equal_bm25s_lucene_on_a_grown_corpus(rng):
+    """bm25s (method="lucene") is the reference: the same documents, grown by adds and transcript
+    extensions here and built at once there, score alike."""
+    import bm25s
+
+    vocab = [f"v{i}" for i in range(40)]
+    texts = [" ".join(rng.choice(vocab, size=rng.integers(0, 12))) for _ in range(80)]
+    tails = {i: " ".join(rng.choice(vocab, size=rng.integers(1, 6))) for i in range(0, 80, 7)}
+    index = BM25Index()
+    for start in range(0, 80, 17):
+        index.add(range(start, min(start + 17, 80)), texts[start:start + 17])
+        index.search("v1", 3)
+    for i, tail in tails.items():
+        index.extend(i, tail)
+    docs = [tokenize(t + (" " + tails[i] if i in tails else "")) for i, t in enumerate(texts)]
+    reference = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+    reference.index(docs, show_progress=False)
+    for query in ["v1", "v2 v3 v3", "v39 v0 v7 v8", "v5"]:
+        np.testing.assert_allclose(index.scores(query), reference.get_scores(tokenize(query)), rtol=1e-5, atol=1e-6)
+
+
+def test_counted_texts_index_like_texts_and_another_vocabulary_is_refused():
+    shared: dict[str, int] = {}
+    turns, transcripts, plain = BM25Index(vocabulary=shared), BM25Index(vocabulary=shared), BM25Index()
+    texts = ["quick brown fox", "lazy dog", "the quick dog"]
+    counted = [turns.count(t) for t in texts]
+    turns.add_counted([1, 2, 3], counted)
+    transcripts.add_counted([7], [counted[0]])
+    transcripts.extend_counted(7, counted[2])
+    plain.add([1, 2, 3], texts)
+    assert turns.search("quick dog", 5) == plain.search("quick dog", 5)
+    joined = BM25Index()
+    joined.add([7], ["quick brown fox the quick dog"])
+    assert transcripts.scores("quick") == pytest.approx(joined.scores("quick"))
+    with pytest.raises(ValueError, match="another vocabulary"):
+        BM25Index().add_counted([1], [counted[0]])
