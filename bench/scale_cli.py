@@ -91,6 +91,11 @@ def with_bi_encoder(settings: Settings, choice: str) -> Settings:
     return settings.replace(bi_encoder=FAKE_MODEL, fake_encoder_dim=dim)
 
 
+def bi_encoder_name(settings: Settings) -> str:
+    """``"hashing-<dim>"`` for the fake bi-encoder, else the ``bi_encoder`` setting."""
+    return f"hashing-{settings.fake_encoder_dim}" if settings.bi_encoder == FAKE_MODEL else settings.bi_encoder
+
+
 def run_scale_bench(settings: Settings, options: ScaleOptions, *, json_path: Path | None = None,
                     markdown: Path | None = None) -> int:
     """Run the chosen phases, print the headline, write the JSON (merged) and the Markdown; returns 0."""
@@ -101,7 +106,8 @@ def run_scale_bench(settings: Settings, options: ScaleOptions, *, json_path: Pat
         click.echo(f"phase {phase}")
         started = time.monotonic()
         block = RUNNERS[phase](settings, options, conversations)
-        blocks[phase] = {**block, "command": command, "machine": machine(), "wall_s": time.monotonic() - started,
+        blocks[phase] = {**block, "command": command, "machine": machine(), "bi_encoder": bi_encoder_name(settings),
+                         "wall_s": time.monotonic() - started,
                          "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     phases = {**kept_phases(json_path), **blocks}
     recorded = scale_settings(settings, reranker=options.reranker, stamp="recorded")

@@ -19,10 +19,21 @@ def _f(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def bi_encoder_line(block: dict[str, Any]) -> str:
+    """What embedded a phase's turns: the block's ``bi_encoder`` or, for blocks written before it
+    was recorded, what its command says."""
+    name = block.get("bi_encoder") or ("hashing" if "--bi-encoder hashing" in block["command"] else "settings")
+    if name.startswith("hashing"):
+        return ("Bi-encoder: the hashing fake at the bundled model's dimension (`--bi-encoder hashing`): the index, "
+                "the dense search and the memory have the product's sizes, but ingest does not pay the transformer "
+                "(docs/scaling.md \"Measured and not measured\").")
+    return f"Bi-encoder: `{name}` (the settings')."
+
+
 def _large_lines(large: dict[str, Any]) -> list[str]:
     cold, queries, refresh = large["cold_start"], large["queries"], large["refresh"]
     return [
-        "## Large tenant", "", f"`{large['command']}` ({_f(large['wall_s'], 0)} s)", "",
+        "## Large tenant", "", f"`{large['command']}` ({_f(large['wall_s'], 0)} s)", "", bi_encoder_line(large), "",
         "| figure | value |", "|---|---|",
         f"| stored turns: large / small tenant (of them aliases, both) | {_f(large['large_turns'])} / "
         f"{_f(large['small_turns'])} ({_f(large.get('aliases_stored'), 0)}) |",
@@ -46,7 +57,7 @@ def _large_lines(large: dict[str, Any]) -> list[str]:
 
 def _many_lines(many: dict[str, Any]) -> list[str]:
     return [
-        "## Many tenants", "", f"`{many['command']}` ({_f(many['wall_s'], 0)} s)", "",
+        "## Many tenants", "", f"`{many['command']}` ({_f(many['wall_s'], 0)} s)", "", bi_encoder_line(many), "",
         "| figure | value |", "|---|---|",
         f"| tenants (distinct haystacks), turns | {_f(many['tenants'])} ({_f(many['distinct_haystacks'])}), "
         f"{_f(many['turns'])} |",

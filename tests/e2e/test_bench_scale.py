@@ -4,8 +4,9 @@ LongMemEval-format file (xz-compressed, as the S file is distributed).
 Six questions, five haystack sessions of ten turns each; the first session is the same in every
 haystack (LongMemEval-S repeats sessions across questions), so the large tenant's pool holds 250
 distinct turns and 300 large turns go round it once more; the first haystack also repeats that
-session under another date, as 13 haystacks of the S file do. A 1 MiB index budget holds two or three
-of the six question tenants, so the Zipf mix evicts and reloads. About 13 s on an idle 2-core
+session under another date, as 13 haystacks of the S file do. Each turn carries 60 random numbers, so a
+question tenant's index (its vocabulary mostly) is large enough that a 1 MiB budget cannot hold all six
+and the Zipf mix evicts and reloads. About 13 s on an idle 2-core
 machine (both tests 21 s).
 """
 
@@ -36,12 +37,14 @@ pytestmark = pytest.mark.e2e
 _WORDS = ("cello", "garden", "Lisbon", "marathon", "novel", "tomato", "bicycle", "lighthouse", "recipe", "train",
           "museum", "violin", "harbour", "pottery", "kayak", "orchard", "glacier", "lantern", "quilt", "tram")
 _QUESTIONS = 6
+_NOTES = 60  # distinct numbers per turn: tenants large enough that a 1 MiB budget cannot hold them all
 
 
 def _session(rng: random.Random, tag: str, turns: int = 10) -> list[dict[str, Any]]:
     return [{"role": ("user", "assistant")[i % 2],
              "content": f"In {tag} turn {i} we talked about the {rng.choice(_WORDS)} and the {rng.choice(_WORDS)}, "
-                        f"then the {rng.choice(_WORDS)} near the {rng.choice(_WORDS)}, {rng.randint(1, 10_000)} times."}
+                        f"then the {rng.choice(_WORDS)} near the {rng.choice(_WORDS)}, {rng.randint(1, 10_000)} times; "
+                        f"notes {' '.join(str(rng.randint(1, 10**6)) for _ in range(_NOTES))}."}
             for i in range(turns)]
 
 
