@@ -262,7 +262,7 @@ class BM25Index:
             return out
         for token in self._tokenize(query):
             term = self._vocab.get(token)
-            if term is None:
+            if term is None or term >= matrix.shape[1]:  # unknown, or new in a shared vocabulary since the build
                 continue
             start, stop = matrix.indptr[term], matrix.indptr[term + 1]
             out[matrix.indices[start:stop]] += matrix.data[start:stop]

@@ -178,3 +178,14 @@ def test_counted_texts_index_like_texts_and_another_vocabulary_is_refused():
     assert transcripts.scores("quick") == pytest.approx(joined.scores("quick"))
     with pytest.raises(ValueError, match="another vocabulary"):
         BM25Index().add_counted([1], [counted[0]])
+
+
+def test_a_term_another_index_added_to_the_shared_vocabulary_matches_nothing_here():
+    shared: dict[str, int] = {}
+    turns, sessions = BM25Index(vocabulary=shared), BM25Index(vocabulary=shared)
+    turns.add([1], ["quick fox"])
+    sessions.add([1], ["quick fox"])
+    assert sessions.search("quick", 5) == [(1, pytest.approx(sessions.scores("quick")[0]))]
+    turns.extend(1, "zebra crossing")  # an alias text: the turn index only
+    assert sessions.search("zebra quick", 5) == sessions.search("quick", 5)
+    assert [eid for eid, _ in turns.search("zebra", 5)] == [1]
