@@ -94,7 +94,7 @@ class BM25Index:
         self._positions: dict[int, int] = {}
         self._lengths: list[int] = []  # per document: tokens
         self._counts = sparse.csr_matrix((0, 0), dtype=np.int32)  # documents x terms, as of the last build
-        self._pending: list[tuple[int, np.ndarray, np.ndarray]] = []  # (document, term ids, counts) since
+        self._pending: list[tuple[int, np.ndarray, np.ndarray]] = []  # (document, term ids, counts) not yet merged
         self._matrix: sparse.csc_matrix | None = None
         self._dirty = False
         self._id_array = np.zeros(0, dtype=np.int64)
