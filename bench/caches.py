@@ -155,7 +155,9 @@ class PersistentEncoder:
         if todo_keys:
             if self._inner is None:
                 self._inner = self._load()
-            pending = list(todo_keys.items())
+            # Shortest first: each batch then pads to texts of about its own length (the vectors do not
+            # depend on the order; the keys are the texts).
+            pending = sorted(todo_keys.items(), key=lambda item: len(item[1]))
             advance, close = self._progress(len(pending)) if self._progress else (None, None)
             for start in range(0, len(pending), self._chunk):
                 batch = pending[start : start + self._chunk]
