@@ -85,7 +85,8 @@ def permutation_pvalue(
     Uses ``scipy.stats.permutation_test`` with ``permutation_type="samples"`` (the values of a
     pair are swapped at random, i.e. the sign of each difference is flipped). When ``2**n`` is
     at most ``n_resamples`` scipy enumerates every sign pattern and the p-value is exact. If all
-    differences are zero the answer is 1.0.
+    differences are zero the answer is 1.0; so it is for a single pair, whose two sign patterns
+    are equally extreme (scipy refuses fewer than two observations).
 
     Raises:
         ValueError: if the arrays differ in length, are not 1-d, or hold NaN.
@@ -94,7 +95,7 @@ def permutation_pvalue(
     b = _as_vector(control, "control")
     if a.shape != b.shape:
         raise ValueError(f"paired arrays differ in length: {a.size} vs {b.size}")
-    if a.size == 0 or np.all(a == b):
+    if a.size < 2 or np.all(a == b):
         return 1.0
     result = scipy_stats.permutation_test(
         (a, b),

@@ -21,6 +21,12 @@ def test_exact_permutation_pvalue_with_ties_by_hand() -> None:
     assert permutation_pvalue([1.0, 1.0, 5.0, 2.0], [0.0, 0.0, 5.0, 2.0]) == pytest.approx(8 / 16)
 
 
+def test_a_single_pair_has_p_one_by_hand() -> None:
+    # one difference: its two sign patterns are equally extreme (a category holding one question)
+    assert permutation_pvalue([0.7], [0.2]) == 1.0
+    assert compare_paired([0.7], [0.2]).delta == pytest.approx(0.5)
+
+
 def test_permutation_matches_scipy_directly() -> None:
     rng = np.random.default_rng(3)
     a, b = rng.random(60), rng.random(60)
