@@ -22,7 +22,8 @@ from enum import StrEnum
 import numpy as np
 
 from bench.datasets import Conversation, Turn
-from mnemos.dedupe import DEFAULT_THRESHOLD, dedupe_batch, turn_signature
+from mnemos.canonical_set import CanonicalSet
+from mnemos.dedupe import DEFAULT_THRESHOLD, Signature, dedupe_batch, turn_signature
 from mnemos.records import Entry, TurnFacts
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.sessions import SessionIndex
@@ -52,7 +53,9 @@ class Tenant:
     ``canonical`` maps every global turn id of the tenant to its canonical entry id;
     ``entry_session`` / ``entry_date`` give an entry's session and its turn's time (in the bench's
     datasets every turn carries its session's start). ``sessions`` is the session-level retriever
-    over every turn of the tenant, dedupe aliases included, in dataset order.
+    over every turn of the tenant, dedupe aliases included, in dataset order. ``n_aliases`` counts
+    the turns dedupe folded into another entry, ``n_repeats`` the turns a pooled corpus with shared
+    turn ids held once for several conversations (:func:`build_tenants`).
     """
 
     tenant_id: str
@@ -64,10 +67,52 @@ class Tenant:
     conversations: tuple[str, ...]
     n_aliases: int = 0
     question_keys: list[str] = field(default_factory=list)
+    n_repeats: int = 0
 
     def relevant_entries(self, turn_ids: frozenset[str]) -> frozenset[int]:
         """Canonical entry ids of the given global turn ids (ids outside the tenant are ignored)."""
         return frozenset(self.canonical[t] for t in turn_ids if t in self.canonical)
+
+
+DEDUPE_BATCH_ROWS = 8192
+"""A tenant of at most this many turns is deduped as one batch; a larger one (the pooled LongMemEval-S
+corpus: about 199,000 turns, whose ``(n, n)`` similarity matrix would not fit in memory) in batches
+of :data:`DEDUPE_CHUNK_ROWS` against the canonical entries so far, as the ingest worker dedupes
+its batches (:class:`mnemos.canonical_set.CanonicalSet`). Both decide the same rows canonical;
+an alias may then point at another canonical above the threshold."""
+
+DEDUPE_CHUNK_ROWS = 1024
+"""Rows per batch above :data:`DEDUPE_BATCH_ROWS` (a ``(1024, N)`` float32 similarity block)."""
+
+
+def _dedupe_rows(vectors: np.ndarray, signatures: Sequence[Signature], dim: int, threshold: float,
+                 guard: bool) -> list[int | None]:
+    """Per row of ``vectors`` (``(n, dim)`` float32, tenant order): the earlier row it becomes an alias
+    of, or None for a canonical row (:func:`mnemos.dedupe.dedupe_batch`, batched as the service
+    dedupes above :data:`DEDUPE_BATCH_ROWS` rows)."""
+    n = len(signatures)
+    if n <= DEDUPE_BATCH_ROWS:
+        decided = dedupe_batch(vectors, np.zeros((0, dim)), threshold, new_signatures=signatures,
+                               existing_signatures=[], guard=guard)
+        return [d.batch if d.is_duplicate else None for d in decided]
+    out: list[int | None] = []
+    canon = CanonicalSet(dim)
+    canon_rows: list[int] = []  # CanonicalSet row -> tenant row
+    for start in range(0, n, DEDUPE_CHUNK_ROWS):
+        chunk = vectors[start:start + DEDUPE_CHUNK_ROWS]
+        chunk_signatures = signatures[start:start + DEDUPE_CHUNK_ROWS]
+        new_rows = []
+        for d in canon.dedupe(chunk, threshold, new_signatures=chunk_signatures, guard=guard):
+            if d.existing is not None:
+                out.append(canon_rows[d.existing])
+            elif d.batch is not None:
+                out.append(start + d.batch)
+            else:
+                out.append(None)
+                new_rows.append(d.row)
+        canon.add(chunk[new_rows], [chunk_signatures[i] for i in new_rows])
+        canon_rows.extend(start + i for i in new_rows)
+    return out
 
 
 def _build_tenant(
@@ -82,19 +127,16 @@ def _build_tenant(
     """``rows`` are ``(global turn number, conversation id, turn)``; ``vectors`` their embeddings
     (of the rendered texts, :func:`rendered_texts`)."""
     index = TenantIndex(tenant_id, dim, rendering=rendering)
-    if dedupe_threshold is None:
-        decisions = [None] * len(rows)
-    else:
+    decisions: list[int | None] = [None] * len(rows)  # per row: the row it is an alias of, or None
+    if dedupe_threshold is not None:
         signatures = [turn_signature(turn.role, turn.text, turn.image_caption) for _, _, turn in rows]
-        decided = dedupe_batch(vectors, np.zeros((0, dim)), dedupe_threshold, new_signatures=signatures,
-                               existing_signatures=[], guard=dedupe_guard)
-        decisions = [d if d.is_duplicate else None for d in decided]
+        decisions = _dedupe_rows(vectors, signatures, dim, dedupe_threshold, dedupe_guard)
     aliases: dict[int, list[int]] = defaultdict(list)  # canonical entry id -> its alias rows, in order
     canonical: dict[str, int] = {}
     for i, (number, conv, turn) in enumerate(rows):
         decision = decisions[i]
-        if decision is not None and decision.batch is not None:
-            target = rows[decision.batch][0]
+        if decision is not None:
+            target = rows[decision][0]
             aliases[target].append(i)
             canonical[global_id(conv, turn.turn_id)] = target
         else:
@@ -162,6 +204,13 @@ def build_tenants(
     entry id in every mode (aliases have no entry). ``dedupe_threshold`` None turns dedupe off;
     ``dedupe_guard`` False dedupes on cosine alone (the "dedupe guard off" ablation,
     :func:`mnemos.dedupe.dedupe_batch`).
+
+    Pooled, when every conversation has ``shared_turn_ids`` (LongMemEval), a turn id seen in an
+    earlier conversation is not indexed again: the pooled tenant holds each (haystack session,
+    position) once, as *Clustered Retrieval-Induced Forgetting* (§4.1) builds its 199,509-turn
+    LongMemEval-S corpus, under the first conversation's global ids, and every later
+    conversation's global id of that turn maps to the same entry (``canonical``); the tenant's
+    ``n_repeats`` counts them. Dedupe (cosine) then runs on what is left, as always.
     """
     rows: list[tuple[int, str, Turn]] = []
     for conv in conversations:
@@ -170,12 +219,28 @@ def build_tenants(
     if turn_vectors.shape != (len(rows), dim):
         raise ValueError(f"turn_vectors must be ({len(rows)}, {dim}), got {turn_vectors.shape}")
     groups: dict[str, list[tuple[int, str, Turn]]] = defaultdict(list)
-    for row in rows:
-        groups["pooled" if mode is CorpusMode.POOLED else row[1]].append(row)
-    return {
+    repeats: dict[str, str] = {}  # pooled with shared turn ids: global id of a repeat -> of the turn kept
+    if mode is CorpusMode.POOLED and conversations and all(c.shared_turn_ids for c in conversations):
+        first: dict[str, str] = {}  # turn id -> global id of its first occurrence
+        for row in rows:
+            kept = first.setdefault(row[2].turn_id, global_id(row[1], row[2].turn_id))
+            if kept == global_id(row[1], row[2].turn_id):
+                groups["pooled"].append(row)
+            else:
+                repeats[global_id(row[1], row[2].turn_id)] = kept
+    else:
+        for row in rows:
+            groups["pooled" if mode is CorpusMode.POOLED else row[1]].append(row)
+    tenants = {
         tenant_id: _build_tenant(
             tenant_id, members, turn_vectors[[n for n, _, _ in members]], dim, dedupe_threshold, Rendering(rendering),
             dedupe_guard,
         )
         for tenant_id, members in groups.items()
     }
+    if repeats:  # every conversation's turn ids reach the one copy kept
+        pooled = tenants["pooled"]
+        pooled.canonical.update({repeat: pooled.canonical[kept] for repeat, kept in repeats.items()})
+        pooled.conversations = tuple(c.conversation_id for c in conversations)
+        pooled.n_repeats = len(repeats)
+    return tenants

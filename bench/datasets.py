@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ABSTENTION_SUFFIX",
+    "LOCOMO_CATEGORIES",
+    "LONGMEMEVAL_CATEGORIES",
     "Conversation",
     "DatasetError",
     "DatasetFormatError",
@@ -33,6 +36,7 @@ __all__ = [
     "Turn",
     "load_locomo",
     "load_longmemeval",
+    "longmemeval_category",
     "parse_locomo_datetime",
     "parse_longmemeval_datetime",
     "repair_dia_ids",
@@ -72,12 +76,38 @@ class Turn:
     image_caption: str | None = None
 
 
+LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+"""LoCoMo's integer question categories."""
+
+LONGMEMEVAL_CATEGORIES = {
+    1: "single-session-user", 2: "single-session-assistant", 3: "single-session-preference",
+    4: "multi-session", 5: "abstention", 6: "temporal-reasoning", 7: "knowledge-update",
+}
+"""Integer codes the benchmark gives LongMemEval's question types. Code 5 is, as LoCoMo's
+adversarial category, the questions whose answer is not in memory (LongMemEval's ``_abs`` ids,
+whatever their type): the reports keep category 5 out of the headline (:mod:`bench.report`)."""
+
+ABSTENTION_SUFFIX = "_abs"
+"""LongMemEval marks an abstention question by this ending of its ``question_id``."""
+
+
+def longmemeval_category(question_id: str, question_type: str | None) -> int | None:
+    """The :data:`LONGMEMEVAL_CATEGORIES` code of a question: 5 for an abstention id, else its
+    type's code (None for a type not in the table)."""
+    if question_id.endswith(ABSTENTION_SUFFIX):
+        return 5
+    codes = {name: code for code, name in LONGMEMEVAL_CATEGORIES.items()}
+    return codes.get(question_type) if question_type is not None else None
+
+
 @dataclass(frozen=True)
 class Question:
     """One evaluation question; ``relevant_turn_ids`` may be empty (nothing valid to retrieve).
 
-    ``category`` is LoCoMo's integer code (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop,
-    5 adversarial); ``question_type`` is LongMemEval's label (e.g. ``"temporal-reasoning"``).
+    ``category`` is the dataset's integer code, named by ``category_name``: LoCoMo's own
+    (:data:`LOCOMO_CATEGORIES`) or the benchmark's for LongMemEval's types
+    (:data:`LONGMEMEVAL_CATEGORIES`); ``question_type`` is LongMemEval's label (e.g.
+    ``"temporal-reasoning"``).
     """
 
     question_id: str
@@ -87,6 +117,7 @@ class Question:
     category: int | None
     question_date: datetime | None
     question_type: str | None = None
+    category_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,13 +125,17 @@ class Conversation:
     """All turns of one memory owner plus the questions asked about them.
 
     ``observations`` holds LoCoMo's generated ``(fact, turn_id)`` pairs, one pair per valid turn
-    id, for training only: never feed them to an evaluated index.
+    id, for training only: never feed them to an evaluated index. ``shared_turn_ids`` says that a
+    turn id names the same turn in every conversation of the dataset (LongMemEval: haystack session
+    id and position, sessions repeating across questions), so a pooled corpus holds each once
+    (:func:`bench.corpora.build_tenants`); LoCoMo's ``D1:3`` is another turn in each conversation.
     """
 
     conversation_id: str
     turns: tuple[Turn, ...]
     questions: tuple[Question, ...]
     observations: tuple[tuple[str, str], ...] = ()
+    shared_turn_ids: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,6 +282,7 @@ def _locomo_questions(conv_id: str, sample: Mapping[str, Any], valid: set[str], 
                 text=_require(raw, "question", str, path, at),
                 relevant_turn_ids=frozenset(repair_dia_ids(evidence, valid)),
                 category=category,
+                category_name=LOCOMO_CATEGORIES.get(category) if category is not None else None,
                 question_date=None,
             )
         )
@@ -381,16 +417,19 @@ def _lme_conversation(item: Any, index: int, path: Path) -> Conversation:
                 answers.append(turn_id)
     question_date = item.get("question_date")
     question_type = item.get("question_type")
+    question_type = question_type if isinstance(question_type, str) else None
+    category = longmemeval_category(qid, question_type)
     question = Question(
         question_id=qid,
         conversation_id=qid,
         text=_require(item, "question", str, path, at),
         relevant_turn_ids=frozenset(answers),
-        category=None,
+        category=category,
         question_date=_lme_date(question_date, path, f"{at}.question_date") if isinstance(question_date, str) else None,
-        question_type=question_type if isinstance(question_type, str) else None,
+        question_type=question_type,
+        category_name=LONGMEMEVAL_CATEGORIES.get(category) if category is not None else None,
     )
-    return Conversation(conversation_id=qid, turns=tuple(turns), questions=(question,))
+    return Conversation(conversation_id=qid, turns=tuple(turns), questions=(question,), shared_turn_ids=True)
 
 
 def load_longmemeval(path: str | Path) -> list[Conversation]:
@@ -399,8 +438,9 @@ def load_longmemeval(path: str | Path) -> list[Conversation]:
     Each item's haystack becomes its own conversation (id = ``question_id``), so items never see
     each other's sessions. Turn ids are ``"<haystack session id>:<index in session>"``, session
     ids are the haystack ids, ``occurred_at`` the session's ``haystack_dates`` entry (UTC). The
-    single question's relevant turns are those with ``has_answer: true`` (none for abstention
-    items). A session whose id repeats within one haystack with the same turns is read once, at
+    single question's relevant turns are those with ``has_answer: true`` (some items have none);
+    its category is :func:`longmemeval_category` (abstention ids apart), and the conversation's
+    ``shared_turn_ids`` is set (sessions repeat across items). A session whose id repeats within one haystack with the same turns is read once, at
     its first date (13 items of LongMemEval-S repeat one session so, under another date); a
     repeated id with other turns is an error.
 

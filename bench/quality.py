@@ -37,9 +37,11 @@ from bench.quality_document import (
     DEEP_VARIANT,
     MetricsByRun,
     ablation_without_suppression,
+    corpus_json,
     cost_json,
     dataset_json,
     full_vs_gap_on_test_split,
+    no_evidence_json,
     run_rows,
     selection_json,
     settings_json,
@@ -168,6 +170,7 @@ def run_quality(
     }
     t0 = time.perf_counter()
     runs = run_rows(engine, options, selection, metrics, base_metrics, by_key)
+    no_evidence_json(runs, results, by_key, options.abstain_threshold)
     full_block = _full_arm_json(engine, options, selection, metrics, base_metrics, baseline, by_key)
     engine.seconds["statistics"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -176,6 +179,7 @@ def run_quality(
 
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
+        "corpus": corpus_json(engine),
         "command": command,
         "reranker": dict(reranker_info or {}),
         "encoder": {"dim": encoder.dim, "identity": getattr(encoder, "model_key", type(encoder).__name__)},

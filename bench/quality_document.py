@@ -29,8 +29,10 @@ __all__ = [
     "DEEP_VARIANT",
     "MetricsByRun",
     "ablation_without_suppression",
+    "corpus_json",
     "cost_json",
     "dataset_json",
+    "no_evidence_json",
     "run_rows",
     "selection_json",
     "settings_json",
@@ -42,6 +44,39 @@ DEEP_VARIANT = "+clustered_rif_gap+deep_pass"
 
 MetricsByRun = Mapping[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]]
 """Per-question metrics of each (corpus mode, protocol, arm) run, keyed by question key."""
+
+
+def corpus_json(engine: Engine) -> dict[str, Any]:
+    """Per corpus mode: tenants, indexed entries, dedupe aliases and the turns a pooled corpus held
+    once for several conversations (:func:`bench.corpora.build_tenants`)."""
+    return {
+        mode.value: {
+            "tenants": len(tenants),
+            "entries": sum(len(t.index) for t in tenants.values()),
+            "aliases": sum(t.n_aliases for t in tenants.values()),
+            "repeats": sum(t.n_repeats for t in tenants.values()),
+        }
+        for mode, tenants in engine.tenants.items()
+    }
+
+
+def no_evidence_json(runs: Sequence[dict[str, Any]],
+                     results: Mapping[tuple[CorpusMode, Protocol, str], Mapping[str, PoolResult]],
+                     by_key: Mapping[str, BenchQuestion], abstain_threshold: float) -> None:
+    """Add to each run row of a reranking arm a ``no_evidence`` block over the questions without an
+    evidence turn (not scored by NDCG; LongMemEval's abstention questions without ``has_answer``):
+    their number and ``abstain@T``, the share whose best cross-encoder logit is below ``T`` or whose
+    pool is empty (*Clustered Retrieval-Induced Forgetting* §5.3). Rows of other arms are left alone."""
+    label = f"abstain@{abstain_threshold:g}"
+    for row in runs:
+        pools = results.get((CorpusMode(row["corpus"]), Protocol(row["protocol"]), row["arm"]))
+        if pools is None or not arm_by_name(row["arm"]).reranks:
+            continue
+        keys = [k for k in pools if not by_key[k].labelled]
+        if not keys:
+            continue
+        abstained = [pools[k].top_score is None or pools[k].top_score < abstain_threshold for k in keys]
+        row["no_evidence"] = {"n_questions": len(keys), label: float(np.mean(abstained))}
 
 
 def selection_json(selection: Selection) -> dict[str, Any]:
@@ -89,6 +124,8 @@ def dataset_json(dataset: Mapping[str, Any], conversations: Sequence[Conversatio
         "questions": len(questions),
         "labelled": len(labelled),
         "overall_questions": sum(1 for q in labelled if overall_question(q.category)),
+        "category_names": {str(c): n for c, n in sorted({(q.category, q.category_name) for q in questions
+                                                          if q.category is not None and q.category_name})},
         "limit": limit,
     }
 
@@ -109,8 +146,9 @@ def settings_json(options: QualityOptions) -> dict[str, Any]:
         "k_rule": f"min({options.clusters}, max(2, distinct burn-in questions // {options.queries_per_cluster})); "
                   f"global = 1; bootstrap after {options.bootstrap_factor} x K burn-in draws "
                   "(Clustered Retrieval-Induced Forgetting: K = 30 at 500 queries)",
-        "heldout_split": "per conversation, seeded shuffle into halves A/B; burn-in on A evaluates B and vice versa",
-        "dev_split": "per conversation, an independent seeded half; used only to select mnemos_full",
+        "heldout_split": "per conversation (over the whole dataset when each conversation holds one question, "
+                         "as LongMemEval), seeded shuffle into halves A/B; burn-in on A evaluates B and vice versa",
+        "dev_split": "drawn like the halves, an independent seeded half; used only to select mnemos_full",
     }
 
 

@@ -23,12 +23,20 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
     lines = [f"# Retrieval quality on {d['name']}", ""]
     if document.get("command"):
         lines += ["Command:", "", "```", document["command"], "```", ""]
+    apart = d.get("category_names", {}).get("5")
+    scope = (f"Overall = every labelled question outside category 5 ({apart}: {d['labelled'] - d['overall_questions']}"
+             f" labelled), which is reported apart; {d['questions'] - d['labelled']} questions without an evidence"
+             " turn are not scored" if apart else "Overall = categories 1-4; category 5 separately")
     lines += [
         f"Dataset: `{d['path']}` ({d['conversations']} conversations, {d['turns']} turns, {d['questions']} questions"
-        f" run, {d['labelled']} with evidence). Overall = categories 1-4; category 5 separately.",
+        f" run, {d['labelled']} with evidence). {scope}.",
         f"Cost: {cost['seconds']} s total, {cost['reranker_pairs']} reranker pairs "
         f"({cost['reranker_pairs_scored_by_model']} scored by the model in this process, the rest from the disk "
         f"cache), {cost['retrievals']} retrievals.",
+        *(["Tenants: " + "; ".join(
+            f"{mode} {c['tenants']} ({c['entries']:,} entries indexed, {c['aliases']:,} dedupe aliases"
+            + (f", {c['repeats']:,} repeated turns held once" if c["repeats"] else "") + ")"
+            for mode, c in document["corpus"].items()) + "."] if document.get("corpus") else []),
         "",
         "Rerankers (each question uses the fold that never saw its conversation):",
         "",

@@ -16,7 +16,11 @@ import numpy as np
 from bench.corpora import global_id
 from bench.datasets import Conversation
 
-__all__ = ["BenchQuestion", "prepare_questions", "stable_seed"]
+__all__ = ["DATASET_SPLIT", "BenchQuestion", "prepare_questions", "stable_seed"]
+
+
+DATASET_SPLIT = "*dataset*"
+"""The split tag of a dataset whose conversations hold one question each (:func:`prepare_questions`)."""
 
 
 def stable_seed(*parts: object) -> list[int]:
@@ -30,7 +34,8 @@ class BenchQuestion:
 
     ``relevant_turns`` are global turn ids (empty: not evaluated, still usable in burn-in);
     ``row`` indexes the question embedding matrix; ``half`` is the held-out half (0 = A, 1 = B);
-    ``dev`` marks the development split used to select ``mnemos_full``'s features.
+    ``dev`` marks the development split used to select ``mnemos_full``'s features;
+    ``category_name`` names ``category`` (the dataset's own table, :mod:`bench.datasets`).
     """
 
     key: str
@@ -42,6 +47,7 @@ class BenchQuestion:
     row: int
     half: int
     dev: bool
+    category_name: str | None = None
 
     @property
     def labelled(self) -> bool:
@@ -60,8 +66,13 @@ def prepare_questions(
 ) -> list[BenchQuestion]:
     """Benchmark questions in dataset order, with held-out halves and the dev split.
 
-    ``limit`` keeps about ``limit`` questions in total, spread evenly over conversations (a
-    seeded sample per conversation); the corpus itself is never cut.
+    Each conversation's questions are split on their own (a seeded shuffle per conversation),
+    except in a dataset where every conversation holds at most one question (LongMemEval: one
+    haystack per question), whose questions are split over the whole dataset (tag
+    :data:`DATASET_SPLIT`): a per-conversation split would put every question in half B and none
+    in the dev split, leaving the pooled tenant's held-out burn-in empty. ``limit`` keeps about
+    ``limit`` questions in total, spread evenly over conversations (a seeded sample per
+    conversation); the corpus itself is never cut.
     """
     chosen: list[tuple[Conversation, list]] = []
     per_conv = None if limit is None else max(1, -(-limit // max(1, len(conversations))))
@@ -71,11 +82,17 @@ def prepare_questions(
             pick = np.random.default_rng(stable_seed(seed, "limit", conv.conversation_id)).permutation(len(questions))
             questions = [questions[i] for i in sorted(pick[:per_conv])]
         chosen.append((conv, questions))
+    whole_dataset = all(len(questions) <= 1 for _, questions in chosen)
+    groups = ([(DATASET_SPLIT, [q for _, questions in chosen for q in questions])] if whole_dataset
+              else [(conv.conversation_id, questions) for conv, questions in chosen])
+    half_a: set[str] = set()
+    dev: set[str] = set()
+    for tag, members in groups:
+        keys = [q.question_id for q in members]
+        half_a |= _split(keys, seed, "heldout", tag)
+        dev |= _split(keys, seed, "dev", tag)
     out: list[BenchQuestion] = []
     for conv, questions in chosen:
-        keys = [q.question_id for q in questions]
-        half_a = _split(keys, seed, "heldout", conv.conversation_id)
-        dev = _split(keys, seed, "dev", conv.conversation_id)
         for q in questions:
             out.append(
                 BenchQuestion(
@@ -88,6 +105,7 @@ def prepare_questions(
                     row=len(out),
                     half=0 if q.question_id in half_a else 1,
                     dev=q.question_id in dev,
+                    category_name=q.category_name,
                 )
             )
     return out

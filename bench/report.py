@@ -94,7 +94,7 @@ def run_row(
     for category in sorted({q.category for k in metrics if (q := questions[k]).category is not None}):
         members = [k for k in metrics if questions[k].category == category]
         block = _block(metrics, members, baseline, tests=("ndcg@10",), **common)
-        block["name"] = CATEGORY_NAMES.get(category, str(category))
+        block["name"] = questions[members[0]].category_name or CATEGORY_NAMES.get(category, str(category))
         categories[str(category)] = block
     row["categories"] = categories
     return row
@@ -148,7 +148,11 @@ def _category_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     categories = sorted({c for r in rows for c in r.get("categories", {})}, key=int)
     if not categories:
         return []
-    head = " | ".join(f"{c} {CATEGORY_NAMES.get(int(c), '')} (n={rows[0]['categories'].get(c, {}).get('n_questions', '?')})"
+    def name(c: str) -> str:
+        named = next((r["categories"][c].get("name") for r in rows if c in r.get("categories", {})), None)
+        return named or CATEGORY_NAMES.get(int(c), "")
+
+    head = " | ".join(f"{c} {name(c)} (n={rows[0]['categories'].get(c, {}).get('n_questions', '?')})"
                       for c in categories)
     lines = [f"| arm | {head} |", "|---|" + "---|" * len(categories)]
     for r in rows:
@@ -179,6 +183,12 @@ def render_markdown(document: Mapping[str, Any], *, header: Callable[[Mapping[st
             lines += ["", f"## {corpus} · {protocol}", "", *_table(rows, label)]
             cat = _category_table(rows)
             if cat:
-                lines += ["", "NDCG@10 per LoCoMo category (`*`: paired permutation p < 0.05 vs "
+                lines += ["", "NDCG@10 per category (`*`: paired permutation p < 0.05 vs "
                           f"{BASELINE_ARM} on that category):", "", *cat]
+            no_evidence = [r for r in rows if r.get("no_evidence", {}).get(label) is not None]
+            if no_evidence:
+                n = no_evidence[0]["no_evidence"]["n_questions"]
+                lines += ["", f"Questions without an evidence turn ({n}, not scored): {label}, the share whose "
+                          "top cross-encoder score is below the threshold (an agent would answer that it does "
+                          "not know): " + ", ".join(f"{r['arm']} {_fmt(r['no_evidence'][label])}" for r in no_evidence)]
     return "\n".join(lines) + "\n"

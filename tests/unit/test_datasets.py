@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from bench.datasets import (
+    LOCOMO_CATEGORIES,
+    LONGMEMEVAL_CATEGORIES,
     DatasetFormatError,
     load_locomo,
     load_longmemeval,
+    longmemeval_category,
     parse_locomo_datetime,
     parse_longmemeval_datetime,
     repair_dia_ids,
@@ -243,9 +246,29 @@ def test_longmemeval_items_become_conversations(tmp_path):
     assert question.question_id == "q1" and question.conversation_id == "q1"
     assert question.relevant_turn_ids == {"answer_b:0"}
     assert question.question_date == datetime(2023, 5, 30, 23, 40, tzinfo=UTC)
-    assert question.question_type == "single-session-user" and question.category is None
+    assert question.question_type == "single-session-user"
+    assert (question.category, question.category_name) == (1, "single-session-user")
     assert second.questions[0].relevant_turn_ids == frozenset()
+    # an abstention id is category 5 (kept out of the headline, as LoCoMo's adversarial), whatever its type
+    assert (second.questions[0].category, second.questions[0].category_name) == (5, "abstention")
+    assert first.shared_turn_ids and second.shared_turn_ids
     assert first.observations == ()
+
+
+def test_longmemeval_categories_cover_every_type_and_keep_abstention_apart():
+    for code, name in LONGMEMEVAL_CATEGORIES.items():
+        if code != 5:
+            assert longmemeval_category("x", name) == code
+            assert longmemeval_category("x_abs", name) == 5
+    assert longmemeval_category("x", "a-type-not-in-the-table") is None
+    assert longmemeval_category("x", None) is None
+
+
+def test_locomo_questions_are_named_by_their_category(tmp_path):
+    (conversation,) = load_locomo(_write(tmp_path, _locomo_variant()))
+    for question in conversation.questions:
+        assert question.category_name == LOCOMO_CATEGORIES[question.category]
+    assert not conversation.shared_turn_ids
 
 
 @pytest.mark.parametrize("suffix", [".xz", ".gz"])
