@@ -7,7 +7,7 @@ import importlib.util
 __all__ = ["EXTRA_MODULES", "require_extra"]
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "bench": ("matplotlib", "scipy", "diskcache"),
+    "bench": ("matplotlib", "diskcache"),  # scipy too, but the core needs it (mnemos/bm25_index.py)
     "train": ("datasets", "accelerate"),
 }
 """The import names of each optional extra's requirements in ``pyproject.toml`` (a test keeps them in step)."""
