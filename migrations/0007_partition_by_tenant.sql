@@ -6,7 +6,8 @@
 -- another tenant's entry, even by a bug. entry_id stays unique across the deployment (one sequence).
 -- The rows are copied; the service's statements do not change. Row-level security is forced on
 -- each parent (what the service queries) and on each partition (a direct read of a partition is
--- scoped the same way); mnemos_app is granted the parents only.
+-- scoped the same way); mnemos_app is granted the parents only. Grants to other roles on the old
+-- tables (an operator's reporting role, say) go with them: grant them again on the new tables.
 
 ALTER TABLE entries NO FORCE ROW LEVEL SECURITY;          -- the migrator may be the owner, not a superuser
 ALTER TABLE suppression NO FORCE ROW LEVEL SECURITY;
@@ -109,7 +110,13 @@ BEGIN
 END
 $$;
 
--- 3. the rows move (canonicals before their aliases is not needed: the check runs at the statement's end)
+-- 3. the rows move, with the new parents' policies lifted for the owner while it copies (a routed
+-- insert checks the parent's policies; the owner has no mnemos.tenant_id)
+ALTER TABLE entries NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE suppression NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE query_buffer NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE applied_outcomes NO FORCE ROW LEVEL SECURITY;
+-- the rows (canonicals before their aliases is not needed: the check runs at the statement's end)
 INSERT INTO entries (entry_id, tenant_id, turn_id, session_id, role, text, occurred_at, embedding,
                      canonical_entry_id, metadata, encoder_truncated, stream_id, created_at,
                      reindex_embedding, reindex_rendering, reindex_truncated)
@@ -125,6 +132,11 @@ INSERT INTO applied_outcomes (tenant_id, outcome_id, cluster, deltas, stream_id,
 SELECT tenant_id, outcome_id, cluster, deltas, stream_id, applied_at, suppression_version
   FROM applied_outcomes_unpartitioned;
 
+ALTER TABLE entries FORCE ROW LEVEL SECURITY;
+ALTER TABLE suppression FORCE ROW LEVEL SECURITY;
+ALTER TABLE query_buffer FORCE ROW LEVEL SECURITY;
+ALTER TABLE applied_outcomes FORCE ROW LEVEL SECURITY;
+
 -- 4. the sequences pass to the new tables, the old ones go
 ALTER SEQUENCE entries_entry_id_seq OWNED BY entries.entry_id;
 ALTER SEQUENCE query_buffer_seq_seq OWNED BY query_buffer.seq;
@@ -132,3 +144,6 @@ DROP TABLE suppression_unpartitioned;
 DROP TABLE entries_unpartitioned;
 DROP TABLE query_buffer_unpartitioned;
 DROP TABLE applied_outcomes_unpartitioned;
+
+-- 5. statistics for the planner (autovacuum analyzes the partitions, never a partitioned parent)
+ANALYZE entries, suppression, query_buffer, applied_outcomes;

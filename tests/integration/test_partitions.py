@@ -14,7 +14,6 @@ from psycopg import sql
 
 from tests.support import PG_ADMIN_URL
 from workers.migrate import discover, run_migrations
-from workers.store.schema import ensure_database
 
 pytestmark = pytest.mark.integration
 
@@ -72,44 +71,64 @@ def test_an_alias_or_a_score_cannot_name_another_tenants_entry(database_url: str
         assert partitions <= set(_partitions(conn, "entries"))
 
 
-@pytest.fixture
-def database_at_0006(name_prefix: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A database migrated up to 0006 (the schema before partitioning), and a folder with 0001-0006."""
+@pytest.fixture(params=["superuser", "owner"])
+def database_at_0006(request: pytest.FixtureRequest, name_prefix: str, tmp_path: Path) -> Iterator[str]:
+    """A database migrated up to 0006 (the schema before partitioning) by a superuser, or by a login
+    role that owns the database and is no superuser (row-level security then applies to it); the
+    URL connects as that migrator."""
     name = f"{name_prefix}_{uuid.uuid4().hex[:12]}"
-    url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    role = f"{name}_owner" if request.param == "owner" else None
     folder = tmp_path / "migrations"
     folder.mkdir()
     for migration in discover():
         if migration.version <= "0006":
             shutil.copy(migration.path, folder / migration.path.name)
-    ensure_database(url)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        if role:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOBYPASSRLS CREATEROLE").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name),
+                                                                    sql.Identifier(role or "postgres")))
+    if role:
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{name}", autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
+    url = f"postgresql://{role or 'postgres'}@127.0.0.1:5432/{name}"
     run_migrations(url, folder)
-    yield url, folder
+    yield url
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        if role:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-def test_rows_written_before_partitioning_survive_it(database_at_0006: tuple[str, Path]) -> None:
-    url, _ = database_at_0006
+def test_rows_written_before_partitioning_survive_it(database_at_0006: str) -> None:
+    url = database_at_0006
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM pg_partitioned_table").fetchone()[0] == 0
-        conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES ('a', 1), ('b', 1)")
-        first = _insert_entry(conn, "a", "t1")
-        alias = _insert_entry(conn, "a", "t2", canonical=first)
-        other = _insert_entry(conn, "b", "t1")
-        conn.execute("INSERT INTO suppression (tenant_id, entry_id, cluster, score) VALUES ('a', %s, 3, 0.25)", (first,))
-        conn.execute("INSERT INTO query_buffer (tenant_id, outcome_id, embedding) VALUES ('a', 'o1', '\\x00')")
-        conn.execute("INSERT INTO applied_outcomes (tenant_id, outcome_id, deltas, suppression_version)"
-                     " VALUES ('a', 'o1', '[]', 1)")
-        before = {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(t))).fetchone()[0]
-                  for t in PARTITIONED}
-    assert [v for v in run_migrations(url)] == [m.version for m in discover() if m.version > "0006"]
-    with psycopg.connect(url) as conn:
+        for tenant in ("a", "b"):  # as a tenant's transaction writes them (the owner is subject to RLS)
+            conn.execute("SELECT set_config('mnemos.tenant_id', %s, true)", (tenant,))
+            conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES (%s, 1)", (tenant,))
+            if tenant == "a":
+                first = _insert_entry(conn, "a", "t1")
+                alias = _insert_entry(conn, "a", "t2", canonical=first)
+                conn.execute("INSERT INTO suppression (tenant_id, entry_id, cluster, score) VALUES ('a', %s, 3, 0.25)",
+                             (first,))
+                conn.execute("INSERT INTO query_buffer (tenant_id, outcome_id, embedding) VALUES ('a', 'o1', '\\x00')")
+                conn.execute("INSERT INTO applied_outcomes (tenant_id, outcome_id, deltas, suppression_version)"
+                             " VALUES ('a', 'o1', '[]', 1)")
+            else:
+                other = _insert_entry(conn, "b", "t1")
+            conn.commit()
+    assert run_migrations(url) == [m.version for m in discover() if m.version > "0006"]
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{url.rsplit('/', 1)[1]}") as conn:  # every row
         after = {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(t))).fetchone()[0]
                  for t in PARTITIONED}
-        assert after == before == {"entries": 3, "suppression": 1, "query_buffer": 1, "applied_outcomes": 1}
+        assert after == {"entries": 3, "suppression": 1, "query_buffer": 1, "applied_outcomes": 1}
         rows = conn.execute("SELECT entry_id, tenant_id, turn_id, canonical_entry_id FROM entries ORDER BY 1").fetchall()
         assert rows == [(first, "a", "t1", None), (alias, "a", "t2", first), (other, "b", "t1", None)]
         assert conn.execute("SELECT entry_id, cluster, score FROM suppression").fetchall() == [(first, 3, 0.25)]
         assert _insert_entry(conn, "b", "t2") > other  # the sequence carried on
         assert conn.execute("SELECT count(*) FROM pg_partitioned_table").fetchone()[0] == len(PARTITIONED)
+        forced = conn.execute("SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname = ANY(%s)",
+                              (list(PARTITIONED),)).fetchone()[0]
+        assert forced  # lifted for the copy only
+    assert run_migrations(url) == []
