@@ -210,7 +210,13 @@ def build_tenants(
     position) once, as *Clustered Retrieval-Induced Forgetting* (§4.1) builds its 199,509-turn
     LongMemEval-S corpus, under the first conversation's global ids, and every later
     conversation's global id of that turn maps to the same entry (``canonical``); the tenant's
-    ``n_repeats`` counts them. Dedupe (cosine) then runs on what is left, as always.
+    ``n_repeats`` counts them. Dedupe (cosine) then runs on what is left, as always. The copy kept
+    has the first conversation's date: LongMemEval-S repeats sessions under other dates in other
+    haystacks (the texts are the same), so a few questions see their evidence at another date.
+
+    Raises:
+        ValueError: if ``turn_vectors`` has the wrong shape, or (shared turn ids) a conversation
+            repeats a turn id.
     """
     rows: list[tuple[int, str, Turn]] = []
     for conv in conversations:
@@ -222,6 +228,11 @@ def build_tenants(
     repeats: dict[str, str] = {}  # pooled with shared turn ids: global id of a repeat -> of the turn kept
     if mode is CorpusMode.POOLED and conversations and all(c.shared_turn_ids for c in conversations):
         first: dict[str, str] = {}  # turn id -> global id of its first occurrence
+        for conv in conversations:
+            ids = [t.turn_id for t in conv.turns]
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"conversation {conv.conversation_id!r} repeats a turn id: with shared turn ids "
+                                 "a turn id must name one turn")
         for row in rows:
             kept = first.setdefault(row[2].turn_id, global_id(row[1], row[2].turn_id))
             if kept == global_id(row[1], row[2].turn_id):

@@ -63,16 +63,18 @@ def corpus_json(engine: Engine) -> dict[str, Any]:
 def no_evidence_json(runs: Sequence[dict[str, Any]],
                      results: Mapping[tuple[CorpusMode, Protocol, str], Mapping[str, PoolResult]],
                      by_key: Mapping[str, BenchQuestion], abstain_threshold: float) -> None:
-    """Add to each run row of a reranking arm a ``no_evidence`` block over the questions without an
-    evidence turn (not scored by NDCG; LongMemEval's abstention questions without ``has_answer``):
-    their number and ``abstain@T``, the share whose best cross-encoder logit is below ``T`` or whose
-    pool is empty (*Clustered Retrieval-Induced Forgetting* §5.3). Rows of other arms are left alone."""
+    """Add to each run row of a reranking arm a ``no_evidence`` block over the category-5 questions
+    (whose answer is not in memory) without an evidence turn, which NDCG cannot score (LongMemEval's
+    abstention questions without ``has_answer``): their number and ``abstain@T``, the share whose
+    best cross-encoder logit is below ``T`` or whose pool is empty (*Clustered Retrieval-Induced
+    Forgetting* §5.3). Rows of other arms, and runs without such questions, are left alone (a LoCoMo
+    question whose evidence ids are unusable has an answer: abstaining on it is no success)."""
     label = f"abstain@{abstain_threshold:g}"
     for row in runs:
         pools = results.get((CorpusMode(row["corpus"]), Protocol(row["protocol"]), row["arm"]))
         if pools is None or not arm_by_name(row["arm"]).reranks:
             continue
-        keys = [k for k in pools if not by_key[k].labelled]
+        keys = [k for k in pools if not by_key[k].labelled and by_key[k].category == 5]
         if not keys:
             continue
         abstained = [pools[k].top_score is None or pools[k].top_score < abstain_threshold for k in keys]

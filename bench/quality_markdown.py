@@ -23,10 +23,15 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
     lines = [f"# Retrieval quality on {d['name']}", ""]
     if document.get("command"):
         lines += ["Command:", "", "```", document["command"], "```", ""]
-    apart = d.get("category_names", {}).get("5")
-    scope = (f"Overall = every labelled question outside category 5 ({apart}: {d['labelled'] - d['overall_questions']}"
-             f" labelled), which is reported apart; {d['questions'] - d['labelled']} questions without an evidence"
-             " turn are not scored" if apart else "Overall = categories 1-4; category 5 separately")
+    names = d.get("category_names", {})
+    unscored = f"{d['questions'] - d['labelled']} questions without an evidence turn are not scored"
+    if "5" in names:
+        scope = (f"Overall = every labelled question outside category 5 ({names['5']}: "
+                 f"{d['labelled'] - d['overall_questions']} labelled), which is reported apart; {unscored}")
+    elif names:
+        scope = f"Overall = every labelled question (none of category 5 here); {unscored}"
+    else:
+        scope = "Overall = categories 1-4; category 5 separately"
     lines += [
         f"Dataset: `{d['path']}` ({d['conversations']} conversations, {d['turns']} turns, {d['questions']} questions"
         f" run, {d['labelled']} with evidence). {scope}.",

@@ -66,25 +66,42 @@ def prepare_questions(
 ) -> list[BenchQuestion]:
     """Benchmark questions in dataset order, with held-out halves and the dev split.
 
-    Each conversation's questions are split on their own (a seeded shuffle per conversation),
-    except in a dataset where every conversation holds at most one question (LongMemEval: one
-    haystack per question), whose questions are split over the whole dataset (tag
-    :data:`DATASET_SPLIT`): a per-conversation split would put every question in half B and none
-    in the dev split, leaving the pooled tenant's held-out burn-in empty. ``limit`` keeps about
-    ``limit`` questions in total, spread evenly over conversations (a seeded sample per
-    conversation); the corpus itself is never cut.
+    A conversation with several questions has them split on their own (a seeded shuffle per
+    conversation). The conversations holding one question each (LongMemEval: one haystack per
+    question) have theirs split together, as one group (tag :data:`DATASET_SPLIT`): split one by
+    one, every such question would fall in half B and none in the dev split, and a pooled tenant's
+    held-out burn-in would be empty. Which conversations are single is read before ``limit``
+    applies, so a small ``limit`` does not change how a conversation is split.
+
+    ``limit`` keeps about ``limit`` questions in total (the corpus itself is never cut): spread
+    evenly over the conversations with several questions (a seeded sample in each), and a seeded
+    sample of the single-question conversations' questions, in proportion to their share.
     """
+    singles = [conv for conv in conversations if len(conv.questions) <= 1]
+    single_ids = {conv.conversation_id for conv in singles}
+    n_questions = sum(len(conv.questions) for conv in conversations)
+    kept_singles: set[str] | None = None
+    if limit is not None and singles:
+        n_single = sum(len(conv.questions) for conv in singles)
+        share = max(1, round(limit * n_single / max(1, n_questions)))
+        ids = [conv.conversation_id for conv in singles if conv.questions]
+        order = np.random.default_rng(stable_seed(seed, "limit", DATASET_SPLIT)).permutation(len(ids))
+        kept_singles = {ids[i] for i in order[:share]}
     chosen: list[tuple[Conversation, list]] = []
-    per_conv = None if limit is None else max(1, -(-limit // max(1, len(conversations))))
+    n_multi = len(conversations) - len(singles)
+    per_conv = None if limit is None else max(1, -(-limit // max(1, n_multi if n_multi else len(conversations))))
     for conv in conversations:
         questions = list(conv.questions)
-        if per_conv is not None and len(questions) > per_conv:
+        if conv.conversation_id in single_ids:
+            if kept_singles is not None and conv.conversation_id not in kept_singles:
+                questions = []
+        elif per_conv is not None and len(questions) > per_conv:
             pick = np.random.default_rng(stable_seed(seed, "limit", conv.conversation_id)).permutation(len(questions))
             questions = [questions[i] for i in sorted(pick[:per_conv])]
         chosen.append((conv, questions))
-    whole_dataset = all(len(questions) <= 1 for _, questions in chosen)
-    groups = ([(DATASET_SPLIT, [q for _, questions in chosen for q in questions])] if whole_dataset
-              else [(conv.conversation_id, questions) for conv, questions in chosen])
+    groups = [(conv.conversation_id, questions) for conv, questions in chosen if conv.conversation_id not in single_ids]
+    groups.append((DATASET_SPLIT, [q for conv, questions in chosen if conv.conversation_id in single_ids
+                                   for q in questions]))
     half_a: set[str] = set()
     dev: set[str] = set()
     for tag, members in groups:

@@ -10,7 +10,7 @@ import pytest
 
 import bench.corpora as corpora
 from bench.corpora import CorpusMode, build_tenants, rendered_texts
-from bench.datasets import Conversation, Question, Turn
+from bench.datasets import LONGMEMEVAL_CATEGORIES, Conversation, Question, Turn
 from bench.engine import PoolResult, Protocol, prepare_questions
 from bench.quality_document import no_evidence_json
 from bench.question_metrics import QuestionMetrics
@@ -21,13 +21,14 @@ from mnemos.encoder import HashingEncoder
 T0 = datetime(2024, 3, 1, 9, tzinfo=UTC)
 
 
-def _haystack(qid: str, sessions: dict[str, list[str]], answer: str | None, shared: bool = True) -> Conversation:
+def _haystack(qid: str, sessions: dict[str, list[str]], answer: str | None, shared: bool = True,
+              category: int = 1) -> Conversation:
     """One LongMemEval-like item: ``sessions`` maps a session id to its texts; ``answer`` a turn id."""
     turns = tuple(Turn(f"{sid}:{i}", sid, "user", text, T0)
                   for sid, texts in sessions.items() for i, text in enumerate(texts))
     relevant = frozenset({answer}) if answer else frozenset()
-    question = Question(qid, qid, f"question {qid}?", relevant, 1, None, "single-session-user",
-                        "single-session-user")
+    question = Question(qid, qid, f"question {qid}?", relevant, category, None, "single-session-user",
+                        LONGMEMEVAL_CATEGORIES[category])
     return Conversation(qid, turns, (question,), shared_turn_ids=shared)
 
 
@@ -90,15 +91,47 @@ def test_one_question_conversations_are_split_over_the_dataset():
     assert [q.half for q in other] != halves
 
 
-def test_conversations_with_several_questions_are_still_split_each_on_its_own():
+def _multi(conversation_id: str, n: int) -> Conversation:
     turns = (Turn("t0", "S1", "Ana", "hello", T0),)
-    conversations = [
-        Conversation(c, turns, tuple(Question(f"{c}-{i}", c, f"q {i}?", frozenset({"t0"}), 1, None) for i in range(6)))
-        for c in ("a", "b")
-    ]
-    questions = prepare_questions(conversations)
+    return Conversation(conversation_id, turns, tuple(
+        Question(f"{conversation_id}-{i}", conversation_id, f"q {i}?", frozenset({"t0"}), 1, None) for i in range(n)))
+
+
+def test_conversations_with_several_questions_are_still_split_each_on_its_own():
+    questions = prepare_questions([_multi("a", 6), _multi("b", 6)])
     for c in ("a", "b"):
         assert [q.half for q in questions if q.conversation_id == c].count(0) == 3
+
+
+def test_in_a_mixed_dataset_the_single_question_conversations_are_split_together():
+    questions = prepare_questions([_multi("a", 6), *_one_question_conversations(20)])
+    assert [q.half for q in questions if q.conversation_id == "a"].count(0) == 3
+    singles = [q for q in questions if q.conversation_id != "a"]
+    assert sum(q.half == 0 for q in singles) == 10 and sum(q.dev for q in singles) == 10
+
+
+def test_a_small_limit_keeps_each_conversations_own_split():
+    # cut to one question each, LoCoMo-like conversations must not switch to the dataset-wide split
+    full = {q.key: q.half for q in prepare_questions([_multi("a", 8), _multi("b", 8)])}
+    limited = prepare_questions([_multi("a", 8), _multi("b", 8)], limit=2)
+    assert len(limited) == 2
+    assert all(q.half == 1 for q in limited)  # one question per conversation: half A holds len // 2 = 0
+    assert set(full) >= {q.key for q in limited}
+
+
+def test_limit_samples_a_one_question_dataset():
+    questions = prepare_questions(_one_question_conversations(40), limit=10, seed=1)
+    assert len(questions) == 10
+    assert [q.half for q in questions].count(0) == 5
+    again = prepare_questions(_one_question_conversations(40), limit=10, seed=1)
+    assert [q.key for q in again] == [q.key for q in questions]
+
+
+def test_shared_turn_ids_must_name_one_turn_per_conversation():
+    turns = (Turn("s:0", "s", "user", "one", T0), Turn("s:0", "s", "user", "two", T0))
+    broken = Conversation("q1", turns, (), shared_turn_ids=True)
+    with pytest.raises(ValueError, match="repeats a turn id"):
+        build_tenants([broken], _vectors([broken]), CorpusMode.POOLED, dim=64)
 
 
 @pytest.mark.parametrize("guard", [True, False])
@@ -130,17 +163,18 @@ def _metrics(ndcg: float) -> QuestionMetrics:
 
 
 def test_unscored_questions_get_their_abstention_rate_and_categories_their_names():
-    conversations = [_haystack("q1", {"s1": ["a"]}, "s1:0"), _haystack("q2", {"s2": ["b"]}, None),
-                     _haystack("q3", {"s3": ["c"]}, None)]
+    conversations = [_haystack("q1", {"s1": ["a"]}, "s1:0"), _haystack("q2", {"s2": ["b"]}, None, category=5),
+                     _haystack("q3", {"s3": ["c"]}, None, category=5), _haystack("q4", {"s4": ["d"]}, None)]
     by_key = {q.key: q for q in prepare_questions(conversations)}
     pools = {"q1": PoolResult((0,), (2.0,), False, 2.0), "q2": PoolResult((1,), (-1.5,), False, -1.5),
-             "q3": PoolResult((2,), (0.5,), False, 0.5)}
+             "q3": PoolResult((2,), (0.5,), False, 0.5), "q4": PoolResult((3,), (-3.0,), False, -3.0)}
     runs = [{"corpus": "pooled", "protocol": "heldout", "arm": "hybrid_rerank"},
             {"corpus": "pooled", "protocol": "heldout", "arm": "hybrid_rrf"}]
     results = {(CorpusMode.POOLED, Protocol.HELDOUT, "hybrid_rerank"): pools,
                (CorpusMode.POOLED, Protocol.HELDOUT, "hybrid_rrf"): pools}
     no_evidence_json(runs, results, by_key, 0.0)
-    assert runs[0]["no_evidence"] == {"n_questions": 2, "abstain@0": 0.5}  # q2 below 0 logits, q3 above
+    # q2 below 0 logits, q3 above; q4 has an answer whose evidence is missing (not an abstention question)
+    assert runs[0]["no_evidence"] == {"n_questions": 2, "abstain@0": 0.5}
     assert "no_evidence" not in runs[1]  # no cross-encoder score to abstain on
     row = run_row(corpus="pooled", protocol="heldout", arm="hybrid_rerank", metrics={"q1": _metrics(1.0)},
                   baseline=None, questions=by_key, abstain_threshold=0.0, n_resamples=100, seed=0)
