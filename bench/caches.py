@@ -20,7 +20,7 @@ import numpy as np
 from mnemos.encoder import Encoder
 from mnemos.rerank import Reranker
 
-__all__ = ["PersistentEncoder", "PersistentReranker", "model_identity"]
+__all__ = ["PersistentEncoder", "PersistentReranker", "cached_bi_encoder", "model_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,3 +173,35 @@ class PersistentEncoder:
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([np.frombuffer(self._vectors[k], dtype=np.float32) for k in keys]).astype(np.float32)
+
+
+def cached_bi_encoder(
+    encoder_path: str | Path,
+    cache_path: str | Path,
+    precision: str = "auto",
+    progress: Callable[[int], tuple[Callable[[int], None], Callable[[], None]]] | None = None,
+) -> PersistentEncoder:
+    """The bi-encoder of ``encoder_path`` behind the disk embedding cache, computing on the CPU in
+    ``precision`` as the service's workers do (``auto`` resolved by
+    :func:`mnemos.precision.resolve_precision`, like ``MNEMOS_ENCODER_PRECISION``).
+
+    The cache key is ``"<model identity>|<resolved precision>"``, so vectors of one format never
+    answer for another. The model loads only when an embedding is missing.
+
+    Raises:
+        ValueError: for an unknown precision, or fp16 (the CPU does not compute it).
+        OSError: if ``encoder_path`` has no readable ``config.json``.
+    """
+    import json
+
+    from mnemos.encoder import SentenceTransformerEncoder
+    from mnemos.precision import Precision, resolve_precision
+
+    resolved = resolve_precision(precision, "cpu")
+    if resolved is Precision.FP16:
+        raise ValueError("fp16 embedding needs a CUDA device; the benchmarks embed on the CPU (use bf16 or fp32)")
+    config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
+    return PersistentEncoder(
+        f"{model_identity(encoder_path)}|{resolved.value}", int(config["hidden_size"]), cache_path,
+        lambda: SentenceTransformerEncoder(encoder_path, precision=resolved), progress=progress,
+    )

@@ -82,7 +82,8 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
     """
     from bench.caches import PersistentReranker, model_identity
     from bench.engine import FoldRerankers, RerankerFold
-    from mnemos.rerank import CachedReranker, CrossEncoderReranker, resolve_precision
+    from mnemos.precision import resolve_precision
+    from mnemos.rerank import CachedReranker, CrossEncoderReranker
 
     computes_in = resolve_precision(precision, "cpu")
     records, rerankers, loaders = [], {}, {}
@@ -181,7 +182,9 @@ class QualityCommand:
             (``resamples`` is its ``n_resamples``; ``dedupe`` False turns the 0.95 dedupe off).
         json_path / markdown_path / plot_path / per_question_path: outputs (None: not written).
         cache_dir: rerank-score and embedding caches. threads: torch threads. max_length /
-            batch_size: of the cross-encoders. bi_encoder: directory (None: the bundled model).
+            batch_size: of the cross-encoders. rerank_precision / encoder_precision: what the
+            cross-encoders / the bi-encoder compute in (``auto`` as the workers resolve it).
+            bi_encoder: directory (None: the bundled model).
         variants / compare_rerankers: ablation names and reranker variant specs (:func:`build_variants`).
         command: the command line, recorded in the report.
     """
@@ -213,6 +216,7 @@ class QualityCommand:
     max_length: int = 128
     batch_size: int = 32
     rerank_precision: str = "auto"
+    encoder_precision: str = "auto"
     bi_encoder: Path | None = None
     variants: tuple[str, ...] = ()
     compare_rerankers: tuple[str, ...] = ()
@@ -277,7 +281,11 @@ def run_quality_command(request: QualityCommand) -> int:
         return 2
     dataset = {"name": "LoCoMo" if request.data_format == "locomo" else "LongMemEval",
                "format": request.data_format, "path": request.data.name, "sha256": _file_sha256(request.data)}
-    encoder = _bi_encoder(request)
+    try:
+        encoder = _bi_encoder(request)
+    except (OSError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
     reranker_info = _reranker_info(router, [c.conversation_id for c in conversations], request.max_length,
                                    request.rerank_precision)
     try:
@@ -320,24 +328,20 @@ def _load_conversations(request: QualityCommand) -> list[Conversation]:
 
 
 def _bi_encoder(request: QualityCommand) -> PersistentEncoder:
-    """The bi-encoder (``request.bi_encoder`` or the bundled one) behind the disk embedding cache;
-    the model itself loads only when an embedding is missing."""
-    from bench.caches import PersistentEncoder, model_identity
-    from mnemos.encoder import SentenceTransformerEncoder, bundled_bi_encoder_path
+    """The bi-encoder (``request.bi_encoder`` or the bundled one) in ``request.encoder_precision``
+    behind the disk embedding cache (:func:`bench.caches.cached_bi_encoder`)."""
+    from bench.caches import cached_bi_encoder
+    from mnemos.encoder import bundled_bi_encoder_path
 
-    encoder_path = request.bi_encoder or bundled_bi_encoder_path()
-    config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
-    return PersistentEncoder(
-        model_identity(encoder_path), int(config["hidden_size"]), request.cache_dir / "embeddings",
-        lambda: SentenceTransformerEncoder(encoder_path), progress=lambda n: _tqdm_progress(n, "embed"),
-    )
+    return cached_bi_encoder(request.bi_encoder or bundled_bi_encoder_path(), request.cache_dir / "embeddings",
+                             request.encoder_precision, progress=lambda n: _tqdm_progress(n, "embed"))
 
 
 def _reranker_info(router: FoldRerankers | None, conversation_ids: list[str], max_length: int,
                    precision: str = "auto") -> dict[str, Any]:
     """The report's ``reranker`` block: each fold with the conversations it trained on and evaluates,
     the max length and the precision the cross-encoders computed in (``auto`` resolved)."""
-    from mnemos.rerank import resolve_precision
+    from mnemos.precision import resolve_precision
 
     assignment: dict[str, str] = {}
     for conv in conversation_ids:
@@ -424,6 +428,8 @@ def bench() -> None:
 @click.option("--rerank-precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
               help="What the cross-encoders compute in on the CPU; auto as the query worker's "
                    "MNEMOS_RERANK_PRECISION: bf16 where the CPU computes it natively, else fp32.")
+@click.option("--encoder-precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
+              help="What the bi-encoder computes in; auto as the workers' MNEMOS_ENCODER_PRECISION.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--bi-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")
@@ -451,6 +457,7 @@ def quality(**kwargs: Any) -> None:
         abstain_threshold=kwargs["abstain_threshold"], dedupe=kwargs["dedupe"],
         full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
         batch_size=kwargs["batch_size"], rerank_precision=kwargs["rerank_precision"], bi_encoder=kwargs["bi_encoder"],
+        encoder_precision=kwargs["encoder_precision"],
         command=command,
         only_conversations=tuple(_split(kwargs["conversations"])), variants=tuple(kwargs["variants"]),
         compare_rerankers=tuple(kwargs["compare_rerankers"]), suppression_study=kwargs["suppression_study"],

@@ -21,7 +21,8 @@ Protocol:
 4. Freshness: XADD to committed-and-retrievable, probed on the first tenant afterwards
    (:func:`bench.speed.freshness`).
 5. In-process replay (:mod:`bench.replay`): the same requests through :func:`mnemos.pipeline.retrieve`
-   on tenants built by :func:`bench.corpora.build_tenants`, each at the suppression state version
+   on tenants built by :func:`bench.corpora.build_tenants` from the embeddings the ingest worker
+   stored for each tenant (:func:`stored_vectors`), each at the suppression state version
    the service recorded, with the cross-encoder logits of the service's outcomes; NDCG@10 must be
    equal on every question. A seeded sample of those logits is recomputed with the real model.
 
@@ -53,7 +54,7 @@ from bench.cli import display_path
 from bench.datasets import Conversation
 from bench.engine import BenchQuestion, prepare_questions, stable_seed
 from bench.fetch import DataFetchError, locate_locomo
-from bench.replay import Replayed, ReplayRequest, SuppressionReplica, recompute_sample, replay_tenant
+from bench.mainjob_replay import replay_in_process
 from bench.service import (
     ServiceRun,
     group_caught_up,
@@ -221,6 +222,7 @@ class ServiceRecord:
     ledgers: dict[str, list[str]]
     entry_turns: dict[str, dict[int, str]]
     canonical: dict[str, dict[str, str]]
+    embeddings: dict[str, dict[str, np.ndarray]]
     tenants: list[dict[str, Any]]
     centroids: dict[str, np.ndarray | None]
     ingest: dict[str, float]
@@ -259,6 +261,7 @@ def run_service_phases(settings: Settings, plans: list[TenantPlan], *, probes: i
         ledgers = {p.tenant_id: [o for o, _c, _v in run.ledger(p.tenant_id)] for p in plans}
         entry_turns = {p.tenant_id: run.entry_turns(p.tenant_id) for p in plans}
         canonical = {p.tenant_id: run.canonical_map(p.tenant_id) for p in plans}
+        embeddings = {p.tenant_id: run.turn_embeddings(p.tenant_id) for p in plans}
         after = {p.tenant_id: run.suppression_state(p.tenant_id) for p in plans}
         clock = time.monotonic()
         fresh, returned = freshness(run, plans[0].tenant_id, probes) if probes else ([], 0)
@@ -274,8 +277,8 @@ def run_service_phases(settings: Settings, plans: list[TenantPlan], *, probes: i
                 "outcomes_applied": after[p.tenant_id]["suppression_version"],
                 "suppression_scores_before_evaluation": before[p.tenant_id]["scores"]} for p in plans]
     centroids = {p.tenant_id: after[p.tenant_id]["centroids"] for p in plans}
-    return ServiceRecord(settings, plans, asked, collector.outcomes, ledgers, entry_turns, canonical, tenants,
-                         centroids, ingest, fresh, returned, hits, phases)
+    return ServiceRecord(settings, plans, asked, collector.outcomes, ledgers, entry_turns, canonical, embeddings,
+                         tenants, centroids, ingest, fresh, returned, hits, phases)
 
 
 def _wait_for_suppression(run: ServiceRun, timeout_s: float = 600.0) -> None:
@@ -294,81 +297,6 @@ def main_job_settings(base: Settings, *, reranker: str, stamp: str) -> Settings:
 
 
 # the replay --------------------------------------------------------------------------------------
-
-@dataclass
-class ReplayRecord:
-    """The in-process replay of every request (:mod:`bench.replay`) and what was checked on the way."""
-
-    replayed: dict[str, Replayed]
-    canonical: dict[str, dict[str, str]]
-    centroid_max_abs_difference: dict[str, float | None]
-    logit_check: dict[str, float | int]
-
-
-def replay_in_process(record: ServiceRecord, *, sample_pairs: int, seed: int) -> ReplayRecord:
-    """Replay the record's requests in process (same encoder, index build, pipeline and suppression
-    code), then recompute ``sample_pairs`` of the service's logits with the real model."""
-    from bench.corpora import CorpusMode, build_tenants, rendered_texts
-    from mnemos.rendering import render_turn
-    from mnemos.suppression import UpdateRule
-    from workers.models import load_encoder, load_reranker
-    from workers.query import retrieval_config
-
-    settings = record.settings
-    conversations = list({p.conversation.conversation_id: p.conversation for p in record.plans}.values())
-    encoder = load_encoder(settings)
-    texts = rendered_texts([t for c in conversations for t in c.turns])
-    tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim,
-                            dedupe_threshold=settings.dedupe_threshold)
-    rendered = {c.conversation_id: {t.turn_id: render_turn(t.role, t.text, t.image_caption) for t in c.turns}
-                for c in conversations}
-    vectors: dict[str, np.ndarray] = {}
-
-    def query_vector(text: str) -> np.ndarray:
-        if text not in vectors:
-            vectors[text] = encoder.encode([text])[0]
-        return vectors[text]
-
-    config = retrieval_config(settings, rerank=True)
-    pairs: list[tuple[str, str, float]] = []
-    replayed: dict[str, Replayed] = {}
-    centroids: dict[str, float | None] = {}
-    with progress_bar(len(record.asked), "in-process replay", "q") as bar:
-        for plan in record.plans:
-            conversation = plan.conversation.conversation_id
-            requests = []
-            for asked in (a for a in record.asked if a.tenant_id == plan.tenant_id):
-                outcome = record.outcomes.get(asked.result.request_id)
-                logits: dict[str, float] = {}
-                for row in outcome.pool if outcome is not None else ():
-                    text = rendered[conversation][record.entry_turns[plan.tenant_id][row.entry_id]]
-                    logits[text] = row.rerank_score
-                    pairs.append((asked.question.text, text, row.rerank_score))
-                if asked.result.suppression_version is None:
-                    raise click.ClickException("the query worker reports no suppression_version (migration 0005)")
-                requests.append(ReplayRequest(asked.result.request_id, conversation, asked.question.text,
-                                              asked.result.suppression_version, logits))
-            replica = SuppressionReplica(settings.clusters_k, settings.bootstrap_factor,
-                                         UpdateRule(settings.update_rule), settings.eta)
-            replayed.update(replay_tenant(tenants[conversation], requests, record.ledgers[plan.tenant_id],
-                                          config=config, replica=replica, query_vector=query_vector,
-                                          suppression=settings.suppression))
-            service_centroids = record.centroids[plan.tenant_id]
-            ours = replica.clusters.centroids
-            centroids[plan.tenant_id] = (float(np.max(np.abs(service_centroids - ours)))
-                                         if service_centroids is not None and ours is not None
-                                         and service_centroids.shape == ours.shape else None)
-            bar.update(len(requests))
-    canonical = {}  # per conversation: turn id -> the turn id of its canonical entry, in process
-    for conversation, tenant in tenants.items():
-        prefix = len(conversation) + 1
-        canonical[conversation] = {gid[prefix:]: tenant.index.entry(eid).turn_id[prefix:]
-                                   for gid, eid in tenant.canonical.items()}
-    reranker = load_reranker(settings)
-    assert reranker is not None
-    check = recompute_sample(pairs, reranker, sample_pairs, seed)
-    return ReplayRecord(replayed, canonical, centroids, {**check, "pairs_recorded": len(pairs)})
-
 
 def run_main_job(settings: Settings, *, data: Path | None, reranker: str | None, limit: int | None,
                  limit_conversations: int | None, burnin_factor: float, seed: int, probes: int, sample_pairs: int,

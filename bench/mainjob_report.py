@@ -27,7 +27,8 @@ from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics
 from workers.query import feature_settings
 
 if TYPE_CHECKING:
-    from bench.mainjob import ReplayRecord, ServiceRecord
+    from bench.mainjob import ServiceRecord
+    from bench.mainjob_replay import ReplayRecord
 
 __all__ = ["CATEGORY_NAMES", "MEANINGS", "Report", "build_report", "format_table", "write_outputs"]
 
@@ -78,7 +79,7 @@ def question_rows(record: ServiceRecord, replay: ReplayRecord) -> list[dict[str,
         service_relevant = frozenset(service_canonical[t] for t in local if t in service_canonical)
         service_ranked = [h.turn_id for h in asked.result.hits]
         replayed = replay.replayed[asked.result.request_id]
-        ours = replay.canonical[conversation.conversation_id]
+        ours = replay.canonical[asked.tenant_id]
         replay_relevant = frozenset(ours[t] for t in local if t in ours)
         service_ndcg = ndcg_at_k(service_ranked, service_relevant, 10)
         replay_ndcg = None if replayed.error else ndcg_at_k(list(replayed.turn_ids), replay_relevant, 10)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import sys
@@ -49,10 +48,10 @@ def tokenizer_counter(model_dir: Path) -> TokenCounter:
 def packets(locomo: Path | None, longmemeval: Path | None, folds: tuple[str, ...], budgets: str, limit: int | None,
             out_dir: Path, cache_dir: Path, resamples: int, seed: int, max_length: int, batch_size: int) -> None:
     """Evidence packets against the top-k list at equal token budgets (LoCoMo recall, LongMemEval updates)."""
-    from bench.caches import PersistentEncoder, model_identity
+    from bench.caches import cached_bi_encoder
     from bench.datasets import load_locomo, load_longmemeval
     from bench.packets import PacketBenchOptions, run_packets_bench, write_outputs
-    from mnemos.encoder import SentenceTransformerEncoder, bundled_bi_encoder_path
+    from mnemos.encoder import bundled_bi_encoder_path
 
     if locomo is None and longmemeval is None:
         raise click.UsageError("give --locomo and/or --longmemeval")
@@ -62,10 +61,7 @@ def packets(locomo: Path | None, longmemeval: Path | None, folds: tuple[str, ...
     first_model = parse_fold_spec(folds[0])[0]
     count: TokenCounter = (tokenizer_counter(first_model) if (first_model / "tokenizer.json").is_file()
                            else whitespace_tokens)
-    encoder_path = bundled_bi_encoder_path()
-    dim = int(json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))["hidden_size"])
-    encoder = PersistentEncoder(model_identity(encoder_path), dim, cache_dir / "embeddings",
-                                lambda: SentenceTransformerEncoder(encoder_path))
+    encoder = cached_bi_encoder(bundled_bi_encoder_path(), cache_dir / "embeddings")
     loco = load_locomo(locomo)[:limit] if locomo is not None else []
     lme = load_longmemeval(longmemeval)[:limit] if longmemeval is not None else []
     document = run_packets_bench(loco, lme, encoder, router.for_conversation, count,

@@ -64,10 +64,23 @@ class ServiceRun:
         with self.store.tenant(tenant_id) as tx:
             return tx.count_entries()
 
+    def add_workers(self, own: Settings, kinds: Sequence[str], ready_timeout_s: float = 300.0,
+                    log_level: str | None = None) -> None:
+        """Start ``kinds`` with ``own`` (e.g. a new shard's) while the run goes on, and wait until they
+        listen; they are stopped with the run's other workers."""
+        self.children.extend(spawn_workers(own, tuple(kinds), log_level=log_level))
+        _wait_listening(self, own, kinds, ready_timeout_s)
+
     def entry_turns(self, tenant_id: str) -> dict[int, str]:
         """``{entry_id: turn_id}`` of every stored turn of a tenant (canonical entries and aliases)."""
         with self.store.tenant(tenant_id) as tx:
             return {r.entry_id: r.turn_id for r in tx.entries_after(0)}
+
+    def turn_embeddings(self, tenant_id: str) -> dict[str, np.ndarray]:
+        """``{turn_id: (dim,) float32 embedding}`` of every stored turn of a tenant, as the ingest
+        worker stored it (canonical entries and aliases)."""
+        with self.store.tenant(tenant_id) as tx:
+            return {r.turn_id: np.frombuffer(r.embedding, dtype=np.float32) for r in tx.entries_after(0)}
 
     def ledger(self, tenant_id: str) -> list[tuple[str, int | None, int | None]]:
         """``(outcome_id, cluster, suppression_version)`` of every outcome the suppression worker applied

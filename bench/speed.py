@@ -176,7 +176,9 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
                      "ingest_batch_size": run_settings.ingest_batch_size, "bi_encoder": run_settings.bi_encoder,
                      "rerank_max_length": run_settings.rerank_max_length,
                      # what MNEMOS_RERANK_PRECISION resolved to (the query worker resolves it the same way)
-                     "rerank_precision": getattr(getattr(cross, "precision", None), "value", None)},
+                     "rerank_precision": getattr(getattr(cross, "precision", None), "value", None),
+                     # and MNEMOS_ENCODER_PRECISION (None: the fake bi-encoder)
+                     "encoder_precision": getattr(getattr(encoder, "precision", None), "value", None)},
     }
     for key in ("encoder_turns_per_s", "encoder_turns_per_s_before", "encoder_turns_per_s_after",
                 "encoder_sorted_turns_per_s", "ingest_turns_per_s", "ingest_share_of_encoder",

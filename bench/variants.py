@@ -147,7 +147,7 @@ def reranker_details(router, max_length: int, precision: str = "auto") -> dict |
     """``{"layers", "max_length", "precision", "epochs", "max_pairs", "learning_rate"}`` of a fold
     router's first fold (None for none); ``precision`` is the resolved format the cross-encoder
     computes in; ``learning_rate`` is None when the provenance does not record it."""
-    from mnemos.rerank import resolve_precision
+    from mnemos.precision import resolve_precision
 
     if router is None:
         return None

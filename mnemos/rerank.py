@@ -17,13 +17,13 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from mnemos.errors import ModelLoadError
+from mnemos.precision import Precision, resolve_precision, torch_dtype
 from mnemos.rerank_pairs import PaddedBatch, cut_lengths, length_sorted_batches, pad_batch
 from mnemos.tokenizer import tokenize
 
@@ -54,53 +54,11 @@ class Reranker(Protocol):
         ...
 
 
-class RerankPrecision(StrEnum):
-    """Floating-point format the cross-encoder computes in (``MNEMOS_RERANK_PRECISION``).
-
-    ``fp16`` runs on CUDA only (CPU half-precision matmuls are slow and lose accuracy);
-    ``bf16`` runs on either device. Scores are returned as float32 whatever the precision.
-    ``auto`` is not a format: :func:`resolve_precision` turns it into one for a device.
-    """
-
-    AUTO = "auto"
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
-
-
-def cpu_computes_bf16() -> bool:
-    """True when this CPU has native bfloat16 matmul instructions (AVX512-BF16 or AMX) that
-    PyTorch's oneDNN kernels use; False without them (bf16 would then be emulated, slower than
-    fp32), or when the check itself is unavailable in the installed PyTorch.
-    """
-    try:
-        import torch
-
-        available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
-        return bool(available and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:  # a private check: absent or changed in another PyTorch, answer "no"
-        return False
-
-
-def resolve_precision(precision: RerankPrecision | str, device: str,
-                      cpu_bf16: Callable[[], bool] | None = None) -> RerankPrecision:
-    """The format the cross-encoder computes in on ``device`` (a torch device string).
-
-    An explicit format is returned as it is. ``auto`` is ``bf16`` on a CPU that computes bfloat16
-    natively (``cpu_bf16()``, by default :func:`cpu_computes_bf16`), where the 6-layer
-    cross-encoder scored LoCoMo as in fp32 at about a third of its time (docs/architecture.md
-    "Precision"); ``fp32`` on any other CPU and on CUDA (reduced precision on a GPU is chosen
-    explicitly, after ``bench/precision_check.py``).
-
-    Raises:
-        ValueError: for a value that is not a :class:`RerankPrecision`.
-    """
-    precision = RerankPrecision(precision)
-    if precision is not RerankPrecision.AUTO:
-        return precision
-    if device.startswith("cpu") and (cpu_bf16 or cpu_computes_bf16)():
-        return RerankPrecision.BF16
-    return RerankPrecision.FP32
+RerankPrecision = Precision
+"""The cross-encoder's format (``MNEMOS_RERANK_PRECISION``): :class:`mnemos.precision.Precision`.
+Scores are returned as float32 whatever the precision; ``auto`` is resolved per device by
+:func:`mnemos.precision.resolve_precision`, where the 6-layer cross-encoder scored LoCoMo as in fp32
+at about a third of its time on a CPU with native bfloat16 (docs/architecture.md "Precision")."""
 
 
 TRUNCATION_SCHEME = "turn-only-v1"
@@ -237,8 +195,7 @@ def _load_cross_encoder(model_name_or_path: str | Path, max_length: int, device:
         import torch
         from sentence_transformers import CrossEncoder
 
-        dtype = {RerankPrecision.FP32: torch.float32, RerankPrecision.FP16: torch.float16,
-                 RerankPrecision.BF16: torch.bfloat16}[precision]
+        dtype = torch_dtype(precision)
         model = CrossEncoder(
             str(model_name_or_path),
             max_length=max_length,

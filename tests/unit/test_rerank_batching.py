@@ -108,7 +108,7 @@ def test_bf16_runs_on_cpu_and_fp16_on_cpu_is_refused(model_dir):
 
 
 def test_resolve_precision_keeps_an_explicit_format_and_resolves_auto_per_device() -> None:
-    from mnemos.rerank import resolve_precision
+    from mnemos.precision import resolve_precision
 
     yes, no = (lambda: True), (lambda: False)
     for explicit in ("fp32", "fp16", "bf16"):
@@ -122,6 +122,6 @@ def test_resolve_precision_keeps_an_explicit_format_and_resolves_auto_per_device
 
 
 def test_an_auto_reranker_reports_the_format_it_computes_in(model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("mnemos.rerank.cpu_computes_bf16", lambda: False)
+    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: False)
     reranker = CrossEncoderReranker(model_dir, max_length=64, precision="auto")
     assert reranker.precision is RerankPrecision.FP32 and "|fp32|" in reranker.model_version
