@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.arms import BASELINE_ARM, FULL_ARM, GAP_ARM
+from bench.published import published_lines
 from bench.selection import SUPPRESSION_OFF
 from bench.suppression_study import study_markdown
 
@@ -18,7 +19,8 @@ __all__ = ["quality_header", "variant_lines"]
 
 def quality_header(document: Mapping[str, Any]) -> list[str]:
     """Markdown lines before the tables: dataset, cost, rerankers, suppression settings, the
-    ``mnemos_full`` selection with its ablations, the variants and the suppression study."""
+    ``mnemos_full`` selection with its ablations, the variants, the suppression study and, where
+    the source published figures for the data set, ours beside them (:mod:`bench.published`)."""
     d, cost = document["dataset"], document["cost"]
     lines = [f"# Retrieval quality on {d['name']}", ""]
     if document.get("command"):
@@ -86,6 +88,7 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
     lines += variant_lines(document.get("variants") or [])
     if document.get("suppression_study"):
         lines += [""] + study_markdown(document["suppression_study"])
+    lines += published_lines(document)
     return lines
 
 
