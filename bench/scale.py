@@ -16,8 +16,8 @@ asked through rq. The data is a LongMemEval file (the S file's haystacks; :mod:`
   Next, ``--queries`` questions alternate between the two tenants (p50/p95 of each, and the ratio
   of the p50s), and ``--probes`` times ``--probe-turns`` new turns arrive at the large tenant: the
   time from their XADD until a retrieval (filtered to their session) returns every one of them.
-* ``many`` and ``shards``: :mod:`bench.scale_tenants`; the command and the result file:
-  :mod:`bench.scale_cli`.
+* ``many`` and ``shards``: :mod:`bench.scale_tenants`; ``reshard`` (N to N + 1 shards with turns
+  in flight): :mod:`bench.scale_reshard`; the command and the result file: :mod:`bench.scale_cli`.
 
 Every phase uses the ``hybrid_rerank`` knobs of ``bench speed`` (no suppression, no deep pass) and
 switches the reranker's score cache off (``MNEMOS_RERANK_CACHE_PAIRS=0``), so that every request pays
@@ -60,7 +60,7 @@ from workers.settings import Settings
 log = logging.getLogger(__name__)
 
 LARGE, SMALL = "scale-large", "scale-small"
-PHASES = ("large", "many", "shards")
+PHASES = ("large", "many", "shards", "reshard")
 LONG_WAIT_S = 1800
 LARGE_PHASE_MEMORY_MB = 32_768
 """``MNEMOS_INDEX_MEMORY_MB`` of the large phase's query worker: both tenants' indexes stay cached,
@@ -244,5 +244,5 @@ def headline(phases: dict[str, Any]) -> dict[str, Any]:
             "ingest_turns_per_s": large["ingest"]["ingest_turns_per_s"] if large else None,
             "refresh_retrievable_p50_s": large["refresh"]["retrievable_s_p50"] if large else None,
             "eviction_hit_rate": many["eviction_hit_rate"] if many else None,
-            "shards": phases.get("shards")}
+            "shards": phases.get("shards"), "reshard": phases.get("reshard")}
 

@@ -28,6 +28,7 @@ import click
 from bench.datasets import Conversation, load_longmemeval
 from bench.scale import PHASES, ScaleOptions, headline, large_phase, scale_settings
 from bench.scale_report import write_scale_markdown
+from bench.scale_reshard import reshard_phase
 from bench.scale_tenants import many_phase, shards_phase
 from bench.service import machine, write_json
 from mnemos.encoder import bundled_bi_encoder_path
@@ -35,8 +36,9 @@ from mnemos.errors import ModelLoadError
 from workers.settings import FAKE_MODEL, Settings
 
 Runner = Callable[[Settings, ScaleOptions, Sequence[Conversation]], dict[str, Any]]
-RUNNERS: dict[str, Runner] = {"large": large_phase, "many": many_phase, "shards": shards_phase}
-RECORDED_SETTINGS = ("bi_encoder", "fake_encoder_dim", "cross_encoder", "rerank_precision", "device", "pool_size", "n_candidates", "deep_threshold",
+RUNNERS: dict[str, Runner] = {"large": large_phase, "many": many_phase, "shards": shards_phase,
+                               "reshard": reshard_phase}
+RECORDED_SETTINGS = ("bi_encoder", "fake_encoder_dim", "cross_encoder", "rerank_precision", "encoder_precision", "device", "pool_size", "n_candidates", "deep_threshold",
                      "suppression", "session_weight", "temporal_weight", "encoder_batch_size", "ingest_batch_size",
                      "rerank_batch_size", "rerank_cache_pairs", "index_memory_mb", "max_cached_tenants",
                      "job_timeout_s", "db_statement_timeout_s", "blas_threads")
@@ -121,6 +123,11 @@ def run_scale_bench(settings: Settings, options: ScaleOptions, *, json_path: Pat
         click.echo(f"{key}: {payload[key]}")
     if payload["shards"] is not None:
         click.echo(f"shards: every tenant served by its shard: {payload['shards']['every_tenant_served_by_its_shard']}")
+    if payload["reshard"] is not None:
+        grown = payload["reshard"]
+        click.echo(f"reshard {grown['shards_before']} -> {grown['shards_after']}: {len(grown['moved_tenants'])} tenants "
+                   f"moved, all to the new shard: {grown['every_moved_tenant_went_to_the_new_shard']}; "
+                   f"turns lost {grown['turns_lost']}")
     if json_path is not None:
         write_json(json_path, payload)
         click.echo(f"wrote {json_path}")
@@ -149,7 +156,8 @@ def run_scale_bench(settings: Settings, options: ScaleOptions, *, json_path: Pat
               help="MNEMOS_INDEX_MEMORY_MB of the many phase's query worker (default: settings)")
 @click.option("--requests", type=click.IntRange(1), default=2_000, show_default=True, help="requests of the many phase")
 @click.option("--zipf-s", type=click.FloatRange(0), default=1.1, show_default=True, help="Zipf exponent over tenants")
-@click.option("--shards", type=click.IntRange(1), default=2, show_default=True, help="MNEMOS_SHARDS of the shards phase")
+@click.option("--shards", type=click.IntRange(1), default=2, show_default=True,
+              help="MNEMOS_SHARDS of the shards phase; the reshard phase grows from it to one more")
 @click.option("--shard-tenants", type=click.IntRange(1), default=40, show_default=True)
 @click.option("--shard-requests", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)

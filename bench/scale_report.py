@@ -89,6 +89,33 @@ def _shard_lines(shards: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _reshard_lines(grown: dict[str, Any]) -> list[str]:
+    moved = grown["moved_tenants"]
+    lines = ["## Adding a shard with turns in flight", "",
+             f"`{grown['command']}`: {grown['shards_before']} to {grown['shards_after']} shards, "
+             f"{_f(grown['tenants'])} tenants, {_f(grown['turns'])} turns ({_f(grown['turns_published_before_change'])} "
+             f"published before the change, {_f(grown['turns_waiting_in_old_streams_at_change'])} of them still "
+             f"waiting in the old shards' streams when the new shard's workers started, "
+             f"{_f(grown['turns_published_after_change'])} after).", "",
+             "| figure | value |", "|---|---|",
+             f"| tenants moved (share; expected about 1 / {grown['shards_after']}) | {len(moved)} "
+             f"({_f(grown['moved_share'])}; {_f(grown['expected_share'])}) |",
+             f"| every moved tenant went to the new shard | {_f(grown['every_moved_tenant_went_to_the_new_shard'])} |",
+             f"| the new shard's stream holds moved tenants only | "
+             f"{_f(grown['new_shard_stream_holds_only_moved_tenants'])} |",
+             f"| turns lost / unexpected / dead letters | {_f(grown['turns_lost'])} / {_f(grown['turns_unexpected'])} / "
+             f"{_f(grown['dead_letters'])} |",
+             f"| requests after the change served by the ring's shard | "
+             f"{_f(grown['requests'] - len(grown['misrouted_tenants']))} / {_f(grown['requests'])} |",
+             f"| new shard's workers ready, s; caught up after the change, s | {_f(grown['new_shard_workers_ready_s'], 1)}; "
+             f"{_f(grown['caught_up_after_change_s'], 1)} |", "",
+             "| shard | tenants before | tenants after | turns stored by its ingest worker |", "|---|---|---|---|"]
+    for row in grown["per_shard"]:
+        lines.append(f"| {row['shard']} | {_f(row['tenants_before'])} | {_f(row['tenants_after'])} | "
+                     f"{_f(row['turns_stored_by_its_ingest_worker'], 0)} |")
+    return [*lines, ""]
+
+
 def scale_markdown(payload: dict[str, Any]) -> str:
     """The report: headline figures, then one section per phase held by ``payload``."""
     phases = payload["phases"]
@@ -109,6 +136,8 @@ def scale_markdown(payload: dict[str, Any]) -> str:
         lines += _many_lines(phases["many"])
     if phases.get("shards"):
         lines += _shard_lines(phases["shards"])
+    if phases.get("reshard"):
+        lines += _reshard_lines(phases["reshard"])
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ import pytest
 import redis
 
 import bench.scale
+import bench.scale_reshard
 import bench.scale_tenants
 from api import sharding
 from bench.scale import ScaleOptions
@@ -77,7 +78,8 @@ def longmemeval(tmp_path: Path) -> Path:
 @pytest.fixture
 def scale_runs(monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis) -> Iterator[list[Settings]]:
     """Settings of every phase the bench runs (stamps made unique); their leftovers removed after."""
-    runs = record_runs(monkeypatch, [(bench.scale, "scale_settings"), (bench.scale_tenants, "scale_settings")])
+    runs = record_runs(monkeypatch, [(bench.scale, "scale_settings"), (bench.scale_tenants, "scale_settings"),
+                                     (bench.scale_reshard, "scale_settings")])
     yield runs
     drop_runs(redis_client, runs)  # safety net only: the test asserts the bench itself left nothing
 
@@ -129,8 +131,20 @@ def test_scale_bench_measures_every_phase_on_tiny_data(settings: Settings, longm
         assert row["requests_served"] == row["requests_routed"] == row["query_jobs_ok"]
         assert row["turns_stored"] == row["turns_routed"]
         assert row["cached_tenants"] == row["tenants"]
-    assert "# Scale of the service" in report.read_text(encoding="utf-8")
-    assert len(scale_runs) == 3 and _left_behind(scale_runs, redis_client) == []
+
+    grown = payload["reshard"]
+    moved = sorted(f"q{q}" for q in range(_QUESTIONS) if sharding.shard_of(f"q{q}", 2) != sharding.shard_of(f"q{q}", 3))
+    assert grown["shards_before"] == 2 and grown["shards_after"] == 3 and grown["moved_tenants"] == moved
+    assert grown["every_moved_tenant_went_to_the_new_shard"] is True
+    assert grown["new_shard_stream_holds_only_moved_tenants"] is True
+    assert grown["turns_lost"] == grown["turns_unexpected"] == grown["dead_letters"] == 0
+    assert grown["turns_published_before_change"] + grown["turns_published_after_change"] == grown["turns"]
+    assert sum(row["turns_stored_by_its_ingest_worker"] for row in grown["per_shard"]) == grown["turns"]
+    assert grown["per_shard"][2]["tenants_before"] == 0 and grown["per_shard"][2]["tenants_after"] == len(moved)
+    assert grown["every_tenant_served_by_its_new_shard"] is True and grown["requests"] == _QUESTIONS
+    text = report.read_text(encoding="utf-8")
+    assert "# Scale of the service" in text and "## Adding a shard with turns in flight" in text
+    assert len(scale_runs) == 4 and _left_behind(scale_runs, redis_client) == []
 
 
 def test_a_later_phase_is_added_to_an_earlier_result(settings: Settings, longmemeval: Path, tmp_path: Path,
