@@ -74,7 +74,7 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
     """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.folds.FoldRerankers` (None for
     no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
     timing). The cross-encoders run on the CPU in ``precision`` (``auto`` resolved as the query
-    worker resolves ``MNEMOS_RERANK_PRECISION``: :func:`mnemos.rerank.resolve_precision`). Scores
+    worker resolves ``MNEMOS_RERANK_PRECISION``: :func:`mnemos.precision.resolve_precision`). Scores
     are cached per model identity, ``max_length`` and resolved precision.
 
     Raises:

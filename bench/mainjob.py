@@ -22,7 +22,7 @@ Protocol:
    (:func:`bench.speed.freshness`).
 5. In-process replay (:mod:`bench.replay`): the same requests through :func:`mnemos.pipeline.retrieve`
    on tenants built by :func:`bench.corpora.build_tenants` from the embeddings the ingest worker
-   stored for each tenant (:func:`stored_vectors`), each at the suppression state version
+   stored for each tenant (:func:`bench.mainjob_replay.stored_vectors`), each at the suppression state version
    the service recorded, with the cross-encoder logits of the service's outcomes; NDCG@10 must be
    equal on every question. A seeded sample of those logits is recomputed with the real model.
 

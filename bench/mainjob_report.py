@@ -24,11 +24,14 @@ from bench.selection import overall_question
 from bench.service import machine, percentile
 from bench.stats import bootstrap_ci
 from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics
+from mnemos.precision import resolve_precision
+from workers.models import resolve_device
 from workers.query import feature_settings
 
 if TYPE_CHECKING:
     from bench.mainjob import ServiceRecord
     from bench.mainjob_replay import ReplayRecord
+    from workers.settings import Settings
 
 __all__ = ["CATEGORY_NAMES", "MEANINGS", "Report", "build_report", "format_table", "write_outputs"]
 
@@ -131,6 +134,14 @@ def _outcome_check(record: ServiceRecord, replay: ReplayRecord) -> dict[str, int
     return {"requests_compared": compared, "equal_outcome_pools": equal}
 
 
+def _precisions(settings: Settings) -> dict[str, str]:
+    """What ``MNEMOS_ENCODER_PRECISION`` and ``MNEMOS_RERANK_PRECISION`` resolved to, as the workers
+    resolve them on this machine."""
+    device = resolve_device(settings.device)
+    return {"encoder": resolve_precision(settings.encoder_precision, device).value,
+            "cross_encoder": resolve_precision(settings.rerank_precision, device).value}
+
+
 def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path, reranker: dict[str, Any],
                  trained: Sequence[str], burnin_factor: float, seed: int, command: str, started: float) -> Report:
     """The payload (see the README's main-job section for the keys) and the printed table."""
@@ -158,7 +169,7 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
         "settings": {name: getattr(settings, name) for name in (
             "bi_encoder", "n_candidates", "pool_size", "deep_pool_size", "deep_threshold", "rrf_k", "alpha", "eta",
             "update_rule", "suppression_threshold", "clusters_k", "bootstrap_factor", "dedupe_threshold", "rerank_cache_pairs",
-            "rerank_max_length", "device")},
+            "rerank_max_length", "device")}, "precision": _precisions(settings),
         "protocol": {
             "heldout": "two tenants per conversation: .a burns in on half A and is evaluated on half B, .b the "
                        "other way round; halves from bench.engine.prepare_questions",

@@ -1,7 +1,8 @@
 """``mnemos bench scale``: the command, its JSON document and its Markdown report.
 
-The phases are :func:`bench.scale.large_phase`, :func:`bench.scale_tenants.many_phase` and
-:func:`bench.scale_tenants.shards_phase`; ``--phases`` picks some. Each phase block records the
+The phases are :func:`bench.scale.large_phase`, :func:`bench.scale_tenants.many_phase`,
+:func:`bench.scale_tenants.shards_phase` and :func:`bench.scale_reshard.reshard_phase`; ``--phases``
+picks some. Each phase block records the
 command, machine and time it ran with. Writing ``--json`` over an existing file keeps that file's
 blocks of the phases not run this time, so the phases can be run one at a time (one per session)
 into one result; the top-level figures are recomputed from the blocks.

@@ -94,9 +94,10 @@ def _reshard_lines(grown: dict[str, Any]) -> list[str]:
     lines = ["## Adding a shard with turns in flight", "",
              f"`{grown['command']}`: {grown['shards_before']} to {grown['shards_after']} shards, "
              f"{_f(grown['tenants'])} tenants, {_f(grown['turns'])} turns ({_f(grown['turns_published_before_change'])} "
-             f"published before the change, {_f(grown['turns_waiting_in_old_streams_at_change'])} of them still "
-             f"waiting in the old shards' streams when the new shard's workers started, "
-             f"{_f(grown['turns_published_after_change'])} after).", "",
+             f"published before the change while the old shards' ingest workers were paused, so "
+             f"{_f(grown['turns_waiting_in_old_streams_at_change'])} still waited in their streams when the new "
+             f"shard's workers started, {_f(grown['moved_tenants_turns_in_old_streams_at_change'])} of them of moved "
+             f"tenants; {_f(grown['turns_published_after_change'])} published after).", "",
              "| figure | value |", "|---|---|",
              f"| tenants moved (share; expected about 1 / {grown['shards_after']}) | {len(moved)} "
              f"({_f(grown['moved_share'])}; {_f(grown['expected_share'])}) |",
@@ -105,8 +106,9 @@ def _reshard_lines(grown: dict[str, Any]) -> list[str]:
              f"{_f(grown['new_shard_stream_holds_only_moved_tenants'])} |",
              f"| turns lost / unexpected / dead letters | {_f(grown['turns_lost'])} / {_f(grown['turns_unexpected'])} / "
              f"{_f(grown['dead_letters'])} |",
-             f"| requests after the change served by the ring's shard | "
-             f"{_f(grown['requests'] - len(grown['misrouted_tenants']))} / {_f(grown['requests'])} |",
+             f"| requests after the change served by the ring's shard (by an unknown worker) | "
+             f"{_f(grown['requests'] - len(grown['misrouted_tenants']) - grown['requests_served_by_unknown_worker'])}"
+             f" / {_f(grown['requests'])} ({_f(grown['requests_served_by_unknown_worker'])}) |",
              f"| new shard's workers ready, s; caught up after the change, s | {_f(grown['new_shard_workers_ready_s'], 1)}; "
              f"{_f(grown['caught_up_after_change_s'], 1)} |", "",
              "| shard | tenants before | tenants after | turns stored by its ingest worker |", "|---|---|---|---|"]

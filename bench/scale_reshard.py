@@ -2,11 +2,13 @@
 while turns are in flight (docs/scaling.md "Changing the number of shards").
 
 ``--shard-tenants`` LongMemEval question tenants (:func:`bench.scale_data.question_tenants`) start
-on N shards, an ingest and a query worker per shard, as deployed. Clients publish the first half of
-every tenant's turns routed over N shards; at once, with those turns still waiting in the old
-shards' streams, the new shard's workers are started and the clients switch to N + 1 shards, as the
-runbook says (the old shards' workers keep running), and publish the second halves. When every
-shard's ingest group has caught up, the phase checks:
+on N shards (N >= 2: from one shard every stream name changes, docs/scaling.md), an ingest and a
+query worker per shard, as deployed. The old shards' ingest workers are paused (SIGSTOP) while
+clients publish the first half of every tenant's turns routed over N shards, so that every one of
+those turns still waits in an old shard's stream when the change happens: the case in which a moved
+tenant's turns sit in two streams at once. Then the new shard's workers are started and the clients
+switch to N + 1 shards, as the runbook says (the old shards' workers keep running, and resume), and
+publish the second halves. When every shard's ingest group has caught up, the phase checks:
 
 * which tenants moved: every tenant whose shard changed must have moved to the new shard, and the
   new shard's turns stream must hold turns of those tenants only;
@@ -14,7 +16,11 @@ shard's ingest group has caught up, the phase checks:
   published (both halves, whichever shard's worker stored them), and nothing went to a dead-letter
   stream;
 * where requests go: each tenant is asked one question through N + 1 shards, and the shard whose
-  query worker ran the job (read from the rq job) must be the ring's.
+  query worker ran the job (read from the rq job; unknown when the job expired, counted apart)
+  must be the ring's.
+
+The phase's workers never trim their streams (``MNEMOS_TRIM_INTERVAL_S=0``), so the new shard's
+stream can be read whole at the end.
 
 Numbers and booleans in the result, not assertions (``tests/integration/test_sharding.py`` asserts
 the same properties on small data in ``make test``).
@@ -22,17 +28,21 @@ the same properties on small data in ``make test``).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
+import redis
 from tqdm import tqdm
 
 from api.client import MnemosClient
 from api.validation import limits_of
 from bench.datasets import Conversation
-from bench.scale import ScaleOptions, phase_stamp, scale_settings
+from bench.scale import LONG_WAIT_S, ScaleOptions, phase_stamp, scale_settings
 from bench.scale_data import question_tenants
 from bench.scale_probe import ALIASES, TURNS_INDEXED, query_worker_shards, scrape, served_by, with_free_ports
 from bench.service import ServiceRun, group_acknowledged, group_caught_up, running_service, turn_message
@@ -61,14 +71,29 @@ def _tenants_in_stream(run: ServiceRun, stream: str) -> set[str]:
 
 
 def _waiting(run: ServiceRun, streams: Sequence[str]) -> int:
-    """Turns in ``streams`` that their ingest group has not acknowledged yet."""
-    return sum(int(run.connection.xlen(s)) - (group_acknowledged(run.connection, s, INGEST_GROUP) or 0)
-               for s in streams)
+    """Turns in ``streams`` that their ingest group has not acknowledged: not yet delivered (lag)
+    plus delivered and pending. A stream without the group counts its whole length."""
+    waiting = 0
+    for stream in streams:
+        try:
+            groups = {g["name"]: g for g in run.connection.xinfo_groups(stream)}
+        except redis.ResponseError:  # no such stream yet
+            continue
+        group = groups.get(INGEST_GROUP.encode()) or groups.get(INGEST_GROUP)
+        if group is None or group.get("lag") is None:
+            waiting += int(run.connection.xlen(stream))
+        else:
+            waiting += int(group["lag"]) + int(group["pending"])
+    return waiting
 
 
-def _wait_caught_up(run: ServiceRun, streams: Sequence[str], total: int, timeout_s: float = 86_400.0) -> float:
+def _wait_caught_up(run: ServiceRun, streams: Sequence[str], total: int, timeout_s: float = LONG_WAIT_S) -> float:
     """Seconds until every stream's ingest group has no lag and nothing pending (a bar of the turns
-    acknowledged out of ``total``)."""
+    acknowledged out of ``total``).
+
+    Raises:
+        click.ClickException: past ``timeout_s``.
+    """
     started = time.monotonic()
     with tqdm(total=total, desc="ingest (resharding)", unit="turn", disable=None) as bar:
         while not all(group_caught_up(run.connection, s, INGEST_GROUP) for s in streams):
@@ -81,70 +106,97 @@ def _wait_caught_up(run: ServiceRun, streams: Sequence[str], total: int, timeout
     return time.monotonic() - started
 
 
+@contextmanager
+def _paused(children: Sequence[Any]) -> Iterator[None]:
+    """SIGSTOP the given worker processes for the block, SIGCONT after (also on error)."""
+    for child in children:
+        os.kill(child.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for child in children:
+            os.kill(child.pid, signal.SIGCONT)
+
+
+def _requests(run: ServiceRun, client: MnemosClient, tenants: Sequence[Conversation], k: int) -> list[dict[str, Any]]:
+    """Each tenant's first question through ``client``; the ring's shard and the shard that served it."""
+    names = query_worker_shards(run)
+    rows = []
+    for tenant in tqdm(tenants, desc="requests after resharding", unit="req", disable=None):
+        question = tenant.questions[0].text if tenant.questions else "What did we talk about?"
+        result = client.retrieve(tenant.conversation_id, question, k=k)
+        rows.append({"tenant": tenant.conversation_id, "shard": client.shard_of(tenant.conversation_id),
+                     "served_by": served_by(run, tenant.conversation_id, result.request_id, names)})
+    return rows
+
+
 def reshard_phase(base: Settings, options: ScaleOptions, conversations: Sequence[Conversation]) -> dict[str, Any]:
-    """The ``reshard`` phase (module docstring)."""
+    """The ``reshard`` phase (module docstring).
+
+    Raises:
+        click.ClickException: for ``--shards`` below 2, or when ingestion does not catch up.
+    """
     n = options.shards
-    grown = scale_settings(base, reranker=options.reranker, stamp=phase_stamp()).replace(shards=n + 1)
+    if n < 2:
+        raise click.ClickException("the reshard phase grows N >= 2 shards to N + 1 (--shards 2 or more): from one "
+                                   "shard every stream name changes, docs/scaling.md \"Changing the number of shards\"")
+    grown = scale_settings(base, reranker=options.reranker, stamp=phase_stamp()).replace(shards=n + 1,
+                                                                                         trim_interval_s=0.0)
     own = [with_free_ports(grown.replace(shard=shard)) for shard in range(n + 1)]
     tenants = question_tenants(conversations, options.shard_tenants, limits_of(grown))
+    streams = [grown.replace(shard=shard).turns_stream for shard in range(n + 1)]
+    halves = {t.conversation_id: (t.turns[: len(t.turns) // 2], t.turns[len(t.turns) // 2:]) for t in tenants}
     kinds = ("ingest", "query")
     with running_service(grown, kinds, workers_of=own[:n]) as run:
         before, after = _client_of(run, n), run.client
-        shard_before = {t.conversation_id: before.shard_of(t.conversation_id) for t in tenants}
-        shard_after = {t.conversation_id: after.shard_of(t.conversation_id) for t in tenants}
-        halves = {t.conversation_id: (t.turns[: len(t.turns) // 2], t.turns[len(t.turns) // 2:]) for t in tenants}
+        moved = sorted(t for t in halves if before.shard_of(t) != after.shard_of(t))
         started = time.monotonic()
-        for tenant, (first, _second) in halves.items():
-            for turn in first:
-                before.publish_turn(turn_message(tenant, turn))
-        old_streams = [grown.replace(shard=shard).turns_stream for shard in range(n)]
-        waiting_at_change = _waiting(run, old_streams)
-        click.echo(f"{sum(len(f) for f, _ in halves.values())} turns published on {n} shards; "
-                   f"{waiting_at_change} still waiting in the old shards' streams at the change")
-        change_s = time.monotonic()
-        run.add_workers(own[n], kinds)
-        new_workers_s = time.monotonic() - change_s
-        for tenant, (_first, second) in halves.items():
-            for turn in second:
-                after.publish_turn(turn_message(tenant, turn))
-        streams = [grown.replace(shard=shard).turns_stream for shard in range(n + 1)]
-        total = sum(len(t.turns) for t in tenants)
-        caught_up_s = _wait_caught_up(run, streams, total)
+        with _paused([c for c in run.children if c.args[-1] == "ingest"]):  # the old shards' ingest workers
+            for tenant, (first, _second) in halves.items():
+                for turn in first:
+                    before.publish_turn(turn_message(tenant, turn))
+            waiting_at_change = _waiting(run, streams[:n])
+            click.echo(f"{sum(len(f) for f, _ in halves.values())} turns published on {n} shards, "
+                       f"{waiting_at_change} waiting in the old shards' streams; starting shard {n}")
+            clock = time.monotonic()
+            run.add_workers(own[n], kinds)
+            new_workers_s = time.monotonic() - clock
+            for tenant, (_first, second) in halves.items():
+                for turn in second:
+                    after.publish_turn(turn_message(tenant, turn))
+        caught_up_s = _wait_caught_up(run, streams, sum(len(t.turns) for t in tenants))
         ingest_s = time.monotonic() - started
-        stored = {t.conversation_id: set(run.entry_turns(t.conversation_id).values()) for t in tenants}
+        stored = {t: set(run.entry_turns(t).values()) for t in halves}
         new_stream_tenants = _tenants_in_stream(run, streams[n])
         dead = sum(run.connection.xlen(grown.replace(shard=shard).dead_letter_stream) for shard in range(n + 1))
         indexed = [scrape(s.ingest_metrics_port) for s in own]
-        names = query_worker_shards(run)
-        requests = []
-        for tenant in tqdm(tenants, desc="requests after resharding", unit="req", disable=None):
-            question = tenant.questions[0].text if tenant.questions else "What did we talk about?"
-            result = after.retrieve(tenant.conversation_id, question, k=options.k)
-            requests.append({"tenant": tenant.conversation_id, "shard": shard_after[tenant.conversation_id],
-                             "served_by": served_by(run, tenant.conversation_id, result.request_id, names)})
-    moved = sorted(t for t in shard_before if shard_before[t] != shard_after[t])
-    lost = {t.conversation_id: len({turn.turn_id for turn in t.turns} - stored[t.conversation_id]) for t in tenants}
-    extra = {t.conversation_id: len(stored[t.conversation_id] - {turn.turn_id for turn in t.turns}) for t in tenants}
-    misrouted = sorted({r["tenant"] for r in requests if r["served_by"] != r["shard"]})
-    per_shard = [{"shard": shard, "tenants_before": sum(v == shard for v in shard_before.values()),
-                  "tenants_after": sum(v == shard for v in shard_after.values()),
-                  "turns_stored_by_its_ingest_worker": indexed[shard].get(TURNS_INDEXED, 0.0)
-                  + indexed[shard].get(ALIASES, 0.0)} for shard in range(n + 1)]
-    click.echo(f"{n} -> {n + 1} shards: {len(moved)} of {len(tenants)} tenants moved (all to shard {n}: "
-               f"{all(shard_after[t] == n for t in moved)}), turns lost {sum(lost.values())}, "
-               f"requests served by the ring's shard {len(requests) - len(misrouted)}/{len(requests)}")
+        requests = _requests(run, after, tenants, options.k)
+        shard_of = {t: (before.shard_of(t), after.shard_of(t)) for t in halves}
+    published = {t: {turn.turn_id for half in pair for turn in half} for t, pair in halves.items()}
+    lost = sum(len(published[t] - stored[t]) for t in halves)
+    misrouted = sorted({r["tenant"] for r in requests if r["served_by"] is not None and r["served_by"] != r["shard"]})
+    unknown = sum(r["served_by"] is None for r in requests)
+    click.echo(f"{n} -> {n + 1} shards: {len(moved)} of {len(tenants)} tenants moved, turns lost {lost}, "
+               f"requests served by the ring's shard {len(requests) - len(misrouted) - unknown}/{len(requests)}")
     return {
-        "shards_before": n, "shards_after": n + 1, "tenants": len(tenants), "turns": total,
+        "shards_before": n, "shards_after": n + 1, "tenants": len(tenants), "turns": sum(map(len, published.values())),
         "turns_published_before_change": sum(len(f) for f, _ in halves.values()),
         "turns_published_after_change": sum(len(s) for _, s in halves.values()),
         "turns_waiting_in_old_streams_at_change": waiting_at_change,
+        "moved_tenants_turns_in_old_streams_at_change": sum(len(halves[t][0]) for t in moved),
         "new_shard_workers_ready_s": new_workers_s, "caught_up_after_change_s": caught_up_s,
-        "ingest_s": ingest_s, "ingest_turns_per_s": total / ingest_s if ingest_s > 0 else None,
+        "ingest_s_with_worker_start": ingest_s,
         "moved_tenants": moved, "moved_share": len(moved) / len(tenants) if tenants else None,
         "expected_share": 1 / (n + 1),
-        "every_moved_tenant_went_to_the_new_shard": all(shard_after[t] == n for t in moved),
+        "every_moved_tenant_went_to_the_new_shard": all(shard_of[t][1] == n for t in moved),
         "new_shard_stream_holds_only_moved_tenants": new_stream_tenants <= set(moved),
-        "turns_lost": sum(lost.values()), "turns_unexpected": sum(extra.values()), "dead_letters": dead,
-        "per_shard": per_shard, "requests": len(requests), "misrouted_tenants": misrouted,
-        "every_tenant_served_by_its_new_shard": not misrouted,
+        "new_shard_stream_tenants": len(new_stream_tenants),
+        "turns_lost": lost, "turns_unexpected": sum(len(stored[t] - published[t]) for t in halves),
+        "dead_letters": dead,
+        "per_shard": [{"shard": shard, "tenants_before": sum(b == shard for b, _ in shard_of.values()),
+                       "tenants_after": sum(a == shard for _, a in shard_of.values()),
+                       "turns_stored_by_its_ingest_worker": indexed[shard].get(TURNS_INDEXED, 0.0)
+                       + indexed[shard].get(ALIASES, 0.0)} for shard in range(n + 1)],
+        "requests": len(requests), "misrouted_tenants": misrouted, "requests_served_by_unknown_worker": unknown,
+        "every_tenant_served_by_its_new_shard": not misrouted and unknown == 0,
     }

@@ -18,7 +18,7 @@ import redis
 
 from api.heartbeats import KINDS, WorkerBeat, worker_beats
 from workers.connections import redis_client
-from workers.errors import EmbeddingVersionError, ModelSetupError, StoreError, StoreStateError
+from workers.errors import EmbeddingVersionError, ModelSetupError, SettingsError, StoreError, StoreStateError
 from workers.migrate import discover
 from workers.models import load_encoder, load_reranker
 from workers.redaction import redact, redact_url, secrets_of
@@ -64,11 +64,13 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
         try:
             encoder = load_encoder(settings)
             version = current_version(encoder.dim)
-            report("bi-encoder", True, f"{settings.bi_encoder} (dim {encoder.dim})")
+            precision = getattr(getattr(encoder, "precision", None), "value", None)  # None: the fake
+            report("bi-encoder", True, f"{settings.bi_encoder} (dim {encoder.dim}"
+                   + (f", {precision})" if precision else ")"))
             reranker = load_reranker(settings)
             report("cross-encoder", True, settings.cross_encoder or "none configured (no rerank)")
             del reranker
-        except ModelSetupError as exc:
+        except (ModelSetupError, SettingsError) as exc:  # SettingsError: fp16 where the device is the CPU
             report("models", False, str(exc))
 
     if store is not None:

@@ -167,7 +167,7 @@ def load_reranker(settings: Settings) -> Reranker | None:
     ModelSetupError when the model cannot be loaded (the shipped one included, when absent), and
     SettingsError for ``rerank_precision`` fp16 when the device resolves to the CPU (refused rather
     than silently computed in another precision than the one configured). ``auto`` becomes bf16 on
-    a CPU with native bfloat16 instructions, else fp32 (:func:`mnemos.rerank.resolve_precision`).
+    a CPU with native bfloat16 instructions, else fp32 (:func:`mnemos.precision.resolve_precision`).
     """
     location = cross_encoder_location(settings)
     if location is None:

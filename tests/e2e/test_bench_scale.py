@@ -139,6 +139,10 @@ def test_scale_bench_measures_every_phase_on_tiny_data(settings: Settings, longm
     assert grown["new_shard_stream_holds_only_moved_tenants"] is True
     assert grown["turns_lost"] == grown["turns_unexpected"] == grown["dead_letters"] == 0
     assert grown["turns_published_before_change"] + grown["turns_published_after_change"] == grown["turns"]
+    # the old shards' ingest workers were paused: every first half still waited at the change
+    assert grown["turns_waiting_in_old_streams_at_change"] == grown["turns_published_before_change"]
+    assert grown["moved_tenants_turns_in_old_streams_at_change"] > 0
+    assert grown["new_shard_stream_tenants"] == len(moved)
     assert sum(row["turns_stored_by_its_ingest_worker"] for row in grown["per_shard"]) == grown["turns"]
     assert grown["per_shard"][2]["tenants_before"] == 0 and grown["per_shard"][2]["tenants_after"] == len(moved)
     assert grown["every_tenant_served_by_its_new_shard"] is True and grown["requests"] == _QUESTIONS
