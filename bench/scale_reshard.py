@@ -36,28 +36,27 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-import redis
 from tqdm import tqdm
 
-from api.client import MnemosClient
 from api.validation import limits_of
 from bench.datasets import Conversation
 from bench.scale import LONG_WAIT_S, ScaleOptions, phase_stamp, scale_settings
 from bench.scale_data import question_tenants
-from bench.scale_probe import ALIASES, TURNS_INDEXED, query_worker_shards, scrape, served_by, with_free_ports
-from bench.service import ServiceRun, group_acknowledged, group_caught_up, running_service, turn_message
+from bench.scale_probe import ALIASES, TURNS_INDEXED, scrape, with_free_ports
+from bench.scale_tenants import shard_requests
+from bench.service import (
+    ServiceRun,
+    group_acknowledged,
+    group_caught_up,
+    group_info,
+    run_client,
+    running_service,
+    turn_message,
+)
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.settings import Settings
 
 __all__ = ["reshard_phase"]
-
-
-def _client_of(run: ServiceRun, shards: int) -> MnemosClient:
-    """A client of the run's streams and queues that routes tenants over ``shards`` shards."""
-    s = run.settings
-    return MnemosClient(run.connection, stream_prefix=s.stream_prefix, queue_name=s.queue_name, limits=limits_of(s),
-                        retrieve_timeout_s=s.retrieve_timeout_s, job_timeout_s=s.job_timeout_s,
-                        result_ttl_s=s.result_ttl_s, shards=shards)
 
 
 def _tenants_in_stream(run: ServiceRun, stream: str) -> set[str]:
@@ -75,11 +74,7 @@ def _waiting(run: ServiceRun, streams: Sequence[str]) -> int:
     plus delivered and pending. A stream without the group counts its whole length."""
     waiting = 0
     for stream in streams:
-        try:
-            groups = {g["name"]: g for g in run.connection.xinfo_groups(stream)}
-        except redis.ResponseError:  # no such stream yet
-            continue
-        group = groups.get(INGEST_GROUP.encode()) or groups.get(INGEST_GROUP)
+        group = group_info(run.connection, stream, INGEST_GROUP)
         if group is None or group.get("lag") is None:
             waiting += int(run.connection.xlen(stream))
         else:
@@ -118,18 +113,6 @@ def _paused(children: Sequence[Any]) -> Iterator[None]:
             os.kill(child.pid, signal.SIGCONT)
 
 
-def _requests(run: ServiceRun, client: MnemosClient, tenants: Sequence[Conversation], k: int) -> list[dict[str, Any]]:
-    """Each tenant's first question through ``client``; the ring's shard and the shard that served it."""
-    names = query_worker_shards(run)
-    rows = []
-    for tenant in tqdm(tenants, desc="requests after resharding", unit="req", disable=None):
-        question = tenant.questions[0].text if tenant.questions else "What did we talk about?"
-        result = client.retrieve(tenant.conversation_id, question, k=k)
-        rows.append({"tenant": tenant.conversation_id, "shard": client.shard_of(tenant.conversation_id),
-                     "served_by": served_by(run, tenant.conversation_id, result.request_id, names)})
-    return rows
-
-
 def reshard_phase(base: Settings, options: ScaleOptions, conversations: Sequence[Conversation]) -> dict[str, Any]:
     """The ``reshard`` phase (module docstring).
 
@@ -148,7 +131,7 @@ def reshard_phase(base: Settings, options: ScaleOptions, conversations: Sequence
     halves = {t.conversation_id: (t.turns[: len(t.turns) // 2], t.turns[len(t.turns) // 2:]) for t in tenants}
     kinds = ("ingest", "query")
     with running_service(grown, kinds, workers_of=own[:n]) as run:
-        before, after = _client_of(run, n), run.client
+        before, after = run_client(grown, run.connection, shards=n), run.client
         moved = sorted(t for t in halves if before.shard_of(t) != after.shard_of(t))
         started = time.monotonic()
         with _paused([c for c in run.children if c.args[-1] == "ingest"]):  # the old shards' ingest workers
@@ -170,7 +153,7 @@ def reshard_phase(base: Settings, options: ScaleOptions, conversations: Sequence
         new_stream_tenants = _tenants_in_stream(run, streams[n])
         dead = sum(run.connection.xlen(grown.replace(shard=shard).dead_letter_stream) for shard in range(n + 1))
         indexed = [scrape(s.ingest_metrics_port) for s in own]
-        requests = _requests(run, after, tenants, options.k)
+        requests = shard_requests(run, tenants, len(tenants), options.k)  # through N + 1 shards
         shard_of = {t: (before.shard_of(t), after.shard_of(t)) for t in halves}
     published = {t: {turn.turn_id for half in pair for turn in half} for t, pair in halves.items()}
     lost = sum(len(published[t] - stored[t]) for t in halves)

@@ -131,7 +131,9 @@ def _per_rank(draws: np.ndarray, n_tenants: int) -> list[int]:
     return sorted(counts, reverse=True)
 
 
-def _shard_requests(run: ServiceRun, tenants: Sequence[Conversation], n: int, k: int) -> list[dict[str, Any]]:
+def shard_requests(run: ServiceRun, tenants: Sequence[Conversation], n: int, k: int) -> list[dict[str, Any]]:
+    """``n`` requests round the tenants through ``run.client``: per request the tenant, the shard the
+    client's ring routes it to and the shard whose query worker ran it (None: unknown, job expired)."""
     names = query_worker_shards(run)
     rows = []
     for number in tqdm(range(n), desc="sharded requests", unit="req", disable=None):
@@ -149,7 +151,7 @@ def shards_phase(base: Settings, options: ScaleOptions, conversations: Sequence[
     tenants = question_tenants(conversations, options.shard_tenants, limits_of(settings))
     with running_service(settings, ("ingest", "query"), workers_of=own) as run:
         ingest = publish(run, [(t.conversation_id, t) for t in tenants], f"{options.shards} shards")
-        rows = _shard_requests(run, tenants, options.shard_requests, options.k)
+        rows = shard_requests(run, tenants, options.shard_requests, options.k)
         query = [scrape(s.query_metrics_port) for s in own]
         indexed = [scrape(s.ingest_metrics_port) for s in own]
         shard_of = {t.conversation_id: run.client.shard_of(t.conversation_id) for t in tenants}

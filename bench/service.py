@@ -160,10 +160,7 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
     from workers.connections import redis_client  # the workers' socket timeout and TLS settings
 
     connection = redis_client(settings)
-    client = MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
-                          limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
-                          job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
-                          shards=settings.shards)
+    client = run_client(settings, connection)
     if workers_of is None:
         workers_of = [settings.replace(shard=shard) for shard in range(settings.shards)]
     children = [child for own in workers_of for child in spawn_workers(own, tuple(kinds), log_level=log_level)]
@@ -186,6 +183,15 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
             drop_database(settings.database_url)
 
 
+def run_client(settings: Settings, connection: redis.Redis, shards: int | None = None) -> MnemosClient:
+    """A client of a run's streams and queues with the run's limits and timeouts, routing tenants over
+    ``shards`` shards (default ``settings.shards``; fewer are the clients before a shard was added)."""
+    return MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
+                        job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
+                        shards=settings.shards if shards is None else shards)
+
+
 def _wait_listening(run: ServiceRun, own: Settings, kinds: Sequence[str], timeout_s: float) -> None:
     """Wait until the workers of ``kinds`` started with ``own`` (one shard's) listen."""
     if "ingest" in kinds:
@@ -204,7 +210,7 @@ def _has_consumer(connection: redis.Redis, stream: str, group: str) -> bool:
         return False
 
 
-def _group_info(connection: redis.Redis, stream: str, group: str) -> dict | None:
+def group_info(connection: redis.Redis, stream: str, group: str) -> dict | None:
     try:
         groups = {g["name"]: g for g in connection.xinfo_groups(stream)}
     except redis.ResponseError:
@@ -219,13 +225,13 @@ def group_caught_up(connection: redis.Redis, stream: str, group: str) -> bool:
         last = connection.xinfo_stream(stream)["last-generated-id"]
     except redis.ResponseError:
         return False
-    info = _group_info(connection, stream, group)
+    info = group_info(connection, stream, group)
     return info is not None and info["pending"] == 0 and info["last-delivered-id"] == last
 
 
 def group_acknowledged(connection: redis.Redis, stream: str, group: str) -> int | None:
     """Entries ``group`` has read and acknowledged (Redis >= 7 reports ``entries-read``; else None)."""
-    info = _group_info(connection, stream, group)
+    info = group_info(connection, stream, group)
     if info is None or info.get("entries-read") is None:
         return None
     return int(info["entries-read"]) - int(info["pending"])
