@@ -6,9 +6,9 @@ LOCOMO_SHARED := ../shared/data/locomo/locomo10.json
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run demo test lint reranker check-data
+.PHONY: setup run demo test test-under-load lint reranker check-data
 
-$(BIN)/mnemos: pyproject.toml scripts/setup.sh
+$(BIN)/mnemos: pyproject.toml constraints.txt scripts/setup.sh
 	bash scripts/setup.sh
 	@touch $(BIN)/mnemos
 
@@ -44,6 +44,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The same suite with one busy loop per core beside it (scripts/test_under_load.sh): waits must be on
+# conditions with deadlines, not on the machine being idle.
+test-under-load: setup
+	bash scripts/test_under_load.sh
 
 # Static checks (CI runs them before the tests): ruff everywhere, mypy strict on mnemos/ and api/
 # ([tool.mypy] in pyproject.toml).

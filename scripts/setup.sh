@@ -13,5 +13,7 @@ fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==2.13.0"
-python -m pip install --quiet -e ".[dev,embedded,bench,train]"
+# constraints.txt: every package at the version the test suite was last run with (rq and redis-py
+# minor releases have changed worker shutdown before).
+python -m pip install --quiet -c constraints.txt -e ".[dev,embedded,bench,train]"
 echo "mnemos installed in $(pwd)/.venv"

@@ -28,7 +28,7 @@ from workers.store import PostgresStore
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379/0"
-JOB_TTLS = {"result_ttl": 60, "failure_ttl": 60}  # for a test's raw enqueue: rq keeps a failed job a year by default
+JOB_TTLS = {"result_ttl": 600, "failure_ttl": 600}  # for a test's raw enqueue (rq keeps a failed job a year by default); long enough for a loaded machine
 
 
 def services_unreachable() -> str | None:

@@ -283,6 +283,9 @@ def retrieval_job(payload: dict[str, Any]) -> dict[str, Any]:
     return service.handle_payload(payload)
 
 
+PUBSUB_POLL_S = 0.5  # read timeout of rq's command-channel thread: bounds how long a stopping worker joins it
+
+
 class QueryWorker(SimpleWorker):
     """An rq SimpleWorker bound to a :class:`QueryService` (jobs run in this process, no fork).
 
@@ -318,6 +321,21 @@ class QueryWorker(SimpleWorker):
     def connection_timeout(self) -> int:
         """rq raises the connection's socket timeout to this when lower: ours already exceeds the dequeue wait."""
         return int(self._socket_timeout_s)
+
+    def subscribe(self) -> None:
+        """rq's command channel (stop-job, shutdown), polled every ``PUBSUB_POLL_S`` seconds.
+
+        rq 3 starts the listener thread with a 60 s read timeout, and since redis-py 8.2 the
+        thread's ``stop`` joins it until that read returns: every worker (a SIGTERM'd one, a burst
+        one) then waited up to 60 s in ``unsubscribe`` before it exited, past Kubernetes' grace
+        period and past the ``failure_ttl`` of a failed job a test was about to read. A short
+        read timeout bounds the exit at ``PUBSUB_POLL_S``; commands arrive as fast as before.
+        """
+        log.debug("worker %s: subscribing to %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler)
 
     def register_birth(self) -> None:
         self.beats.idle()  # alive before rq lists it, so a client never sees a listed worker without a heartbeat
