@@ -17,10 +17,10 @@ gets an evidence packet built from the retrieval's reranked pool, and the whole 
 (tenant, query, filters, ``as_of``, budget, memory version, model versions), so a repeat at an
 unchanged memory is answered without scoring again (:mod:`workers.packets`; counted in
 ``mnemos_query_packet_cache_hits_total`` / ``_misses_total``).
-An unknown tenant gets an empty result (and no outcome), not an error. A tenant whose stored
-embeddings were made with another rendering or encoder dimension than this worker's (reindexed
-while this worker runs, say) fails the request with :class:`~workers.errors.EmbeddingVersionError`
-instead of mixing versions. The worker renews its heartbeat (:mod:`workers.heartbeats`) from rq's
+An unknown tenant gets an empty result (an empty packet when it asked for one; no outcome), not an
+error. A tenant whose stored embeddings were made with another rendering or encoder dimension than
+this worker's (reindexed while this worker runs, say) fails the request with
+:class:`~workers.errors.EmbeddingVersionError` instead of mixing versions. The worker renews its heartbeat (:mod:`workers.heartbeats`) from rq's
 loop: on every dequeue wait (every ``heartbeat_ttl_s / 3`` seconds while idle) and before each job.
 
 The reranker is wrapped in a :class:`mnemos.rerank.CachedReranker` of ``rerank_cache_pairs``
@@ -52,6 +52,7 @@ from rq.worker import SimpleWorker
 
 from api import schemas
 from api.errors import InvalidInputError, Reason
+from api.packets import Packet
 from api.validation import limits_of
 from mnemos.encoder import Encoder
 from mnemos.features import Feature, FeatureSetting
@@ -259,9 +260,13 @@ class QueryService:
         self.packets.discard_tenant(old.index.tenant_id)  # cached packets hold texts too
 
     def _empty(self, request: schemas.RetrievalRequest, started: float) -> schemas.RetrievalResult:
+        """The answer for an unknown tenant: no hits and, when the request set ``budget_tokens``, an
+        empty packet (never None: a caller reads ``result.packet`` whenever it asked for one)."""
         stages = {"total": self.clock() - started}
         self.metrics.query_job("ok", stages)
-        return schemas.RetrievalResult(request.request_id, request.tenant_id, (), 0, False, None, None, stages, 0)
+        packet = None if request.budget_tokens is None else Packet((), (), request.budget_tokens, 0)
+        return schemas.RetrievalResult(request.request_id, request.tenant_id, (), 0, False, None, None, stages, 0,
+                                       packet=packet)
 
     def warm_up(self) -> None:
         """Run the models once so the first job does not pay for lazy initialisation."""

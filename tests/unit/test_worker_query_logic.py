@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from api.schemas import RetrievalRequest
+from api.packets import Packet
+from api.schemas import RetrievalRequest, RetrievalResult
 from mnemos.encoder import HashingEncoder
 from mnemos.rerank import CachedReranker, FakeReranker
 from tests.unit.worker_fakes import (
@@ -52,6 +53,14 @@ def test_an_unknown_tenant_gets_an_empty_answer_and_sends_nothing() -> None:
     result = query_service(store, redis).answer(RetrievalRequest("nobody", "grey cat"))
     assert result.hits == () and result.memory_version == 0
     assert "unit:outcomes" not in redis.streams
+
+
+def test_an_unknown_tenant_with_a_budget_gets_an_empty_packet() -> None:
+    store, redis = _stored()
+    result = query_service(store, redis).answer(RetrievalRequest("nobody", "grey cat", budget_tokens=64))
+    assert result.packet == Packet(items=(), omitted=(), budget_tokens=64, used_tokens=0)
+    assert result.packet.prompt_text() == ""
+    assert RetrievalResult.from_payload(result.to_payload()).packet == result.packet  # also on the wire
 
 
 def test_the_index_is_extended_when_the_memory_version_moves() -> None:
