@@ -1,4 +1,8 @@
-"""Reranker folds: each question is reranked by a cross-encoder never trained on its conversation."""
+"""Reranker folds: each question is reranked by a cross-encoder never trained on its conversation.
+
+A fold's ``train_conversations`` are the items its provenance says it learned from: LoCoMo
+conversation ids and LongMemEval question ids (one question per haystack, so a LongMemEval
+"conversation" is its question: cross-fitting by question is the same selection)."""
 
 from __future__ import annotations
 
@@ -39,7 +43,9 @@ class FoldRerankers:
         for fold in self.folds:
             if conversation_id not in fold.train_conversations:
                 return fold
-        raise LookupError(f"every reranker fold was trained on {conversation_id}; refusing to evaluate it")
+        names = ", ".join(f.name for f in self.folds)
+        raise LookupError(f"{conversation_id} is in the training data of every reranker given ({names}): "
+                          "refusing to grade a model on what it learned; add a fold that never saw it")
 
     def for_conversation(self, conversation_id: str) -> Reranker:
         """The reranker of :meth:`fold_for`."""

@@ -35,11 +35,11 @@ __all__ = ["reranker", "run_check", "run_train"]
 logger = logging.getLogger(__name__)
 
 
-def _parse_fold(spec: str) -> tuple[int, int]:
+def _parse_fold(spec: str, option: str = "--fold") -> tuple[int, int]:
     try:
         fold, n_folds = (int(x) for x in spec.split("/"))
     except ValueError as exc:
-        raise click.BadParameter(f"expected i/k such as 2/2, got {spec!r}", param_hint="--fold") from exc
+        raise click.BadParameter(f"expected i/k such as 2/2, got {spec!r}", param_hint=option) from exc
     return fold, n_folds
 
 
@@ -50,6 +50,9 @@ def run_train(
     conversations: list[str] | None,
     fold: tuple[int, int] | None,
     out: Path,
+    longmemeval: Sequence[Path] = (),
+    question_fold: tuple[int, int] | None = None,
+    pairs_licence: str | None = None,
     max_pairs: int | None,
     epochs: float,
     seed: int,
@@ -66,6 +69,11 @@ def run_train(
     learning_rate: float = 5e-5,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
+
+    Sources combine in one run: LoCoMo ``data`` (``conversations`` or ``fold``), LongMemEval files
+    ``longmemeval`` (all questions, or ``question_fold`` ``(i, k)``: stratified by question type,
+    seeded by ``seed``, fold i held out) and a JSONL ``pairs`` file (with its SPDX
+    ``pairs_licence``). The provenance lists each source with its licence and the items used.
 
     Every turn is rendered as the service renders it (:mod:`mnemos.rendering`). The provenance
     names the data by file name and sha256 (never a machine path), the recipe, the seed and the
@@ -96,7 +104,8 @@ def run_train(
     try:
         calibration: list[tuple[str, list[str]]] = []
         teacher_setup = _teacher_setup(teacher, temperature, distil_weight)
-        positives, corpora = _positives(data, pairs, conversations, fold, provenance)
+        positives, corpora = _positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
+                                        question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence)
         encoder = _load_bi_encoder(device) if dense else None
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
         examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
@@ -170,28 +179,79 @@ def _distil(teacher: Path, setup: tuple[DistilConfig, list[str]], examples: Sequ
     record = distil.distilled_provenance(provenance, teacher_name=teacher.resolve().name,
                                          teacher_digest=model_digest(teacher.resolve()),
                                          teacher_conversations=conversations, config=config)
+    record["sources"] = [*record.get("sources", []), *_teacher_sources(teacher)]  # its data's licence is ours too
     return soft, record
+
+
+def _teacher_sources(teacher: Path) -> list[dict[str, object]]:
+    """The teacher's training sources as source records marked ``via`` the teacher: a student
+    distilled from a model inherits the licences of that model's training data."""
+    from workers.model_licences import training_sources
+    from workers.models import reranker_provenance
+
+    record = reranker_provenance(str(teacher)) or {}
+    raw = record.get("sources")
+    name = teacher.resolve().name
+    if isinstance(raw, list):
+        return [{**src, "via": f"distillation teacher {name}"} for src in raw if isinstance(src, dict)]
+    return [{"name": s.name, "licence": s.licence, "n_items": s.n_items, "via": f"distillation teacher {name}"}
+            for s in training_sources(record)]
 
 
 def _positives(data: Path | None, pairs: Path | None, conversations: list[str] | None,
                fold: tuple[int, int] | None,
-               provenance: dict[str, object]) -> tuple[list[PositivePair], dict[str, list[str]] | None]:
-    """The positives to mine from, and the training conversations' rendered turns (None for a pairs
-    file): from ``pairs`` when given, else from LoCoMo ``data`` (``fold`` ``(i, k)`` or the
-    named ``conversations``). Records in ``provenance`` what was read (file name and sha256,
-    training and held-out conversations).
+               provenance: dict[str, object], *, longmemeval: Sequence[Path] = (),
+               question_fold: tuple[int, int] | None = None, fold_seed: int = 0,
+               pairs_licence: str | None = None) -> tuple[list[PositivePair], dict[str, list[str]] | None]:
+    """The positives to mine from and each group's candidate passages (None when the only source is
+    a pairs file), from every source given. Records in ``provenance`` what was read: ``sources``
+    (name, SPDX licence, file name and sha256, the items used, positives), the union of items as
+    ``training_conversations`` (LoCoMo conversations and LongMemEval question ids: what the
+    benchmarks refuse to grade the model on) and the held-out items.
 
     Raises:
-        TrainingDataError: on a malformed pairs file or unknown conversations.
-        DatasetError: if ``data`` is not a LoCoMo file.
+        TrainingDataError: on a malformed pairs file, unknown conversations or impossible folds.
+        DatasetError: if ``data`` is not a LoCoMo file or a ``longmemeval`` file not LongMemEval.
     """
+    positives: list[PositivePair] = []
+    corpora: dict[str, list[str]] = {}
+    sources: list[dict[str, object]] = []
+    trained: list[str] = []
+    if data is not None:
+        got, got_corpora, record = _locomo_source(data, conversations, fold, provenance)
+        positives += got
+        corpora.update(got_corpora)
+        sources.append(record)
+        trained += record["items"]  # type: ignore[arg-type]
+    if longmemeval:
+        got, got_corpora, records = _longmemeval_sources(longmemeval, question_fold, fold_seed, provenance)
+        positives += got
+        for group, passages in got_corpora.items():  # S and oracle hold the same question: one corpus
+            corpora[group] = list(dict.fromkeys([*corpora.get(group, []), *passages]))
+        sources += records
+        trained += [q for r in records for q in r["items"]]  # type: ignore[attr-defined]
+    if pairs is not None:
+        from bench.training import pairs as training_pairs
+
+        rows = training_pairs.read_pairs_jsonl(pairs)
+        positives += rows
+        provenance.update(pairs_file=pairs.name, pairs_sha256=_sha256(pairs))
+        sources.append({"name": f"pairs file {pairs.name}", "licence": pairs_licence or "unknown",
+                        "file": pairs.name, "sha256": _sha256(pairs), "item_kind": "pairs",
+                        "n_items": len(rows), "n_positives": len(rows)})
+    provenance["sources"] = sources
+    provenance["training_conversations"] = sorted(set(trained))
+    provenance["positive_sources"] = " + ".join(f"{r['name']} ({r['licence']})" for r in sources)
+    return positives, (corpora or None)
+
+
+def _locomo_source(data: Path, conversations: list[str] | None, fold: tuple[int, int] | None,
+                   provenance: dict[str, object]) -> tuple[list[PositivePair], dict[str, list[str]], dict[str, object]]:
+    """LoCoMo positives (observations and QA evidence of categories 1-4), corpora and source record."""
     from bench.datasets import load_locomo
     from bench.training import pairs as training_pairs
+    from workers.model_licences import DATASET_LICENCES
 
-    if pairs is not None:
-        provenance.update(pairs_file=pairs.name, pairs_sha256=_sha256(pairs))
-        return training_pairs.read_pairs_jsonl(pairs), None
-    assert data is not None
     convs = load_locomo(data)
     all_ids = sorted(c.conversation_id for c in convs)
     if fold is not None:
@@ -207,11 +267,59 @@ def _positives(data: Path | None, pairs: Path | None, conversations: list[str] |
         data="LoCoMo (Maharana et al., ACL 2024), CC BY-NC 4.0",
         data_file=data.name,
         data_sha256=_sha256(data),
-        training_conversations=chosen,
         held_out_conversations=held_out,
-        positive_sources="locomo observations + QA evidence (categories 1-4)",
     )
-    return positives, corpora
+    record: dict[str, object] = {
+        "name": "LoCoMo", "licence": DATASET_LICENCES["LoCoMo"], "file": data.name, "sha256": _sha256(data),
+        "item_kind": "conversations", "items": list(chosen), "held_out": held_out,
+        "n_positives": len(positives), "positives": "observations + QA evidence (categories 1-4)",
+    }
+    return positives, corpora, record
+
+
+def _longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | None, seed: int,
+                         provenance: dict[str, object]
+                         ) -> tuple[list[PositivePair], dict[str, list[str]], list[dict[str, object]]]:
+    """LongMemEval positives (question, ``has_answer`` turn) with their haystacks as corpora, one
+    source record per file. With ``question_fold`` the questions of all files are split together
+    (:func:`bench.training.pairs.question_folds` over the union of ids, stratified by type, seeded),
+    so a question held out of one file is held out of every file."""
+    from bench.datasets import load_longmemeval
+    from bench.training import pairs as training_pairs
+    from workers.model_licences import DATASET_LICENCES
+
+    loaded = [(path, load_longmemeval(path)) for path in files]
+    types: dict[str, str | None] = {}
+    for _, convs in loaded:
+        for c in convs:
+            types.setdefault(c.conversation_id, c.questions[0].question_type if c.questions else None)
+    held_out: set[str] = set()
+    if question_fold is not None:
+        fold, n_folds = question_fold
+        if not 1 <= fold <= n_folds:
+            from bench.training.errors import TrainingDataError
+
+            raise TrainingDataError("question-fold", f"fold {fold}/{n_folds} impossible")
+        held_out = set(training_pairs.question_folds(sorted(types.items()), n_folds, seed)[fold - 1])
+        provenance.update(question_fold=f"{fold}/{n_folds}", question_fold_seed=seed,
+                          held_out_questions=sorted(held_out))
+    positives: list[PositivePair] = []
+    corpora: dict[str, list[str]] = {}
+    records: list[dict[str, object]] = []
+    for path, convs in loaded:
+        chosen = [c.conversation_id for c in convs if c.conversation_id not in held_out]
+        got, got_corpora = training_pairs.longmemeval_positives(convs, chosen)
+        positives += got
+        for group, passages in got_corpora.items():
+            corpora[group] = list(dict.fromkeys([*corpora.get(group, []), *passages]))
+        used = sorted({p.group for p in got})
+        records.append({
+            "name": "LongMemEval", "licence": DATASET_LICENCES["LongMemEval"], "file": path.name,
+            "sha256": _sha256(path), "item_kind": "questions", "items": used,
+            "n_positives": len(got), "positives": "question -> has_answer turn (abstention and evidence-less "
+                                                  "questions skipped)",
+        })
+    return positives, corpora, records
 
 
 def _sha256(path: Path) -> str:
@@ -354,9 +462,17 @@ def reranker() -> None:
 
 
 @reranker.command("train")
-@click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LoCoMo JSON file.")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="LoCoMo JSON file (CC BY-NC 4.0: a model trained on it is for research only).")
+@click.option("--longmemeval", "longmemeval", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="LongMemEval JSON (S or oracle; MIT). Repeatable: the same question's haystacks are merged.")
+@click.option("--question-fold", default=None,
+              help="i/k: split the LongMemEval questions into k folds stratified by type (seeded by --seed), "
+                   "hold out fold i.")
 @click.option("--pairs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help='JSONL of {"query", "positive", "negatives"?} rows.')
+@click.option("--pairs-licence", default=None, metavar="SPDX",
+              help="The licence of the --pairs data (SPDX id, e.g. MIT); recorded in the provenance.")
 @click.option("--conversations", default=None, help="Comma-separated LoCoMo sample_ids to train on.")
 @click.option("--fold", default=None, help="i/k: sort conversations, cut into k chunks, hold out chunk i (1-based).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Model directory.")
@@ -381,23 +497,30 @@ def reranker() -> None:
               help="Distillation temperature T > 0 (with --teacher; default 1.0).")
 @click.option("--distil-weight", type=click.FloatRange(min=0, max=1), default=None,
               help="Teacher's share W of the target (with --teacher; default 1.0).")
-def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_steps, dense, threads, layers, device,
-          calibration_queries, fp16, teacher, temperature, distil_weight, learning_rate) -> None:
+def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
+          max_steps, dense, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
+          learning_rate) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
     sentence-transformers' CrossEncoderTrainer and BinaryCrossEntropyLoss (batch 32, lr 5e-5,
     max_length 128, three epochs over every mined pair) on positive (query, turn) pairs from
-    LoCoMo (--data) or a JSONL file (--pairs), with hard negatives mined by BM25 and the bi-encoder.
-    The output directory loads as a CrossEncoder and records its training conversations.
+    LongMemEval (--longmemeval, MIT), LoCoMo (--data, non-commercial) and/or a JSONL file (--pairs),
+    with hard negatives mined by the service's BM25 and the bi-encoder over the same conversation
+    or haystack. The output directory loads as a CrossEncoder and records its training sources,
+    their licences and the conversations or questions used.
     With --teacher the student trains on W * sigmoid(teacher_logit / T) + (1 - W) * hard_label.
     """
-    if (data is None) == (pairs is None):
-        raise click.UsageError("give exactly one of --data or --pairs")
+    if data is None and pairs is None and not longmemeval:
+        raise click.UsageError("give at least one source: --data (LoCoMo), --longmemeval or --pairs")
     if data is not None and (conversations is None) == (fold is None):
         raise click.UsageError("with --data give exactly one of --conversations or --fold")
-    if pairs is not None and (conversations or fold):
+    if data is None and (conversations or fold):
         raise click.UsageError("--conversations/--fold apply to --data only")
+    if question_fold and not longmemeval:
+        raise click.UsageError("--question-fold applies to --longmemeval only")
+    if pairs_licence and pairs is None:
+        raise click.UsageError("--pairs-licence applies to --pairs only")
     if teacher is None and (temperature is not None or distil_weight is not None):
         raise click.UsageError("--temperature/--distil-weight apply to distillation only: give --teacher DIR")
     require_extra("train")
@@ -405,6 +528,8 @@ def train(data, pairs, conversations, fold, out, max_pairs, epochs, seed, max_st
     sys.exit(
         run_train(
             data=data, pairs=pairs, conversations=ids, fold=_parse_fold(fold) if fold else None, out=out,
+            longmemeval=tuple(longmemeval), pairs_licence=pairs_licence,
+            question_fold=_parse_fold(question_fold, "--question-fold") if question_fold else None,
             max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, threads=threads,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,

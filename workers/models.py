@@ -17,6 +17,7 @@ from mnemos.errors import ModelLoadError
 from mnemos.precision import resolve_precision
 from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
 from workers.errors import ModelSetupError, SettingsError
+from workers.model_licences import restricted_sources
 from workers.settings import (
     BUNDLED_BI_ENCODER,
     ENCODER_FP16_ON_CPU,
@@ -179,8 +180,27 @@ def load_reranker(settings: Settings) -> Reranker | None:
     if settings.rerank_precision == "fp16" and device == "cpu":  # MNEMOS_DEVICE=auto found no GPU
         raise SettingsError(FP16_ON_CPU)
     try:
-        return CrossEncoderReranker(location, max_length=settings.rerank_max_length,
-                                    batch_size=settings.rerank_batch_size, device=device,
-                                    precision=resolve_precision(settings.rerank_precision, device))
+        model = CrossEncoderReranker(location, max_length=settings.rerank_max_length,
+                                     batch_size=settings.rerank_batch_size, device=device,
+                                     precision=resolve_precision(settings.rerank_precision, device))
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc
+    warn_restricted_licence(location)
+    return model
+
+
+def warn_restricted_licence(location: str) -> list[str]:
+    """Log one WARNING when the cross-encoder at ``location`` was trained on data whose licence does
+    not permit commercial use (:mod:`workers.model_licences`); returns the ``name (licence)`` of
+    each such source (empty for a model without provenance: nothing is known to warn about)."""
+    try:
+        provenance = reranker_provenance(location)
+    except (OSError, ValueError) as exc:
+        log.warning("cross-encoder %s: unreadable %s (%s): its training data's licence is unknown",
+                    location, PROVENANCE_FILE, exc)
+        return []
+    restricted = [f"{s.name} ({s.licence})" for s in restricted_sources(provenance or {})]
+    if restricted:
+        log.warning("cross-encoder %s was trained on %s: that licence does not permit commercial use of the "
+                    "model; use it for research only", Path(location).name, ", ".join(restricted))
+    return restricted

@@ -2,10 +2,12 @@
 
 The first two steps of the recipe in :mod:`bench.training.cross_encoder` (which fine-tunes on their output):
 
-1. ``locomo_positives`` / ``read_pairs_jsonl``: positives (and given negatives) as records,
-   from the conversations ``fold_conversations`` selects;
+1. ``locomo_positives`` / ``longmemeval_positives`` / ``read_pairs_jsonl``: positives (and given
+   negatives) as records, from the conversations ``fold_conversations`` selects or the questions
+   ``question_folds`` selects;
 2. ``mine_examples``: labelled pairs with hard negatives (BM25 and bi-encoder results of the same
-   conversation) and random ones, seeded.
+   conversation or haystack, ranked by the service's own :class:`mnemos.bm25_index.BM25Index` and
+   exact inner product over the bi-encoder's vectors) and random ones, seeded.
 
 The caller loads the bi-encoder; nothing here reads the environment or keeps a model between calls.
 """
@@ -25,9 +27,9 @@ from typing import Protocol
 import numpy as np
 
 from bench.training.errors import TrainingDataError
+from mnemos.bm25_index import BM25Index
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
-from mnemos.tokenizer import tokenize
 
 __all__ = [
     "Conversation",
@@ -38,6 +40,8 @@ __all__ = [
     "TextEncoder",
     "fold_conversations",
     "locomo_positives",
+    "longmemeval_positives",
+    "question_folds",
     "mine_examples",
     "read_pairs_jsonl",
     "turn_passages",
@@ -52,6 +56,7 @@ class PairSource(StrEnum):
 
     OBSERVATION = "observation"  # LoCoMo generated fact -> the turn it cites
     QA = "qa"  # LoCoMo question -> one of its (repaired) evidence turns
+    LONGMEMEVAL = "longmemeval"  # LongMemEval question -> one of its has_answer turns
     JSONL = "jsonl"  # a user-supplied pairs file
 
 
@@ -233,38 +238,113 @@ def read_pairs_jsonl(path: str | Path) -> list[PositivePair]:
     return pairs
 
 
+ABSTENTION_SUFFIX = "_abs"
+"""LongMemEval's abstention questions end their id so: their answer is not in the haystack."""
+
+
+def longmemeval_positives(
+    conversations: Sequence[Conversation],
+    question_ids: Iterable[str] | None = None,
+    *,
+    rendering: Rendering | int = RENDERING_VERSION,
+) -> tuple[list[PositivePair], dict[str, list[str]]]:
+    """Positive pairs and mining corpora from LongMemEval items (one question per haystack).
+
+    Each named question (``question_ids``; None = all) pairs with each of its ``has_answer`` turns
+    (``relevant_turn_ids`` as ``bench.datasets.load_longmemeval`` reads them); the group is the
+    question id and its corpus is every rendered turn of its haystack, a session repeated in
+    the haystack counted once (the loader keeps it at its first date) and identical texts once.
+    Abstention questions (id ending ``_abs``) and questions without an evidence turn give no
+    positive and no corpus. Passages are rendered as the service renders stored turns.
+
+    Returns:
+        ``(positives, corpora)``: positives in item order, evidence turns by id; corpora
+        ``{question_id: [rendered turn, ...]}`` for the questions that gave a positive.
+
+    Raises:
+        TrainingDataError: if a named question id is not among ``conversations``.
+    """
+    by_id = {c.conversation_id: c for c in conversations}
+    wanted = list(by_id) if question_ids is None else list(dict.fromkeys(question_ids))
+    missing = [q for q in wanted if q not in by_id]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise TrainingDataError("questions", f"unknown LongMemEval question ids: {shown}")
+    positives: list[PositivePair] = []
+    corpora: dict[str, list[str]] = {}
+    for qid in wanted:
+        conv = by_id[qid]
+        text_of = turn_passages(conv, rendering)
+        found = False
+        for question in conv.questions:
+            if qid.endswith(ABSTENTION_SUFFIX):
+                continue
+            for turn_id in sorted(question.relevant_turn_ids):
+                if turn_id in text_of:
+                    positives.append(PositivePair(question.text, text_of[turn_id], qid, PairSource.LONGMEMEVAL,
+                                                  turn_id))
+                    found = True
+        if found:
+            corpora[qid] = list(dict.fromkeys(text_of.values()))
+    return positives, corpora
+
+
+def question_folds(questions: Sequence[tuple[str, str | None]], n_folds: int, seed: int) -> list[list[str]]:
+    """Split question ids into ``n_folds`` folds stratified by question type, seeded.
+
+    ``questions`` holds ``(question_id, question_type)``. Within each type (in sorted type order,
+    None last) the ids are sorted, shuffled with ``random.Random(f"{seed}:{type}")`` and dealt
+    round-robin, the deal continuing from type to type, so every fold gets its share of every
+    type and the fold sizes differ by at most one. Used for cross-fitting on LongMemEval, which
+    holds one question per haystack: fold i's model trains on every other fold and ranks fold i.
+
+    Returns:
+        ``n_folds`` lists of question ids, each sorted.
+
+    Raises:
+        TrainingDataError: unless ``2 <= n_folds <= number of distinct questions``, or an id repeats.
+    """
+    ids = [q for q, _ in questions]
+    if len(set(ids)) != len(ids):
+        raise TrainingDataError("questions", "a question id repeats")
+    if not 2 <= n_folds <= len(ids):
+        raise TrainingDataError("fold", f"{n_folds} folds impossible with {len(ids)} questions")
+    by_type: dict[str, list[str]] = defaultdict(list)
+    for qid, qtype in questions:
+        by_type["\uffff" if qtype is None else qtype].append(qid)
+    folds: list[list[str]] = [[] for _ in range(n_folds)]
+    dealt = 0
+    for qtype in sorted(by_type):
+        members = sorted(by_type[qtype])
+        random.Random(f"{seed}:{qtype}").shuffle(members)
+        for qid in members:
+            folds[dealt % n_folds].append(qid)
+            dealt += 1
+    return [sorted(f) for f in folds]
+
+
 # --------------------------------------------------------------------------------------------
 # mining negatives
 
 
 class _GroupIndex:
-    """BM25 (bm25s over ``mnemos.tokenizer``) and dense rankings over one group's passages."""
+    """BM25 and dense rankings over one group's passages, by the service's own code: BM25 is
+    :class:`mnemos.bm25_index.BM25Index` (the query worker's index and tokenizer), dense is the
+    exact inner product of the bi-encoder's normalised vectors (what its flat faiss index computes)."""
 
     def __init__(self, passages: list[str], encoder: TextEncoder | None, use_bm25: bool) -> None:
         self.passages = passages
-        self._bm25 = None
+        self._bm25: BM25Index | None = None
         if use_bm25:
-            import bm25s
-
-            tokens = [tokenize(p) or ["\u2205"] for p in passages]  # bm25s rejects empty documents
-            self._bm25 = bm25s.BM25()
-            self._bm25.index(tokens, show_progress=False)
+            self._bm25 = BM25Index()
+            self._bm25.add(list(range(len(passages))), passages)
         self._vectors = None if encoder is None else np.asarray(encoder.encode(passages), dtype=np.float32)
         self._encoder = encoder
 
     def bm25(self, queries: list[str], depth: int) -> list[list[int]]:
         if self._bm25 is None:
             return [[] for _ in queries]
-        k = min(depth, len(self.passages))
-        out = []
-        for q in queries:
-            tokens = tokenize(q)
-            if not tokens:
-                out.append([])
-                continue
-            ids, scores = self._bm25.retrieve([tokens], k=k, show_progress=False)
-            out.append([int(i) for i, s in zip(ids[0], scores[0], strict=True) if s > 0])
-        return out
+        return [[i for i, _ in self._bm25.search(q, min(depth, len(self.passages)))] for q in queries]
 
     def dense(self, queries: list[str], depth: int) -> list[list[int]]:
         if self._encoder is None or self._vectors is None:
