@@ -40,6 +40,7 @@ from api.validation import (
 
 DEFAULT_LIMITS = Limits()
 TURN_FIELDS = ("v", "tenant_id", "session_id", "turn_id", "role", "text", "occurred_at", "metadata")
+_ABSENT = object()  # a metadata key a turn does not have (None is a value)
 
 
 def _now() -> datetime:
@@ -113,8 +114,18 @@ class Turn:
 
     def same_content(self, other: Turn) -> bool:
         """True when ``other`` says the same thing (used to tell a redelivery from a turn-id conflict)."""
-        return (self.session_id, self.role, self.text, self.occurred_at) == (
-            other.session_id, other.role, other.text, other.occurred_at)
+        return not self.differences(other)
+
+    def differences(self, other: Turn) -> tuple[str, ...]:
+        """The fields in which ``other`` says something else, in field order: ``session_id``,
+        ``role``, ``text``, ``occurred_at`` (the same instant in another zone is equal), then
+        ``metadata.<key>`` for every metadata key added, removed or changed (keys sorted)."""
+        names = [name for name in ("session_id", "role", "text", "occurred_at")
+                 if getattr(self, name) != getattr(other, name)]
+        mine, theirs = dict(self.metadata), dict(other.metadata)
+        names += [f"metadata.{key}" for key in sorted(mine.keys() | theirs.keys())
+                  if mine.get(key, _ABSENT) != theirs.get(key, _ABSENT)]
+        return tuple(names)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Per batch: validate every message (refused ones become dead letters with their reason), embed
 all valid texts in one encoder call, then per tenant and in one transaction under the tenant's
 advisory lock: skip turns already stored (a redelivery), dead-letter a known turn id with new
-content (``turn_id_conflict``: the first write wins), dedupe against the tenant's canonical
+content, metadata included (``turn_id_conflict``: the first write wins; the detail names the
+differing fields), dedupe against the tenant's canonical
 entries (cosine >= 0.95 *and* the same speaker and distinguishing tokens, :mod:`mnemos.dedupe`,
 docs/architecture.md "Dedupe": a near-duplicate is stored as an alias row that keeps its own
 turn, and the query worker indexes its text under its canonical entry), insert with
@@ -122,6 +123,13 @@ class _BatchTotals:
         self.duplicates += outcome.duplicates
         self.conflicts.extend(outcome.conflicts or [])
         self.dropped.extend(outcome.dropped)
+
+
+def _conflict_detail(turn_id: str, differences: Sequence[str]) -> str:
+    """Why a known turn id with other content was refused, naming what differs: a metadata-only edit
+    (``supersedes``, ``image_caption``) is refused like a text edit, never skipped as a redelivery."""
+    return (f"turn_id {turn_id!r} already stored with a different {', '.join(differences)}; first write wins "
+            "(to change a stored turn, forget it and publish it again with readd)")
 
 
 def _new_entry(item: _Pending, entry_id: int, canonical: int | None) -> NewEntry:
@@ -304,7 +312,8 @@ class IngestWorker:
         turn_ids = sorted({p.turn.turn_id for p in pending})
         stored = tx.stored_turns(turn_ids)
         known: dict[str, Turn] = {
-            r.turn_id: Turn(tx.tenant_id, r.session_id, r.turn_id, r.role, r.text, r.occurred_at) for r in stored}
+            r.turn_id: Turn(tx.tenant_id, r.session_id, r.turn_id, r.role, r.text, r.occurred_at, r.metadata)
+            for r in stored}
         stones = {(t.scope, t.key): t for t in tx.tombstones(
             session_ids=sorted({p.turn.session_id for p in pending}), turn_ids=turn_ids)}
         fresh: list[_Pending] = []
@@ -321,11 +330,10 @@ class IngestWorker:
             if first is None:
                 known[item.turn.turn_id] = item.turn
                 fresh.append(item)
-            elif not first.same_content(item.turn):
+            elif differences := first.differences(item.turn):
                 assert outcome.conflicts is not None
                 outcome.conflicts.append(self._dead_letter(
-                    item.message, Reason.TURN_ID_CONFLICT.value,
-                    f"turn_id {item.turn.turn_id!r} already stored with different content; first write wins",
+                    item.message, Reason.TURN_ID_CONFLICT.value, _conflict_detail(item.turn.turn_id, differences),
                     item.turn))
         return fresh
 

@@ -134,6 +134,26 @@ def test_turn_id_conflict_first_write_wins(settings: Settings, redis_client: red
     assert _dead(store) == [("turn_id_conflict", "t", "same")]
 
 
+@pytest.mark.parametrize("metadata", [{"supersedes": ["older"]}, {"image_caption": "a red bicycle"}])
+def test_a_metadata_only_edit_is_dead_lettered_not_dropped(settings: Settings, redis_client: redis.Redis,
+                                                           store: PostgresStore, metadata: dict) -> None:
+    client = client_for(settings, redis_client)
+    client.publish_turn(turn("t", "older", "the meeting is on Monday"))
+    client.publish_turn(turn("t", "same", "the meeting moved"))
+    worker = ingest_worker(settings, redis_client, store)
+    drain(worker)
+    client.publish_turn({**turn("t", "same", "the meeting moved"), "metadata": metadata})  # same text, new metadata
+    client.publish_turn(turn("t", "same", "the meeting moved"))  # a plain retry stays silent
+    drain(worker, rounds=10)
+    assert _dead(store) == [("turn_id_conflict", "t", "same")]
+    with psycopg.connect(store.database_url) as conn:
+        (detail,) = conn.execute("SELECT detail FROM dead_letters").fetchone()
+    assert "metadata" in detail and next(iter(metadata)) in detail and "readd" in detail
+    with store.tenant_tx("t") as conn:  # first write wins: the stored turn is unchanged
+        assert conn.execute("SELECT metadata FROM entries WHERE turn_id = 'same'").fetchone() == ({},)
+    assert redis_client.xlen(settings.dead_letter_stream) == 1
+
+
 def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     client_for(settings, redis_client).publish_turns([turn("t", f"k{i}", f"turn {i} of a flaky day") for i in range(4)])
     worker = ingest_worker(settings, redis_client, store)

@@ -207,7 +207,7 @@ class FakeTenantSession(FakeForget):
 
     def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
         wanted = set(turn_ids)
-        return [StoredTurn(e.turn_id, e.session_id, e.role, e.text, e.occurred_at)
+        return [StoredTurn(e.turn_id, e.session_id, e.role, e.text, e.occurred_at, dict(e.metadata))
                 for _, e in self._entries() if e.turn_id in wanted]
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:

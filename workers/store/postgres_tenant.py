@@ -102,7 +102,7 @@ class PostgresTenantSession(PostgresForget):
     # ingest ---------------------------------------------------------------------------------------
 
     def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
-        return self._rows(StoredTurn, "SELECT turn_id, session_id, role, text, occurred_at FROM entries"
+        return self._rows(StoredTurn, "SELECT turn_id, session_id, role, text, occurred_at, metadata FROM entries"
                           " WHERE tenant_id = %s AND turn_id = ANY(%s)", (self._tenant_id, list(turn_ids)))
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:

@@ -78,13 +78,15 @@ class TenantVersionRow:
 
 @dataclass(frozen=True)
 class StoredTurn:
-    """The content of a stored turn, compared with a redelivered one (idempotency by turn id)."""
+    """The content of a stored turn, compared with a redelivered one (idempotency by turn id);
+    ``metadata`` is the stored JSON object (``{}`` when the turn had none)."""
 
     turn_id: str
     session_id: str
     role: str
     text: str
     occurred_at: datetime
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
