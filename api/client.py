@@ -8,7 +8,9 @@ enqueued) when no query worker has a live heartbeat (:mod:`api.heartbeats`). Red
 :class:`ServiceUnavailable`. The rq job
 id is derived from the tenant and the request id (:func:`job_id_for`), and the client only reads
 results newer than its own enqueue, so a reused request id never returns an older or another
-tenant's answer.
+tenant's answer. A request id names one request: the first enqueue claims it for that request's
+digest (``<prefix>:request:<job id>``, for as long as its job or result can exist) and a different
+request of the tenant under the same id is refused (:class:`RequestIdReused`) before it is sent.
 
 With ``shards`` > 1 (docs/scaling.md) a tenant's turns, forgets and retrievals all go to its shard
 (:mod:`api.sharding`): the shard's turns stream and rq queue, served by that shard's workers only.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +39,7 @@ from api.errors import (
     InvalidInputError,
     NoQueryWorker,
     Reason,
+    RequestIdReused,
     RetrievalFailed,
     RetrievalTimeout,
     ServiceUnavailable,
@@ -190,7 +194,8 @@ class MnemosClient:
         other candidate was left out (``budget_out_of_range`` outside 1..``max_budget_tokens``).
 
         Raises InvalidInputError before anything is sent (``bad_filter`` for a bad ``filters``
-        object); NoQueryWorker at once, before anything is sent, when no query worker has a live
+        object; :class:`RequestIdReused` when ``request_id`` already names another request of the
+        tenant, see :func:`claim_request_id`); NoQueryWorker at once, before anything is sent, when no query worker has a live
         heartbeat; RetrievalFailed when the job failed; RetrievalTimeout when no result arrived
         within ``timeout_s`` (default ``retrieve_timeout_s``); ServiceUnavailable when Redis fails.
         """
@@ -210,6 +215,10 @@ class MnemosClient:
         try:
             if self.require_query_worker and not self.query_workers(request.tenant_id):
                 raise NoQueryWorker(queue.name, self.stream_prefix)
+            claim_ttl_s = int(timeout) + 5 + self.job_timeout_s + self.result_ttl_s  # queued + running + kept
+            if not claim_request_id(self.connection, f"{self.stream_prefix}:request:{job_id}",
+                                    request_digest(request), claim_ttl_s):
+                raise RequestIdReused(request.tenant_id, request.request_id)
             # results of an earlier job with this id (a retry) stay in its result stream: read after them
             last = self.connection.xrevrange(Result.get_key(job_id), count=1)
             after = _sid(last[0][0]) if last else "0-0"
@@ -279,6 +288,32 @@ def job_id_for(tenant_id: str, request_id: str) -> str:
     """
     digest = hashlib.blake2b(f"{tenant_id}\x00{request_id}".encode(), digest_size=16).hexdigest()
     return f"{JOB_ID_PREFIX}{digest}"
+
+
+def request_digest(request: RetrievalRequest) -> str:
+    """A hex digest of everything a request asks (its JSON payload, keys sorted): equal for a retry."""
+    body = json.dumps(request.to_payload(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+
+
+def claim_request_id(connection: redis.Redis, key: str, digest: str, ttl_s: int) -> bool:
+    """Claim ``key`` (one tenant's request id) for the request of ``digest`` for ``ttl_s`` seconds.
+
+    True when the key was free (now claimed) or already holds ``digest`` (a retry: its expiry is
+    renewed); False when it holds another request's digest. Atomic per call (``SET NX``), so of two
+    concurrent different requests exactly one wins. Raises redis.RedisError.
+    """
+    for _ in range(3):  # the key may expire between SET NX and GET: claim again
+        if connection.set(key, digest, nx=True, ex=ttl_s):
+            return True
+        held = connection.get(key)
+        if held is None:
+            continue
+        if _sid(held) != digest:
+            return False
+        connection.expire(key, ttl_s)
+        return True
+    return True  # expired three times in a row: nobody holds it long enough to collide
 
 
 def _sid(value: bytes | str | None) -> str:

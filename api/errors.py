@@ -31,6 +31,7 @@ class Reason(StrEnum):
     BUDGET_OUT_OF_RANGE = "budget_out_of_range"  # a retrieval's evidence packet budget (tokens)
     BAD_FILTER = "bad_filter"  # a retrieval filter: unknown key, wrong type, empty list, empty time range
     BAD_FORGET = "bad_forget"  # a forget event: unknown scope, or ids that do not fit its scope
+    REQUEST_ID_REUSED = "request_id_reused"  # a tenant's request id already names another retrieval
     # worker side only
     TURN_ID_CONFLICT = "turn_id_conflict"  # same (tenant, turn_id) again with different content
     MALFORMED_MESSAGE = "malformed_message"  # not a turn at all (unparseable fields)
@@ -54,6 +55,22 @@ class InvalidInputError(MnemosClientError, ValueError):
         self.reason = reason
         self.field = field
         self.detail = detail
+
+
+class RequestIdReused(InvalidInputError):
+    """Raised by ``retrieve`` before anything is enqueued when the tenant's ``request_id`` already
+    names a different request (another query, ``k``, ``as_of``, ``filters`` or ``budget_tokens``)
+    whose job or result may still exist: both would share one rq job, so one caller would read the
+    other's hits and suppression would see two outcomes under one id. The same request sent again
+    under its id (a retry) is not refused.
+    """
+
+    def __init__(self, tenant_id: str, request_id: str) -> None:
+        super().__init__(Reason.REQUEST_ID_REUSED, "request_id",
+                         f"{request_id!r} already names another request of this tenant; use a new request id "
+                         "per request (the same request may be retried under its id)")
+        self.tenant_id = tenant_id
+        self.request_id = request_id
 
 
 class ServiceUnavailable(MnemosClientError):
