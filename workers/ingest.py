@@ -66,6 +66,9 @@ from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_co
 log = logging.getLogger(__name__)
 
 GROUP = "ingest"
+UPSTREAM_LOSS = ("turns and forget events not yet stored or applied, and the copies on the dead-letter stream "
+                 "(the dead_letters table keeps them); publish those turns again (a turn id is stored "
+                 "once, a redelivery is skipped) and any forget that did not take effect")
 
 
 @dataclass
@@ -384,7 +387,7 @@ class IngestWorker:
         return StreamConsumer(
             self.connection, s.turns_stream, GROUP, name or consumer_name("ingest"),
             batch_size=s.ingest_batch_size, block_ms=s.block_ms, claim_idle_ms=s.claim_idle_ms,
-            claim_interval_s=s.claim_interval_s, on_lost=self.on_lost)
+            claim_interval_s=s.claim_interval_s, on_lost=self.on_lost, upstream_loss=UPSTREAM_LOSS)
 
     def run(self, stop: threading.Event, name: str | None = None, heartbeat: Heartbeat | None = None) -> None:
         """Consume until ``stop`` is set (renewing ``heartbeat`` from the loop)."""

@@ -10,7 +10,11 @@ At-least-once delivery with acknowledgement after the handler's commit:
   anyway: the cost is work, not correctness);
 * the handler returns the ids it finished, and only those are XACKed;
 * :func:`safe_trim` never trims below the oldest entry some group has not acknowledged; entries
-  that vanished while pending (someone else trimmed) are counted as lost and acknowledged.
+  that vanished while pending (someone else trimmed) are counted as lost and acknowledged;
+* when Redis answers ``NOGROUP`` or unblocks a read because the stream vanished (it came back without its data: restarted without persistence,
+  failed over to an empty replica, or the stream key was deleted), the group is created again at
+  the stream's start and the loop goes on (:meth:`StreamConsumer.recreate_group`); the consumer
+  that recreated it says once at WARNING what was lost upstream.
 """
 
 from __future__ import annotations
@@ -57,12 +61,15 @@ class StreamConsumer:
     """One consumer of ``group`` on ``stream`` (see the module docstring for the delivery rules).
 
     ``on_lost(stream_id)`` is called for every pending entry whose payload was trimmed away.
+    ``upstream_loss`` says, for the warning of :meth:`recreate_group`, what a Redis that lost its
+    data took with it (the entries' meaning to this group, and what to do about it).
     """
 
     def __init__(self, connection: redis.Redis, stream: str, group: str, consumer: str, *, batch_size: int,
                  block_ms: int, claim_idle_ms: int, claim_interval_s: float,
                  on_lost: Callable[[str], None] = lambda _sid: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 upstream_loss: str = "its entries not yet acknowledged") -> None:
         self.connection = connection
         self.stream = stream
         self.group = group
@@ -73,17 +80,43 @@ class StreamConsumer:
         self.claim_interval_s = claim_interval_s
         self.on_lost = on_lost
         self.clock = clock
+        self.upstream_loss = upstream_loss
+        self._last_read: str | None = None  # the newest entry id this consumer was handed (for the loss report)
         self._claim_cursor = "0-0"
         self._next_claim = 0.0
         self._replay_own = True  # a restarted process may own pending entries under the same name
 
-    def ensure_group(self) -> None:
-        """Create the group at the stream's beginning (and the stream) unless it exists."""
+    def ensure_group(self) -> bool:
+        """Create the group at the stream's beginning (and the stream) unless it exists; True when
+        this call created it. Raises redis.RedisError for anything but an existing group."""
         try:
             self.connection.xgroup_create(self.stream, self.group, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+            return False
+        return True
+
+    def recreate_group(self, cause: redis.ResponseError) -> None:
+        """After ``NOGROUP`` (:func:`is_missing_group`): create the group again at the stream's start
+        and forget the claim cursor, so the entries published since Redis lost its data are read.
+
+        The consumer that creates the group logs once at WARNING what was lost upstream: every entry
+        published before the loss that the group had not acknowledged, described by
+        ``upstream_loss``; a consumer that finds the group already recreated by another logs at INFO.
+        Raises redis.RedisError when Redis refuses (a transient error retries in the loop).
+        """
+        created = self.ensure_group()
+        self._claim_cursor, self._next_claim, self._replay_own = "0-0", 0.0, True
+        if not created:
+            log.info("%s/%s: consumer group already recreated by another consumer (%s)", self.stream, self.group, cause)
+            return
+        log.warning(
+            "%s/%s: Redis lost the consumer group (%s), as after a restart without persistence or a "
+            "failover to an empty replica; recreated it at the start of the stream (%d entries there now). "
+            "Lost upstream: %s, published before the loss (this consumer had read up to %s)",
+            self.stream, self.group, cause, int(self.connection.xlen(self.stream)), self.upstream_loss,
+            self._last_read or "nothing")
 
     def replay_pending(self) -> None:
         """After a failed batch: re-read this consumer's own pending entries before new ones."""
@@ -117,6 +150,8 @@ class StreamConsumer:
                     lost.append(_sid(raw_id))
                 else:
                     messages.append(StreamMessage(_sid(raw_id), fields))
+        if messages:
+            self._saw(messages[-1].stream_id)
         self._lost(lost)
         return messages
 
@@ -139,8 +174,13 @@ class StreamConsumer:
             self._replay_own = True
         messages = [StreamMessage(_sid(raw_id), fields, claimed=True) for raw_id, fields in entries if fields]
         if messages:
+            self._saw(messages[-1].stream_id)
             log.info("claimed %d idle entries of %s/%s", len(messages), self.stream, self.group)
         return messages
+
+    def _saw(self, stream_id: str) -> None:
+        if self._last_read is None or _parse_id(stream_id) > _parse_id(self._last_read):
+            self._last_read = stream_id
 
     def _lost(self, stream_ids: list[str]) -> None:
         if not stream_ids:
@@ -229,6 +269,15 @@ class StreamSampler:
 TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, StoreError)
 
 
+def is_missing_group(exc: BaseException) -> bool:
+    """Redis answered ``NOGROUP`` (the stream or its consumer group is gone: Redis lost its data), or
+    unblocked a waiting read because the stream key was deleted meanwhile (``UNBLOCKED``)."""
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    return text.startswith("NOGROUP") or (text.startswith("UNBLOCKED") and "no longer exists" in text)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Redis unreachable, or a StoreError that says the database was unreachable."""
     if isinstance(exc, StoreError):
@@ -247,18 +296,23 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
 
     ``handle`` returns the stream ids it committed; only those are acknowledged. Transient errors
     (Redis or Postgres unavailable) back off and replay the consumer's pending entries, so
-    nothing is acknowledged that was not committed. Any other error is a bug or a poison message:
+    nothing is acknowledged that was not committed. ``NOGROUP`` (Redis lost its data) recreates the
+    group and goes on (:meth:`StreamConsumer.recreate_group`). Any other error is a bug or a poison message:
     the batch is retried one message at a time and a message that still fails is handed to
     ``poison`` (which dead-letters it) and acknowledged, so one bad message cannot stop the group.
     """
     backoff = 0.1
     next_trim = time.monotonic() + (trim_interval_s or 0)
     ensured = False
+    missing: redis.ResponseError | None = None  # the NOGROUP to recover from, inside the try
     while not stop.is_set():
         try:
             if heartbeat is not None:
                 heartbeat.idle()
-            if not ensured:
+            if missing is not None:
+                consumer.recreate_group(missing)
+                missing = None
+            elif not ensured:
                 consumer.ensure_group()
                 ensured = True
             batch = consumer.read()
@@ -274,6 +328,10 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
                     log.info("trimmed %d acknowledged entries of %s", removed, consumer.stream)
                 next_trim = time.monotonic() + trim_interval_s
             backoff = 0.1
+        except redis.ResponseError as exc:
+            if not is_missing_group(exc):
+                raise
+            missing = exc
         except TRANSIENT_ERRORS as exc:
             if not is_transient(exc):
                 raise
@@ -288,7 +346,7 @@ def _handle_guarded(handle: Callable[[list[StreamMessage]], list[str]], batch: l
     try:
         return handle(batch)
     except Exception as exc:
-        if is_transient(exc):
+        if is_transient(exc) or is_missing_group(exc):  # not the message's fault: never dead-letter it
             raise
         if len(batch) == 1:
             log.exception("message %s failed; dead-lettering it", batch[0].stream_id)

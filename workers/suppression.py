@@ -45,6 +45,8 @@ from workers.wire import outcome_record
 log = logging.getLogger(__name__)
 
 GROUP = "suppression"
+UPSTREAM_LOSS = ("outcomes not yet applied: their suppression updates are gone (answers are unaffected; "
+                 "suppression learns on from the next outcomes)")
 
 
 class SuppressionWorker:
@@ -145,7 +147,7 @@ class SuppressionWorker:
         return StreamConsumer(
             self.connection, s.outcomes_stream, GROUP, name or consumer_name("suppression"),
             batch_size=s.outcome_batch_size, block_ms=s.block_ms, claim_idle_ms=s.claim_idle_ms,
-            claim_interval_s=s.claim_interval_s, on_lost=self.on_lost)
+            claim_interval_s=s.claim_interval_s, on_lost=self.on_lost, upstream_loss=UPSTREAM_LOSS)
 
     def run(self, stop: threading.Event, name: str | None = None, heartbeat: Heartbeat | None = None) -> None:
         """Consume until ``stop`` is set (renewing ``heartbeat`` from the loop)."""
