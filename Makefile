@@ -6,7 +6,7 @@ LOCOMO_SHARED := ../shared/data/locomo/locomo10.json
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run demo test test-under-load lint reranker check-data
+.PHONY: setup run demo test test-under-load lint reranker reranker-folds reranker-locomo check-data
 
 $(BIN)/mnemos: pyproject.toml constraints.txt scripts/setup.sh
 	bash scripts/setup.sh
@@ -29,15 +29,29 @@ run: check-data setup
 check-data:
 	@test -z "$(DATA)" || test -f "$(DATA)" || { echo "make: no LoCoMo file at $(DATA) (relative to $(CURDIR)); run: make run DATA=/path/to/locomo10.json, or leave DATA out to use the shared copy or download it" >&2; exit 2; }
 
-# Reproduce the shipped cross-encoder (mnemos/shipped/reranker): fine-tuned from the bundled MiniLM on
-# LoCoMo conv-26..conv-43 (fold a), every mined pair, 3 epochs, seed 0, stored as fp16 safetensors with
-# mnemos_provenance.json. RERANKER_OUT=dir writes elsewhere; the fold-b model of the quality bench is
-# `make reranker RERANKER_OUT=models/locomo-fold-b FOLD=conv-44,conv-47,conv-48,conv-49,conv-50`.
+# Reproduce the shipped cross-encoder (mnemos/shipped/reranker): fine-tuned from the bundled MiniLM on every
+# LongMemEval-S question with an evidence turn (MIT), hard negatives from the same haystack by the service's
+# BM25, every mined pair, 3 epochs, seed 0, stored as fp16 safetensors with mnemos_provenance.json (sources,
+# licences, question ids). RERANKER_OUT=dir writes elsewhere. docs/reranker.md says why this recipe.
+LONGMEMEVAL_S ?= ../shared/data/longmemeval/longmemeval_s_498.json.xz
 RERANKER_OUT ?= mnemos/shipped/reranker
+reranker: setup
+	$(BIN)/mnemos reranker train --longmemeval $(LONGMEMEVAL_S) --out $(RERANKER_OUT) --no-dense \
+		--epochs 3 --seed 0 --fp16
+
+# The two cross-fitting models of the quality bench on LongMemEval: questions split in 2 folds stratified by
+# question type (seed 0); models/lme-fold-N never saw fold N's questions and is the one that ranks them.
+reranker-folds: setup
+	for f in 1 2; do $(BIN)/mnemos reranker train --longmemeval $(LONGMEMEVAL_S) --question-fold $$f/2 \
+		--out models/lme-fold-$$f --no-dense --epochs 3 --seed 0 || exit 1; done
+
+# Research only, never committed: a LoCoMo-trained model (CC BY-NC 4.0 data, so the weights are too; loading
+# it logs a warning). FOLD=conv-44,... picks the training conversations; LOCOMO_OUT the directory.
 FOLD ?= conv-26,conv-30,conv-41,conv-42,conv-43
-reranker: check-data setup
+LOCOMO_OUT ?= models/locomo-fold-a
+reranker-locomo: check-data setup
 	$(BIN)/mnemos reranker train --data $(or $(DATA),$(LOCOMO_SHARED)) \
-		--conversations $(FOLD) --out $(RERANKER_OUT) --epochs 3 --seed 0 --fp16
+		--conversations $(FOLD) --out $(LOCOMO_OUT) --epochs 3 --seed 0
 
 demo: setup
 	$(BIN)/mnemos demo
