@@ -435,15 +435,17 @@ def calibration_pools(
     encoder: TextEncoder | None,
     n_queries: int = 200,
     pool_size: int = 30,
-    sources: frozenset[PairSource] = frozenset({PairSource.QA}),
+    sources: frozenset[PairSource] = frozenset({PairSource.QA, PairSource.LONGMEMEVAL}),
     seed: int = 0,
 ) -> list[tuple[str, list[str]]]:
     """First-stage pools of sampled training questions, for calibrating the deep pass.
 
     Up to ``n_queries`` distinct queries of ``sources`` (questions by default: the deep pass acts on
-    questions, not on observation facts) are drawn with a seeded sample; each gets the RRF fusion
-    (k = 60) of its BM25 and dense top ``pool_size`` over its group's passages, cut to
-    ``pool_size``: the pool the retrieval pipeline would rerank. Groups without a corpus are skipped.
+    questions, LoCoMo's or LongMemEval's, not on observation facts) are drawn with a seeded sample;
+    each gets the RRF fusion (k = 60) of its BM25 and dense top ``pool_size`` over its group's
+    passages, cut to ``pool_size``: the pool the retrieval pipeline would rerank (BM25's alone when
+    ``encoder`` is None, e.g. a run mining LongMemEval-S without the bi-encoder). Groups without a
+    corpus are skipped.
     """
     queries: dict[tuple[str, str], None] = {}
     for p in positives:
