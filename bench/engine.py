@@ -88,6 +88,7 @@ class PoolResult:
     scores: tuple[float, ...]
     deep_pass: bool
     top_score: float | None
+    initial_ranks: tuple[int, ...] = ()  # per hit: its suppressed fused rank (the outcome's), when reranked
 
 
 @dataclass(frozen=True)
@@ -213,11 +214,13 @@ class Engine:
 
     @staticmethod
     def _pool(result) -> PoolResult:
+        initial = {e.entry_id: e.initial_rank for e in result.outcome.pool} if result.outcome is not None else {}
         return PoolResult(
             entry_ids=tuple(h.entry_id for h in result.hits),
             scores=tuple(float(h.score) for h in result.hits),
             deep_pass=bool(result.deep_pass),
             top_score=result.top_rerank_score,
+            initial_ranks=tuple(initial.get(h.entry_id, 0) for h in result.hits) if initial else (),
         )
 
     # ---- stateless arms ----------------------------------------------------------------------
@@ -395,6 +398,7 @@ class Engine:
             sessions=sessions,
             session_dates=tuple(tenant.sessions.date(s) for s in sessions),
             embeddings=self.turn_vectors[list(pool.entry_ids)],
+            initial_ranks=np.asarray(pool.initial_ranks, dtype=np.int64),
         )
         needs_sessions = any(s.feature is Feature.SESSION for s in settings)
         order = apply_features(view, self.context(mode, question, sessions=needs_sessions), settings)

@@ -40,6 +40,7 @@ __all__ = [
     "QueryContext",
     "apply_features",
     "feature_scores",
+    "first_stage_adjustment",
     "importance_adjustment",
     "parse_time_expressions",
     "session_adjustment",
@@ -59,12 +60,16 @@ class PoolView:
             of the session's turns (:meth:`mnemos.sessions.SessionIndex.date`).
         embeddings: ``(p, dim)`` float32 unit bi-encoder vectors of the hits (only
             :func:`importance_adjustment` reads them; ``(p, 0)`` is fine without it).
+        initial_ranks: ``(p,)`` 1-based rank of each hit in the suppressed fused (first-stage)
+            order, the outcome's ``initial_rank`` (only :func:`first_stage_adjustment` reads
+            them; empty is fine without it).
     """
 
     scores: np.ndarray
     sessions: tuple[str, ...]
     session_dates: tuple[datetime, ...]
     embeddings: np.ndarray
+    initial_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -99,17 +104,21 @@ class Feature(StrEnum):
     """Explicit temporal match (AssoMem §3.2.3): boost turns whose session date fits the question."""
     IMPORTANCE = "importance"
     """Personalized PageRank importance over the pool's similarity graph (AssoMem §3.2.3)."""
+    FIRST_STAGE = "first_stage"
+    """First-stage evidence kept in the final score: z-scored fused rank, scaled to the logits' spread."""
 
 
 _REQUIRED: dict[Feature, frozenset[str]] = {
     Feature.SESSION: frozenset({"top", "weight"}),
     Feature.TEMPORAL: frozenset({"slack_days", "weight"}),
     Feature.IMPORTANCE: frozenset({"weight"}),
+    Feature.FIRST_STAGE: frozenset({"weight"}),
 }
 _OPTIONAL: dict[Feature, frozenset[str]] = {
     Feature.SESSION: frozenset(),
     Feature.TEMPORAL: frozenset(),
     Feature.IMPORTANCE: frozenset({"neighbours", "damping", "iterations"}),
+    Feature.FIRST_STAGE: frozenset(),
 }
 
 
@@ -119,8 +128,9 @@ class FeatureSetting:
 
     Parameters are the keyword arguments of the feature's function: ``session``: ``top``
     (sessions boosted, >= 1), ``weight``; ``temporal``: ``slack_days`` (>= 0), ``weight``;
-    ``importance``: ``weight`` and optionally ``neighbours``, ``damping``, ``iterations``.
-    Weights are rerank-logit units. Hashable, so a :class:`~mnemos.pipeline.RetrievalConfig`
+    ``importance``: ``weight`` and optionally ``neighbours``, ``damping``, ``iterations``;
+    ``first_stage``: ``weight`` (in standard deviations of the pool's logits per standard
+    deviation of its fused ranks). Weights are rerank-logit units. Hashable, so a :class:`~mnemos.pipeline.RetrievalConfig`
     holding settings stays hashable.
 
     Raises:
@@ -333,10 +343,32 @@ def importance_adjustment(
     return np.asarray(weight * (rank - rank.mean()) / spread, dtype=np.float64)
 
 
+def first_stage_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
+    """``weight * sd(logits) * z(-initial_rank)`` for each pool turn (``(p,)`` float64).
+
+    Interpolating a cross-encoder with the first-stage ranking: the final score is then a
+    monotone map of ``z(logit) + weight * z(first stage)``, z-scores taken over the pool (score
+    fusion after Bruch, Gai and Ingber, "An Analysis of Fusion Functions for Hybrid Retrieval",
+    2023, here with the fused rank as the first-stage score, which is what reciprocal rank
+    fusion scores by), kept in logit units so the other features' weights keep their meaning.
+    When the cross-encoder is unsure (logits close together) its spread is small and the term
+    small with it; ranks that carry no order (fewer than 2 turns, equal ranks, no ranks) give 0.
+    ``context`` is unused (the signature every feature shares).
+    """
+    del context
+    ranks = np.asarray(pool.initial_ranks, dtype=np.float64)
+    logits = np.asarray(pool.scores, dtype=np.float64)
+    if ranks.size != logits.size or ranks.size < 2 or ranks.std() == 0:
+        return np.zeros(logits.size, dtype=np.float64)
+    first = -ranks
+    return np.asarray(weight * logits.std() * (first - first.mean()) / first.std(), dtype=np.float64)
+
+
 FEATURE_FUNCTIONS: dict[Feature, Callable[..., np.ndarray]] = {
     Feature.SESSION: session_adjustment,
     Feature.TEMPORAL: temporal_adjustment,
     Feature.IMPORTANCE: importance_adjustment,
+    Feature.FIRST_STAGE: first_stage_adjustment,
 }
 """The adjustment function of each :class:`Feature`; each returns ``(p,)`` logits to add."""
 

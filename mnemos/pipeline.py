@@ -295,7 +295,8 @@ def retrieve(
     watch.stop()
 
     outcome, final_order = _outcome(index, reranked, cluster, outcome_id, q_vec)
-    ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch)
+    ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch,
+                       {entry.entry_id: entry.initial_rank for entry in outcome.pool})
     hits = _hits(index, ranked[:k])
     return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked)
 
@@ -441,9 +442,13 @@ def _features(
     settings: Sequence[FeatureSetting],
     reference_time: datetime | None,
     watch: _Stopwatch,
+    initial_ranks: dict[int, int] | None = None,
 ) -> list[tuple[int, float]]:
     """Stage 6, features: ``(entry_id, score)`` of the reranked pool ``order``, best first: the
-    logits as they are without ``settings``, else adjusted by them and stably re-sorted."""
+    logits as they are without ``settings``, else adjusted by them and stably re-sorted.
+    ``initial_ranks`` (entry id -> 1-based suppressed fused rank, the outcome's ``initial_rank``)
+    feed the first-stage feature."""
+    initial_ranks = initial_ranks or {}
     if not settings:
         return [(eid, scores[eid]) for eid in order]
     watch.start("features")
@@ -458,6 +463,7 @@ def _features(
         sessions=sessions,
         session_dates=tuple(index.sessions.date(s) for s in sessions),
         embeddings=index.embeddings_of(order) if Feature.IMPORTANCE in wanted else np.zeros((len(order), 0)),
+        initial_ranks=np.asarray([initial_ranks.get(eid, 0) for eid in order], dtype=np.int64),
     )
     total = feature_scores(view, context, settings)
     ranked = [(order[i], float(total[i])) for i in np.argsort(-total, kind="stable")]

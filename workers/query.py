@@ -113,6 +113,8 @@ def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
     if settings.temporal_weight != 0:
         features.append(FeatureSetting(Feature.TEMPORAL, {"slack_days": settings.temporal_slack_days,
                                                           "weight": settings.temporal_weight}))
+    if settings.first_stage_weight != 0:
+        features.append(FeatureSetting(Feature.FIRST_STAGE, {"weight": settings.first_stage_weight}))
     return tuple(features)
 
 

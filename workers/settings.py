@@ -85,6 +85,9 @@ class Settings:
     session_weight: float = 2.0
     temporal_slack_days: float = 31.0  # a session may start up to this many days after the named time
     temporal_weight: float = 2.0
+    # first-stage evidence in the final score (mnemos.features.first_stage_adjustment): weight of the
+    # z-scored fused rank in standard deviations of the pool's logits; 0 = off (docs/reranker.md).
+    first_stage_weight: float = 0.0
     dedupe_threshold: float = 0.95
     default_k: int = 10
     max_k: int = 100
@@ -182,8 +185,9 @@ class Settings:
             raise SettingsError(f"session_top must be >= 1 and temporal_slack_days >= 0, got {self.session_top}, "
                                 f"{self.temporal_slack_days}")
         if not (math.isfinite(self.session_weight) and math.isfinite(self.temporal_weight)
-                and math.isfinite(self.temporal_slack_days)):
-            raise SettingsError("session_weight, temporal_weight and temporal_slack_days must be finite")
+                and math.isfinite(self.temporal_slack_days) and math.isfinite(self.first_stage_weight)):
+            raise SettingsError("session_weight, temporal_weight, temporal_slack_days and first_stage_weight "
+                                "must be finite")
         if not 1 <= self.default_k <= self.max_k:
             raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
         # a loop renews its heartbeat between blocking reads (block_ms; the query worker's at least 1 s)

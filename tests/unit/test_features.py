@@ -129,3 +129,41 @@ def test_settings_are_hashable_values() -> None:
     b = FeatureSetting(Feature.SESSION, {"weight": 2.0, "top": 3})
     assert a == b and hash(a) == hash(b) and a.feature is Feature.SESSION
     assert len({a, b, FeatureSetting(Feature.IMPORTANCE, {"weight": 1.0, "neighbours": 3})}) == 2
+
+
+def test_first_stage_adjustment_is_the_z_scored_fused_rank_in_logit_units() -> None:
+    from mnemos.features import first_stage_adjustment
+
+    logits = [4.0, 1.0, 0.0, -1.0]
+    pool = PoolView(np.asarray(logits), ("s",) * 4, (datetime(2023, 1, 1, tzinfo=UTC),) * 4, np.zeros((4, 0)),
+                    initial_ranks=np.asarray([4, 1, 2, 3]))
+    adjustment = first_stage_adjustment(pool, QueryContext(), weight=0.5)
+    first = -np.asarray([4.0, 1.0, 2.0, 3.0])
+    expected = 0.5 * np.std(logits) * (first - first.mean()) / first.std()
+    np.testing.assert_allclose(adjustment, expected)
+    assert adjustment[1] > adjustment[2] > adjustment[3] > adjustment[0]  # fused rank 1 gains most
+    # z(logit) + w * z(first stage) orders the pool as logit + adjustment does
+    z_logits = (np.asarray(logits) - np.mean(logits)) / np.std(logits)
+    mixed = z_logits + 0.5 * (first - first.mean()) / first.std()
+    assert list(np.argsort(-mixed)) == list(np.argsort(-(np.asarray(logits) + adjustment)))
+
+
+def test_first_stage_adjustment_is_zero_without_an_order_to_keep() -> None:
+    from mnemos.features import first_stage_adjustment
+
+    date0 = datetime(2023, 1, 1, tzinfo=UTC)
+    for ranks in ([], [1], [2, 2, 2]):
+        n = max(len(ranks), 1) if ranks else 3
+        pool = PoolView(np.arange(n, dtype=float), ("s",) * n, (date0,) * n, np.zeros((n, 0)),
+                        initial_ranks=np.asarray(ranks, dtype=np.int64))
+        assert not first_stage_adjustment(pool, QueryContext(), weight=1.0).any()
+    flat = PoolView(np.zeros(3), ("s",) * 3, (date0,) * 3, np.zeros((3, 0)), initial_ranks=np.asarray([1, 2, 3]))
+    assert not first_stage_adjustment(flat, QueryContext(), weight=1.0).any()  # an unsure model: no logit spread
+
+
+def test_first_stage_setting_needs_a_weight() -> None:
+    from mnemos.errors import InvalidParameterError
+
+    assert FeatureSetting(Feature.FIRST_STAGE, {"weight": 1.0}).label() == "first_stage(weight=1)"
+    with pytest.raises(InvalidParameterError):
+        FeatureSetting(Feature.FIRST_STAGE, {})

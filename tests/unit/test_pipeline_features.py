@@ -122,3 +122,15 @@ def test_importance_feature_reads_the_pool_embeddings(index, encoder) -> None:
     plain = _run(index, encoder, "the dog", BASE)
     assert {h.entry_id for h in on.hits} == {h.entry_id for h in plain.hits}
     assert np.all(np.diff([h.score for h in on.hits]) <= 0)
+
+
+def test_a_heavy_first_stage_weight_returns_the_fused_order_and_keeps_the_outcome(index, encoder) -> None:
+    query = "the dog and the dentist"
+    plain = _run(index, encoder, query, BASE)
+    fused_order = [e.entry_id for e in sorted(plain.outcome.pool, key=lambda e: e.initial_rank)]
+    assert [h.entry_id for h in plain.hits] != fused_order  # the fake reranker reorders this pool
+    heavy = _run(index, encoder, query, _with(FeatureSetting(Feature.FIRST_STAGE, {"weight": 1000.0})))
+    assert [h.entry_id for h in heavy.hits] == fused_order
+    assert heavy.outcome == plain.outcome  # suppression still learns from the cross-encoder's own ranks
+    light = _run(index, encoder, query, _with(FeatureSetting(Feature.FIRST_STAGE, {"weight": 1e-9})))
+    assert [h.entry_id for h in light.hits] == [h.entry_id for h in plain.hits]
