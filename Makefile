@@ -29,15 +29,15 @@ run: check-data setup
 check-data:
 	@test -z "$(DATA)" || test -f "$(DATA)" || { echo "make: no LoCoMo file at $(DATA) (relative to $(CURDIR)); run: make run DATA=/path/to/locomo10.json, or leave DATA out to use the shared copy or download it" >&2; exit 2; }
 
-# Reproduce the shipped cross-encoder (mnemos/shipped/reranker): fine-tuned from the bundled MiniLM on every
-# LongMemEval-S question with an evidence turn (MIT), hard negatives from the same haystack by the service's
-# BM25, every mined pair, 3 epochs, seed 0, stored as fp16 safetensors with mnemos_provenance.json (sources,
-# licences, question ids). RERANKER_OUT=dir writes elsewhere. docs/reranker.md says why this recipe.
+# Reproduce the shipped cross-encoder (mnemos/shipped/reranker): fine-tuned from the bundled MiniLM on fold 1/2 of
+# LongMemEval-S's questions (MIT; stratified by question type, seed 0: the other half stays held out), hard negatives
+# from each question's own haystack by the service's BM25, every mined pair, 3 epochs, stored as fp16 safetensors
+# with mnemos_provenance.json (sources, licences, question ids). RERANKER_OUT=dir writes elsewhere; docs/reranker.md.
 LONGMEMEVAL_S ?= ../shared/data/longmemeval/longmemeval_s_498.json.xz
 RERANKER_OUT ?= mnemos/shipped/reranker
 reranker: setup
-	$(BIN)/mnemos reranker train --longmemeval $(LONGMEMEVAL_S) --out $(RERANKER_OUT) --no-dense \
-		--epochs 3 --seed 0 --fp16
+	$(BIN)/mnemos reranker train --longmemeval $(LONGMEMEVAL_S) --question-fold 1/2 --out $(RERANKER_OUT) \
+		--no-dense --epochs 3 --seed 0 --fp16
 
 # The two cross-fitting models of the quality bench on LongMemEval: questions split in 2 folds stratified by
 # question type (seed 0); models/lme-fold-N never saw fold N's questions and is the one that ranks them.

@@ -329,7 +329,7 @@ def run_main_job(settings: Settings, *, data: Path | None, reranker: str | None,
     conversations, trained = evaluated_conversations(data_path, reranker, limit_conversations, False)
     questions = prepare_questions(conversations, seed=seed, limit=limit)
     plans = heldout_plan(conversations, questions, burnin_factor=burnin_factor, seed=seed)
-    echo(f"reranker: {reranker} ({location}); trained on {', '.join(trained) or 'nothing listed'}")
+    echo(f"reranker: {reranker} ({location}); trained on {_trained_summary(location, trained)}")
     echo(f"evaluating {len(conversations)} conversations it never trained on "
          f"({', '.join(c.conversation_id for c in conversations)}): {sum(len(p.evaluate) for p in plans)} questions, "
          f"{sum(len(c.turns) for c in conversations)} turns published twice (tenants .a and .b), "
@@ -385,3 +385,16 @@ def service(ctx: click.Context, data: Path | None, reranker: str | None, limit: 
     sys.exit(run_main_job(settings, data=data, reranker=reranker, limit=limit, limit_conversations=limit_conversations,
                           burnin_factor=burnin_factor, seed=seed, probes=probes, sample_pairs=sample_pairs,
                           json_path=json_path, plot_path=plot_path, keep=keep))
+
+
+def _trained_summary(location: str | None, trained: Sequence[str]) -> str:
+    """What the reranker learned from, in one short line: each training source of its provenance
+    with its licence and item count, or the item ids themselves when no source is recorded."""
+    from workers.model_licences import training_sources
+    from workers.models import reranker_provenance
+
+    sources = training_sources(reranker_provenance(location) or {})
+    if sources:
+        return "; ".join(f"{s.name} ({s.licence}), {s.n_items} items" for s in sources)
+    return ", ".join(trained) or "nothing listed"
+

@@ -32,7 +32,7 @@ DEFAULT_GRID: dict[Feature, tuple[dict[str, float], ...]] = {
     Feature.SESSION: tuple({"top": t, "weight": w} for t in (1, 3) for w in (0.5, 1.0, 2.0)),
     Feature.TEMPORAL: tuple({"slack_days": s, "weight": w} for s in (7, 31) for w in (0.5, 1.0, 2.0)),
     Feature.IMPORTANCE: tuple({"weight": w} for w in (0.25, 0.5, 1.0)),
-    Feature.FIRST_STAGE: tuple({"weight": w} for w in (0.25, 0.5, 1.0, 2.0)),
+    Feature.FIRST_STAGE: tuple({"weight": w} for w in (0.5, 1.0, 2.0, 4.0)),
 }
 """Settings tried per feature; weights are in rerank-logit units."""
 

@@ -66,3 +66,13 @@ def test_every_cited_architecture_section_exists() -> None:
 def test_code_and_docs_cite_only_documents_in_the_repository() -> None:
     offending = {name for name, text in _tracked_text_files().items() if _OUTSIDE.search(text)}
     assert sorted(offending) == [], "cite docs/architecture.md or the paper by title"
+
+
+def test_architecture_states_the_feature_defaults_the_settings_have() -> None:
+    """One source of truth: the Features section quotes workers/settings.py's defaults."""
+    d = Settings()
+    expected = (f"session top {d.session_top:g},\nweight {d.session_weight:g}; temporal slack "
+                f"{d.temporal_slack_days:g} days, weight {d.temporal_weight:g}; first stage weight "
+                f"{d.first_stage_weight:g}.")
+    text = (README.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert " ".join(expected.split()) in " ".join(text.split())

@@ -87,7 +87,7 @@ class Settings:
     temporal_weight: float = 2.0
     # first-stage evidence in the final score (mnemos.features.first_stage_adjustment): weight of the
     # z-scored fused rank in standard deviations of the pool's logits; 0 = off (docs/reranker.md).
-    first_stage_weight: float = 0.0
+    first_stage_weight: float = 1.0
     dedupe_threshold: float = 0.95
     default_k: int = 10
     max_k: int = 100

@@ -1,0 +1,208 @@
+"""Training data a company may use: the LongMemEval miner, question folds, licences in provenance."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bench.datasets import load_longmemeval
+from bench.reranker_cli import reranker
+from bench.training.errors import TrainingDataError
+from bench.training.pairs import (
+    MiningConfig,
+    PairSource,
+    longmemeval_positives,
+    mine_examples,
+    question_folds,
+)
+from bench.training.sources import training_positives
+from workers.model_licences import COMMERCIAL_USE_LICENCES, restricted_sources, training_sources
+from workers.models import PROVENANCE_FILE, warn_restricted_licence
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "mnemos" / "shipped" / "reranker"
+
+
+def _turn(role: str, content: str, answer: bool = False) -> dict:
+    return {"role": role, "content": content, **({"has_answer": True} if answer else {})}
+
+
+COMMUTE = [_turn("user", "My commute to the office takes 45 minutes by tram.", answer=True),
+           _turn("assistant", "That is a long ride; podcasts can help pass the time.")]
+GARDEN = [_turn("user", "I planted tomatoes and basil on the balcony."),
+          _turn("assistant", "Basil likes sun; water the tomatoes every morning.")]
+TRAIN_RIDE = [_turn("user", "The tram was late again this morning, twenty minutes."),
+              _turn("assistant", "Delays are frustrating; check the live board before leaving.")]
+DOG = [_turn("user", "My dog Biscuit learned to fetch the newspaper.", answer=True),
+       _turn("assistant", "Biscuit sounds clever!")]
+
+
+def _item(qid: str, question: str, qtype: str, sessions: list[tuple[str, list[dict]]]) -> dict:
+    return {
+        "question_id": qid, "question_type": qtype, "question": question, "answer": "x",
+        "question_date": "2023/06/01 (Thu) 10:00",
+        "haystack_session_ids": [s for s, _ in sessions],
+        "haystack_dates": [f"2023/05/{10 + i:02d} (Wed) 09:00" for i in range(len(sessions))],
+        "haystack_sessions": [turns for _, turns in sessions],
+        "answer_session_ids": [],
+    }
+
+
+# q1: the commute session repeats (same id, same turns, later date): read once
+TINY = [
+    _item("q1", "How long is my commute?", "single-session-user",
+          [("s-commute", COMMUTE), ("s-garden", GARDEN), ("s-tram", TRAIN_RIDE), ("s-commute", COMMUTE)]),
+    _item("q2", "What did my dog learn?", "single-session-user", [("s-dog", DOG), ("s-garden", GARDEN)]),
+    _item("q3_abs", "What is my cat called?", "single-session-user", [("s-dog", DOG), ("s-garden", GARDEN)]),
+    _item("q4", "What is my favourite colour?", "multi-session", [("s-garden", GARDEN)]),  # no has_answer turn
+]
+
+
+@pytest.fixture
+def tiny_file(tmp_path: Path) -> Path:
+    path = tmp_path / "longmemeval_tiny.json"
+    path.write_text(json.dumps(TINY), encoding="utf-8")
+    return path
+
+
+def test_miner_pairs_questions_with_their_evidence_and_skips_abstention_and_evidence_less(tiny_file: Path) -> None:
+    positives, corpora = longmemeval_positives(load_longmemeval(tiny_file))
+    assert [(p.group, p.query, p.turn_id) for p in positives] == [
+        ("q1", "How long is my commute?", "s-commute:0"), ("q2", "What did my dog learn?", "s-dog:0")]
+    assert all(p.source is PairSource.LONGMEMEVAL for p in positives)
+    assert positives[0].passage.endswith("My commute to the office takes 45 minutes by tram.")
+    assert set(corpora) == {"q1", "q2"}  # q3_abs and q4 give neither positive nor corpus
+    assert len(corpora["q1"]) == 6  # the repeated commute session counted once: 3 sessions x 2 turns
+    assert len(set(corpora["q1"])) == len(corpora["q1"])
+
+
+def test_mined_negatives_come_from_the_same_haystack(tiny_file: Path) -> None:
+    positives, corpora = longmemeval_positives(load_longmemeval(tiny_file))
+    examples = mine_examples(positives, config=MiningConfig(hard_negatives=2, random_negatives=1), corpora=corpora)
+    for example in examples:
+        group = "q1" if "commute" in example.query else "q2"
+        assert example.passage in corpora[group]
+        assert (example.label == 1.0) == (example.passage in {p.passage for p in positives if p.group == group})
+    commute_negatives = [e.passage for e in examples if e.label == 0.0 and "commute" in e.query]
+    assert commute_negatives and "a long ride" in commute_negatives[0]  # BM25's hard one ("is", "long") first
+
+
+def test_miner_refuses_unknown_question_ids(tiny_file: Path) -> None:
+    with pytest.raises(TrainingDataError, match="nope"):
+        longmemeval_positives(load_longmemeval(tiny_file), ["q1", "nope"])
+
+
+def test_question_folds_are_stratified_seeded_and_partition_the_questions() -> None:
+    questions = [(f"u{i}", "single-session-user") for i in range(7)] + [(f"m{i}", "multi-session") for i in range(5)]
+    folds = question_folds(questions, 2, seed=0)
+    assert sorted(q for f in folds for q in f) == sorted(q for q, _ in questions)
+    assert [len(f) for f in folds] == [6, 6]
+    for fold in folds:
+        types = Counter(q[0] for q in fold)
+        assert types["u"] in (3, 4) and types["m"] in (2, 3)
+    assert question_folds(questions, 2, seed=0) == folds
+    assert question_folds(questions, 2, seed=1) != folds
+    with pytest.raises(TrainingDataError):
+        question_folds(questions, 1, seed=0)
+
+
+def test_a_question_fold_holds_the_same_questions_out_of_every_file(tiny_file: Path, tmp_path: Path) -> None:
+    oracle = tmp_path / "longmemeval_oracle_tiny.json"
+    oracle.write_text(json.dumps([_item("q1", "How long is my commute?", "single-session-user",
+                                        [("s-commute", COMMUTE)]),
+                                  _item("q2", "What did my dog learn?", "single-session-user", [("s-dog", DOG)])]),
+                      encoding="utf-8")
+    provenance: dict[str, object] = {}
+    positives, corpora = training_positives(None, None, None, None, provenance, longmemeval=[tiny_file, oracle],
+                                    question_fold=(1, 2), fold_seed=0)
+    held = set(provenance["held_out_questions"])  # type: ignore[arg-type]
+    assert held and not held & {p.group for p in positives}
+    assert [s["licence"] for s in provenance["sources"]] == ["MIT", "MIT"]  # type: ignore[union-attr]
+    assert set(provenance["training_conversations"]) == {p.group for p in positives}  # type: ignore[arg-type]
+    assert corpora is not None and all(len(v) == len(set(v)) for v in corpora.values())
+
+
+def test_sources_combine_and_every_one_is_recorded_with_its_licence(tiny_file: Path, tmp_path: Path) -> None:
+    from tests.unit.test_datasets import LOCOMO_FIXTURE
+
+    locomo = tmp_path / "locomo.json"
+    locomo.write_text(LOCOMO_FIXTURE, encoding="utf-8")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"query": "q", "positive": "p"}\n', encoding="utf-8")
+    provenance: dict[str, object] = {}
+    positives, _ = training_positives(locomo, pairs, None, (1, 1), provenance, longmemeval=[tiny_file], pairs_licence="CC0-1.0")
+    sources = provenance["sources"]
+    assert [(s["name"], s["licence"]) for s in sources] == [  # type: ignore[union-attr]
+        ("LoCoMo", "CC-BY-NC-4.0"), ("LongMemEval", "MIT"), ("pairs file pairs.jsonl", "CC0-1.0")]
+    assert {p.source for p in positives} >= {PairSource.LONGMEMEVAL, PairSource.JSONL}
+    assert [s.name for s in restricted_sources(provenance)] == ["LoCoMo"]
+
+
+def test_cli_needs_a_source_and_keeps_fold_options_to_their_source(tiny_file: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = str(tmp_path / "m")
+    result = runner.invoke(reranker, ["train", "--out", out])
+    assert result.exit_code == 2 and "at least one source" in result.output
+    result = runner.invoke(reranker, ["train", "--longmemeval", str(tiny_file), "--fold", "1/2", "--out", out])
+    assert result.exit_code == 2 and "--data only" in result.output
+    result = runner.invoke(reranker, ["train", "--longmemeval", str(tiny_file), "--pairs-licence", "MIT", "--out", out])
+    assert result.exit_code == 2 and "--pairs only" in result.output
+
+
+# ---------------------------------------------------------------------------- the licence rule
+
+
+def test_the_committed_default_is_trained_only_on_data_that_permits_commercial_use() -> None:
+    provenance = json.loads((SHIPPED / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    sources = training_sources(provenance)
+    assert sources, "the shipped model's provenance names no training source"
+    for source in sources:
+        assert source.licence in COMMERCIAL_USE_LICENCES, f"the shipped model was trained on {source}"
+    assert all(s.get("items") or s.get("n_items") for s in provenance["sources"])  # the items used are listed
+
+
+@pytest.mark.parametrize(("record", "restricted"), [
+    ({"sources": [{"name": "LongMemEval", "licence": "MIT", "items": ["q1"]}]}, []),
+    ({"sources": [{"name": "LoCoMo", "licence": "CC-BY-NC-4.0", "items": ["conv-26"]},
+                  {"name": "LongMemEval", "licence": "MIT", "items": ["q1"]}]}, ["LoCoMo"]),
+    ({"data": "LoCoMo (Maharana et al., ACL 2024), CC BY-NC 4.0", "training_conversations": ["conv-26"]},
+     ["LoCoMo"]),  # a provenance written before "sources"
+    ({"pairs_file": "mine.jsonl", "training_conversations": []}, ["mine.jsonl"]),  # licence never stated
+    ({"sources": [{"name": "pairs file x.jsonl", "licence": "unknown", "n_items": 3}]}, ["pairs file x.jsonl"]),
+])
+def test_restricted_sources(record: dict, restricted: list[str]) -> None:
+    assert [s.name for s in restricted_sources(record)] == restricted
+
+
+def test_loading_a_non_commercial_model_warns_once_naming_its_licence(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    model = tmp_path / "locomo-model"
+    model.mkdir()
+    (model / PROVENANCE_FILE).write_text(json.dumps(
+        {"sources": [{"name": "LoCoMo", "licence": "CC-BY-NC-4.0", "items": ["conv-26"]}]}), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="workers.models"):
+        assert warn_restricted_licence(str(model)) == ["LoCoMo (CC-BY-NC-4.0)"]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "CC-BY-NC-4.0" in warnings[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="workers.models"):
+        assert warn_restricted_licence(str(SHIPPED)) == []
+    assert not caplog.records
+
+
+def test_the_bench_refuses_a_question_every_model_trained_on_naming_both() -> None:
+    from bench.folds import FoldRerankers, RerankerFold
+    from mnemos.rerank import FakeReranker
+
+    folds = [RerankerFold("lme-fold-1", "a", frozenset({"q1", "q2"})), RerankerFold("lme-fold-2", "b", frozenset({"q2"}))]
+    router = FoldRerankers(folds, {"lme-fold-1": FakeReranker(), "lme-fold-2": FakeReranker()})
+    assert router.fold_for("q1").name == "lme-fold-2"  # cross-fitting: the model that never saw q1
+    with pytest.raises(LookupError) as refused:
+        router.fold_for("q2")
+    message = str(refused.value)
+    assert "\n" not in message and "q2" in message and "lme-fold-1" in message and "lme-fold-2" in message
