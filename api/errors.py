@@ -95,7 +95,8 @@ class RetrievalTimeout(MnemosClientError, TimeoutError):
     """
 
     def __init__(self, request_id: str, timeout_s: float, status: str | None) -> None:
-        super().__init__(f"retrieval {request_id} got no result within {timeout_s:.1f}s (job status {status})")
+        # %g: a sub-second timeout reads as given ("0.05s"), never rounded to "0.0s"
+        super().__init__(f"retrieval {request_id} got no result within {timeout_s:g}s (job status {status})")
         self.request_id = request_id
         self.timeout_s = timeout_s
         self.status = status

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from api.errors import InvalidInputError, Reason
-from api.validation import SCHEMA_VERSION, Limits, check_id, check_id_list, check_version
+from api.validation import SCHEMA_VERSION, Limits, check_id, check_id_list, check_version, text_fields
 
 KIND_FIELD = "kind"
 FORGET_KIND = "forget"
@@ -35,17 +35,6 @@ class ForgetScope(StrEnum):
     TENANT = "tenant"
     SESSION = "session"
     TURNS = "turns"
-
-
-def _text_fields(raw: Mapping[Any, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        try:
-            name = key.decode("utf-8") if isinstance(key, bytes) else str(key)
-            out[name] = value.decode("utf-8") if isinstance(value, bytes) else value
-        except UnicodeDecodeError:
-            raise InvalidInputError(Reason.INVALID_UTF8, str(key)[:40], "is not valid UTF-8") from None
-    return out
 
 
 def is_forget_message(raw: Mapping[bytes, bytes]) -> bool:
@@ -104,7 +93,7 @@ class ForgetRequest:
     @classmethod
     def from_stream_fields(cls, raw: Mapping[bytes, bytes], limits: Limits) -> ForgetRequest:
         """Decode and validate a forget message of the turns stream; raises InvalidInputError."""
-        values = _text_fields(raw)
+        values = text_fields(raw)
         values.pop(KIND_FIELD, None)
         return cls.parse(values, limits)
 

@@ -36,6 +36,7 @@ from api.validation import (
     check_timestamp,
     check_version,
     check_zoned_time,
+    text_fields,
 )
 
 DEFAULT_LIMITS = Limits()
@@ -80,13 +81,7 @@ class Turn:
     def from_stream_fields(cls, raw: Mapping[bytes, bytes], limits: Limits = DEFAULT_LIMITS,
                            now: datetime | None = None) -> Turn:
         """Decode and validate a stream message (bytes keys and values); raises InvalidInputError."""
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            try:
-                name = key.decode("utf-8") if isinstance(key, bytes) else str(key)
-                values[name] = value.decode("utf-8") if isinstance(value, bytes) else value
-            except UnicodeDecodeError:
-                raise InvalidInputError(Reason.INVALID_UTF8, str(key)[:40], "is not valid UTF-8") from None
+        values = text_fields(raw)
         if "v" not in values:
             raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", "is missing")
         return cls.parse(values, limits, now)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -64,6 +65,24 @@ def limits_of(settings: LimitSettings) -> Limits:
     return Limits(max_text_bytes=settings.max_text_bytes, max_query_bytes=settings.max_query_bytes,
                   max_id_chars=settings.max_id_chars, max_metadata_bytes=settings.max_metadata_bytes,
                   max_future_skew_s=settings.max_future_skew_s, max_k=settings.max_k)
+
+
+def text_fields(raw: Mapping[Any, Any]) -> dict[str, Any]:
+    """A stream message's fields (bytes names and values, as redis-py reads them) as text.
+
+    Raises InvalidInputError (``invalid_utf8``) for a name or value that is not UTF-8; its field is
+    the name as text (invalid bytes replaced by U+FFFD, at most 40 characters), never a bytes repr.
+    """
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+        try:
+            if isinstance(key, bytes):
+                key.decode("utf-8")
+            out[name] = value.decode("utf-8") if isinstance(value, bytes) else value
+        except UnicodeDecodeError:
+            raise InvalidInputError(Reason.INVALID_UTF8, name[:40], "is not valid UTF-8") from None
+    return out
 
 
 def check_version(value: Any) -> int:

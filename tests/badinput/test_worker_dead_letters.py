@@ -90,6 +90,7 @@ def test_escape_sequence_in_text(settings, redis_client, store) -> None:
 def test_invalid_utf8_bytes_in_text(settings, redis_client, store) -> None:
     worker = feed(settings, redis_client, store, {**base(settings, redis_client), "text": b"caf\xe9 \xff\xfe\xfd"})
     letter = assert_one_letter(settings, redis_client, store, worker, Reason.INVALID_UTF8, field_hint="text")
+    assert letter[2].startswith("text: ") and "b'" not in letter[2]  # the field's name, not its bytes repr
     assert letter[5]["text"].startswith("caf\ufffd")  # kept, readable, with replacement characters
     assert (letter[3], letter[4]) == (TENANT, "bad")
 

@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from api import InvalidInputError, Limits, Reason, RetrievalFilters, RetrievalRequest, Turn
+from api import InvalidInputError, Limits, Reason, RetrievalFilters, RetrievalRequest, RetrievalTimeout, Turn
+from api.forget import ForgetRequest
 from api.schemas import Outcome, PoolRow
 
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
@@ -127,3 +128,27 @@ def test_v1_payloads_without_the_new_fields_are_unchanged() -> None:
     assert request.to_payload() == old  # an unfiltered request sends exactly what it always sent
     for empty in ({"as_of": None}, {"filters": None}, {"filters": {}}):
         assert RetrievalRequest.parse({**old, **empty}) == request
+
+
+@pytest.mark.parametrize("field", [b"text", b"tenant_id"])
+def test_a_value_that_is_not_utf8_names_its_field_as_text(field: bytes) -> None:
+    """The detail a dead letter keeps reads ``text: ...``, not the bytes repr ``b'text': ...``."""
+    good = {k.encode(): v.encode() for k, v in GOOD.items() if k != "v"} | {b"v": b"1"}
+    with pytest.raises(InvalidInputError) as info:
+        Turn.from_stream_fields({**good, field: b"caf\xe9"}, Limits(), NOW)
+    assert info.value.reason is Reason.INVALID_UTF8
+    assert info.value.field == field.decode() and str(info.value).startswith(f"{field.decode()}: ")
+    assert "b'" not in str(info.value)
+    with pytest.raises(InvalidInputError) as info:
+        Turn.from_stream_fields({**good, b"\xfe\xffname": b"x"}, Limits(), NOW)
+    assert info.value.field == "\ufffd\ufffdname" and "b'" not in str(info.value)
+    forget = {b"v": b"1", b"kind": b"forget", b"tenant_id": b"t", b"scope": b"\xff"}
+    with pytest.raises(InvalidInputError) as info:
+        ForgetRequest.from_stream_fields(forget, Limits())
+    assert info.value.field == "scope" and "b'" not in str(info.value)
+
+
+@pytest.mark.parametrize(("timeout_s", "shown"), [(0.05, "within 0.05s"), (0.004, "within 0.004s"),
+                                                  (30.0, "within 30s"), (2.5, "within 2.5s")])
+def test_a_timeout_message_shows_the_timeout_it_waited(timeout_s: float, shown: str) -> None:
+    assert shown in str(RetrievalTimeout("r-1", timeout_s, "canceled"))
