@@ -218,16 +218,8 @@ class QueryClusters:
         return True
 
     def _fit(self) -> None:
-        from sklearn.cluster import KMeans
-        from sklearn.exceptions import ConvergenceWarning
-
         data = np.stack(self._buffer).astype(np.float32)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            model = KMeans(n_clusters=self.k, n_init=self.n_init, random_state=self.seed).fit(data)
-        for warning in caught:
-            logger.warning("k-means bootstrap: %s", warning.message)
-        self.centroids = _normalise_rows(model.cluster_centers_.astype(np.float32))
+        self.centroids = _normalise_rows(_kmeans_centres(data, self.k, self.n_init, self.seed))
         self.frozen = True
         self._buffer = []
         logger.info("query clusters frozen: k=%d from %d queries", self.k, data.shape[0])
@@ -261,6 +253,26 @@ class QueryClusters:
         clusters.centroids = _normalise_rows(arr)
         clusters.frozen = True
         return clusters
+
+
+def warm_up_kmeans() -> None:
+    """Fit a k-means of two points once and keep nothing: imports scikit-learn's k-means, so a
+    worker that calls it at start does not make its first tenant's bootstrap wait seconds for the
+    import. Logs nothing (no clusters were frozen)."""
+    _kmeans_centres(np.eye(2, dtype=np.float32), k=2, n_init=1, seed=0)
+
+
+def _kmeans_centres(data: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
+    """``(k, dim)`` float32 k-means centres of ``(n, dim)`` ``data``; convergence warnings are logged."""
+    from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        model = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(data)
+    for warning in caught:
+        logger.warning("k-means bootstrap: %s", warning.message)
+    return model.cluster_centers_.astype(np.float32)
 
 
 def _normalise_rows(matrix: np.ndarray) -> np.ndarray:

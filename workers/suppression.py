@@ -33,7 +33,7 @@ import redis
 
 from api.errors import InvalidInputError, Reason
 from api.schemas import Outcome as OutcomeMessage
-from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas
+from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas, warm_up_kmeans
 from workers.dead_letters import DeadLetter, payload_of
 from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
@@ -62,11 +62,10 @@ class SuppressionWorker:
 
     def warm_up(self) -> None:
         """Fit a tiny k-means once before taking outcomes, so the first tenant's bootstrap does not
-        wait seconds for scikit-learn to import while its queries go on unclustered."""
+        wait seconds for scikit-learn to import while its queries go on unclustered. Freezes and
+        logs nothing: no tenant's clusters are involved."""
         if self.settings.clusters_k > 1:
-            clusters = QueryClusters(k=2, bootstrap_factor=1, n_init=1)
-            for vector in np.eye(2, dtype=np.float32):
-                clusters.observe(vector)
+            warm_up_kmeans()
 
     def handle(self, batch: list[StreamMessage]) -> list[str]:
         rejected: list[DeadLetter] = []

@@ -8,6 +8,9 @@ malformed outcomes as dead letters, and a failed commit leaving no trace.
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import numpy as np
 import pytest
 
@@ -94,6 +97,18 @@ def test_the_bootstrap_buffer_freezes_centroids_once_full() -> None:
     worker.apply(outcome("o4", "alice", ids[:3], None, tuple(float(x) for x in vectors[0])))
     with store.tenant("alice") as tx:
         assert tx.buffered_count() == 4  # frozen: a late bootstrap outcome is not buffered any more
+
+
+def test_the_warm_up_on_an_empty_database_says_no_clusters_were_frozen(caplog: pytest.LogCaptureFixture) -> None:
+    """The start-up k-means fit is not a tenant's bootstrap: it must not log "clusters frozen"."""
+    store = FakeStore()
+    worker = suppression_worker(store, RecordingRedis())
+    assert worker.settings.clusters_k > 1
+    with caplog.at_level(logging.DEBUG):
+        worker.warm_up()
+    assert "sklearn.cluster" in sys.modules  # the import it exists for happened
+    assert not [r.getMessage() for r in caplog.records if "froze" in r.getMessage() or "frozen" in r.getMessage()]
+    assert worker.metrics.suppression_bootstrapped._value.get() == 0
 
 
 def test_a_malformed_outcome_is_a_dead_letter() -> None:
