@@ -168,7 +168,11 @@ def check_timestamp(value: Any, field: str, limits: Limits, now: datetime) -> da
 def check_zoned_time(value: Any, field: str) -> datetime:
     """A zone-aware time (datetime or ISO 8601 string) in UTC; any moment in years 1..9999 UTC.
 
-    No clock is read: a request's ``as_of`` may lie in the future (it then hides nothing).
+    RFC 3339's lowercase ``t`` separator and ``z`` zone are accepted. A fraction finer than a
+    microsecond (nanoseconds, say) is accepted and truncated to microseconds, the resolution of
+    Python's datetime and of Postgres' timestamptz: ``...00.123456789Z`` is ``...00.123456Z``, so
+    two times that differ only below a microsecond compare equal. No clock is read: a request's
+    ``as_of`` may lie in the future (it then hides nothing).
     """
     if value is None:
         raise InvalidInputError(Reason.MISSING_FIELD, field, "is missing")
@@ -176,7 +180,7 @@ def check_zoned_time(value: Any, field: str) -> datetime:
         moment = value
     elif isinstance(value, str):
         try:
-            moment = datetime.fromisoformat(value.strip())
+            moment = datetime.fromisoformat(_rfc3339_upper(value.strip()))
         except ValueError:
             raise InvalidInputError(Reason.BAD_TIMESTAMP, field, f"not ISO 8601: {value[:64]!r}") from None
     else:
@@ -189,6 +193,14 @@ def check_zoned_time(value: Any, field: str) -> datetime:
         raise InvalidInputError(Reason.BAD_TIMESTAMP, field, f"{moment.isoformat()} is outside years 1..9999 in UTC"
                                 ) from None
     return moment
+
+
+def _rfc3339_upper(text: str) -> str:
+    """``text`` with RFC 3339's lowercase date-time separator ``t`` and zone ``z`` in upper case
+    (``datetime.fromisoformat`` knows only ``T`` and ``Z``); anything else unchanged."""
+    if len(text) > 10 and text[10] == "t":
+        text = f"{text[:10]}T{text[11:]}"
+    return f"{text[:-1]}Z" if text.endswith("z") else text
 
 
 IMAGE_CAPTION_KEY = "image_caption"

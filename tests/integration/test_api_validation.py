@@ -152,3 +152,19 @@ def test_a_value_that_is_not_utf8_names_its_field_as_text(field: bytes) -> None:
                                                   (30.0, "within 30s"), (2.5, "within 2.5s")])
 def test_a_timeout_message_shows_the_timeout_it_waited(timeout_s: float, shown: str) -> None:
     assert shown in str(RetrievalTimeout("r-1", timeout_s, "canceled"))
+
+
+@pytest.mark.parametrize("written", ["2024-05-01t10:00:00z", "2024-05-01T10:00:00z", "2024-05-01t10:00:00Z",
+                                     "2024-05-01t12:00:00+02:00"])
+def test_rfc3339_lowercase_t_and_z_are_accepted(written: str) -> None:
+    turn = Turn.parse({**GOOD, "occurred_at": written}, Limits(), NOW)
+    assert turn.occurred_at == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+    request = RetrievalRequest.parse({"v": 1, "tenant_id": "t", "query": "q", "as_of": written,
+                                      "filters": {"occurred_after": written}})
+    assert request.as_of == turn.occurred_at
+
+
+def test_nanoseconds_are_truncated_to_microseconds_as_documented() -> None:
+    """Documented in check_zoned_time and docs/architecture.md "Contracts": truncated, not rounded."""
+    turn = Turn.parse({**GOOD, "occurred_at": "2024-05-01T10:00:00.123456789Z"}, Limits(), NOW)
+    assert turn.occurred_at == datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
