@@ -20,6 +20,13 @@ from api.errors import InvalidInputError, Reason
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
 _ALLOWED_TEXT_CONTROLS = frozenset("\t\n\r")
+BIDI_REORDERING = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""Bidirectional embeddings, overrides and isolates (LRE, RLE, PDF, LRO, RLO, LRI, RLI, FSI, PDI):
+they reorder how the characters after them are displayed, so a text or an id can read otherwise on
+screen than it is ("Trojan Source"). Removed from texts, refused in ids."""
+BIDI_CONTROLS = BIDI_REORDERING | frozenset("\u061c\u200e\u200f")
+"""Every Unicode ``Bidi_Control`` character: :data:`BIDI_REORDERING` and the marks ALM, LRM, RLM
+(kept in texts, where right-to-left writing needs them; refused in ids)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,9 @@ def _utf8_size(value: str, field: str) -> int:
 def check_id(value: Any, field: str, limits: Limits) -> str:
     """A non-empty identifier without control characters, at most ``max_id_chars`` characters.
 
+    Bidirectional controls (:data:`BIDI_CONTROLS`) are refused as ``control_characters``, with the
+    code points in the detail: an id must read on screen as it is.
+
     Separators, quotes and SQL-looking text are allowed: ids only ever travel as bound parameters.
     """
     if value is None:
@@ -123,6 +133,10 @@ def check_id(value: Any, field: str, limits: Limits) -> str:
         raise InvalidInputError(Reason.BAD_ID, field, f"longer than {limits.max_id_chars} characters")
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise InvalidInputError(Reason.CONTROL_CHARACTERS, field, "contains control characters")
+    bidi = sorted({f"U+{ord(ch):04X}" for ch in value if ch in BIDI_CONTROLS})
+    if bidi:
+        raise InvalidInputError(Reason.CONTROL_CHARACTERS, field,
+                                f"contains bidirectional control characters ({', '.join(bidi)})")
     _utf8_size(value, field)
     return value
 
@@ -135,6 +149,9 @@ def _blank(value: str) -> bool:
 def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, large_reason: Reason) -> str:
     """Non-blank text of at most ``max_bytes`` UTF-8 bytes; tab, CR and LF are the only controls allowed.
 
+    Bidirectional embeddings, overrides and isolates (:data:`BIDI_REORDERING`) are removed: the
+    text returned is the text without them (the bidi marks LRM, RLM and ALM are kept). The client and
+    the worker remove the same characters, so a raw stream message stores what the client would.
     Blank means empty, whitespace, or only invisible format characters (zero-width space/joiner,
     BOM). Bytes that are not UTF-8 are refused as ``invalid_utf8``, as the workers refuse them.
     """
@@ -147,6 +164,8 @@ def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, lar
             raise InvalidInputError(Reason.INVALID_UTF8, field, "is not valid UTF-8") from None
     if not isinstance(value, str):
         raise InvalidInputError(empty_reason, field, f"must be a string, not {type(value).__name__}")
+    if not BIDI_REORDERING.isdisjoint(value):
+        value = "".join(ch for ch in value if ch not in BIDI_REORDERING)
     if _blank(value):
         raise InvalidInputError(empty_reason, field, "is empty, whitespace or invisible characters only")
     size = _utf8_size(value, field)

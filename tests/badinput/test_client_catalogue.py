@@ -160,6 +160,24 @@ def test_id_with_control_characters(client: MnemosClient, value: str) -> None:
     assert refused(client, tenant_id=value).reason is Reason.CONTROL_CHARACTERS
 
 
+@pytest.mark.parametrize("char", ["\u202e", "\u202d", "\u202a", "\u2066", "\u2067", "\u2068", "\u2069",
+                                  "\u200e", "\u200f", "\u061c"])
+@pytest.mark.parametrize("field", ["tenant_id", "session_id", "turn_id", "role"])
+def test_id_with_bidirectional_controls(client: MnemosClient, field: str, char: str) -> None:
+    """An id that would read otherwise on screen than it is ("acme\u202egnp.exe") is refused."""
+    exc = refused(client, **{field: f"acme{char}gnp.exe"})
+    assert exc.reason is Reason.CONTROL_CHARACTERS and exc.field == f"turns[0].{field}"
+    assert f"U+{ord(char):04X}" in exc.detail and "bidirectional" in exc.detail
+
+
+def test_text_loses_its_bidirectional_overrides_and_keeps_its_marks(client: MnemosClient) -> None:
+    """Overrides, embeddings and isolates are removed (documented in docs/architecture.md "Contracts");
+    the marks right-to-left writing needs stay."""
+    sent = client.make_turn(good(text="pay \u202eoof\u202c to \u2067\u05e9\u05dc\u05d5\u05dd\u2069 \u200fok"))
+    assert sent.text == "pay oof to \u05e9\u05dc\u05d5\u05dd \u200fok"
+    assert refused(client, text="\u202e\u2066 \u2069").reason is Reason.EMPTY_TEXT  # nothing visible is left
+
+
 @pytest.mark.parametrize("value", ["org:42/user|7", "a b", "x'; DROP TABLE entries; --", "' OR '1'='1",
                                    "%_*?", "tenant\\with\\backslash", "ünïcødé-ťenant"])
 def test_ids_with_separators_or_sql_are_accepted_verbatim(client: MnemosClient, value: str) -> None:

@@ -198,6 +198,20 @@ def test_id_with_control_characters(settings, redis_client, store) -> None:
     assert_one_letter(settings, redis_client, store, worker, Reason.CONTROL_CHARACTERS, field_hint="turn_id")
 
 
+def test_tenant_id_with_a_right_to_left_override(settings, redis_client, store) -> None:
+    worker = feed(settings, redis_client, store, {**base(settings, redis_client), "tenant_id": "acme\u202egnp"})
+    letter = assert_one_letter(settings, redis_client, store, worker, Reason.CONTROL_CHARACTERS,
+                               field_hint="tenant_id")
+    assert "U+202E" in letter[2]
+
+
+def test_text_with_a_right_to_left_override_is_stored_without_it(settings, redis_client, store) -> None:
+    worker = feed(settings, redis_client, store, {**base(settings, redis_client), "text": "pay \u202eoof\u202c now"})
+    assert dead_letters(store) == [] and worker.metrics.ingest_rejected.labels(
+        reason=Reason.CONTROL_CHARACTERS.value)._value.get() == 0
+    assert {row[1]: row[2] for row in entries(store, TENANT)}["bad"] == "pay oof now"
+
+
 def test_blank_tenant_id(settings, redis_client, store) -> None:
     worker = feed(settings, redis_client, store, {**base(settings, redis_client), "tenant_id": "   "})
     assert_one_letter(settings, redis_client, store, worker, Reason.BAD_ID)
