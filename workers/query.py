@@ -47,6 +47,7 @@ import numpy as np
 import redis
 from rq import Queue
 from rq.job import Job
+from rq.job_lifecycle import call_exception_handlers
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
@@ -380,6 +381,19 @@ class QueryWorker(SimpleWorker):
     def request_stop(self, signum: int, frame: Any) -> None:
         self.stop_signalled = True
         super().request_stop(signum, frame)
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """A request refused as invalid (:class:`~api.errors.InvalidInputError`: a raw job that
+        bypassed the client's validation) is one WARNING line with its reason, not rq's ERROR line
+        with the traceback, which says nothing about the worker; any other failure is logged by rq.
+        Either way rq then records the failure on the job (``latest_result().exc_string`` holds
+        the reason) and runs the registered exception handlers."""
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if not isinstance(exc, InvalidInputError):
+            super().handle_exception(job, *exc_info)
+            return
+        log.warning("job %s refused: %s", job.id, " ".join(str(exc).split()))
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         self.beats.busy()

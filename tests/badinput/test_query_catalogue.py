@@ -7,6 +7,7 @@ client, through an rq ``QueryWorker`` in burst mode). The reranker is a counting
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -75,6 +76,26 @@ def test_raw_job_payloads_fail_with_their_reason(settings, redis_client, store, 
     assert result is not None and reason.value in (result.exc_string or "")
     assert service.metrics.query_jobs.labels(status="error")._value.get() == 1
     assert outcomes_published(settings, redis_client) == 0
+
+
+@pytest.mark.parametrize(("payload", "reason"), [
+    ({"v": 1, "tenant_id": "t", "query": "cat", "k": 0}, Reason.K_OUT_OF_RANGE),
+    ("just a string", Reason.MALFORMED_MESSAGE),
+])
+def test_an_invalid_raw_job_is_one_log_line_with_its_reason(settings, redis_client, store, caplog, payload,
+                                                            reason) -> None:
+    """Not rq's 24-line traceback per job: one line naming the job and the reason; the job still
+    records the failure (asserted above) for its caller."""
+    with caplog.at_level(logging.DEBUG):
+        job, _ = run_raw_job(settings, redis_client, store, payload)
+    assert job.get_status(refresh=True) == "failed"
+    assert reason.value in (job.latest_result().exc_string or "")
+    shown = [r for r in caplog.records if r.levelno >= logging.INFO]  # rq's DEBUG lines may hold the traceback
+    assert not [r for r in shown if "Traceback" in r.getMessage() or r.exc_info or r.exc_text]
+    about_job = [r for r in shown if job.id in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(about_job) == 1, [r.getMessage() for r in about_job]
+    line = about_job[0].getMessage()
+    assert "\n" not in line and reason.value in line
 
 
 def test_query_of_only_stopwords(settings, redis_client, store) -> None:
