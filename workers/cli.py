@@ -276,10 +276,12 @@ def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, a
 @click.pass_context
 def health(ctx: click.Context, models: bool, require: tuple[str, ...]) -> None:
     """Check Redis, Postgres (exists, migrated), stored embedding versions, the models, and list the
-    workers seen by their heartbeats; exit code 0 when all are fine."""
+    workers seen by their heartbeats; exit code 0 when all are fine, else 2 or 1 as for every
+    command, with one ``Error:`` line on stderr."""
     from workers.health import run_health
 
-    sys.exit(run_health(_settings(ctx), check_models=models, require=require, echo=click.echo))
+    sys.exit(run_health(_settings(ctx), check_models=models, require=require, echo=click.echo,
+                        error=lambda line: click.echo(line, err=True)))
 
 
 @cli.command()

@@ -1,7 +1,12 @@
 """``mnemos health``: can this process reach Redis and a migrated Postgres whose stored embeddings
 fit its models, and which workers have live heartbeats?
 
-One line per check (``ok`` or ``FAIL``); exit code 0 when every check passed, 1 otherwise. Workers
+One line per check (``ok`` or ``FAIL``) on stdout. When a check failed, one ``Error: ...`` line on
+stderr names the failure behind the exit code, as every ``mnemos`` command ends an error
+(:mod:`workers.cli`): exit code 2 when an operator must change something first (a missing or
+unmigrated database, stored embeddings of another version, a model or model setting), else 1 (Redis
+or Postgres unreachable, a required worker without a live heartbeat); 0 when every check passed.
+With failures of both kinds the code is 2 and the line names the first such failure. Workers
 are reported, not required: by default the command stays usable as the probe of one worker's pod
 (it passes while Redis and Postgres are fine, whatever else runs). ``require`` names worker kinds
 that must have a live heartbeat for the check to pass. Without models (``--no-models``, the pods'
@@ -11,12 +16,14 @@ has its password masked.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 
 import redis
 
 from api.heartbeats import KINDS, WorkerBeat, worker_beats
+from workers.cli import EXIT_FAILED, EXIT_MISCONFIGURED
 from workers.connections import redis_client
 from workers.errors import EmbeddingVersionError, ModelSetupError, SettingsError, StoreError, StoreStateError
 from workers.migrate import discover
@@ -27,16 +34,23 @@ from workers.store import PostgresStore, Store
 from workers.store_state import EmbeddingVersion, check_schema, current_version, version_counts
 
 
-def run_health(settings: Settings, *, check_models: bool = True, require: Sequence[str] = (),
-               echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time) -> int:
-    """Print one line per check; 0 when every check passed, 1 otherwise (see the module docstring)."""
-    ok = True
-    secrets = secrets_of([settings.redis_url, settings.database_url])
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
-    def report(name: str, passed: bool, detail: str) -> None:
-        nonlocal ok
-        ok = ok and passed
-        echo(redact(f"{'ok  ' if passed else 'FAIL'} {name}: {' '.join(detail.split())}", secrets))
+
+def run_health(settings: Settings, *, check_models: bool = True, require: Sequence[str] = (),
+               echo: Callable[[str], None] = print, error: Callable[[str], None] = _to_stderr,
+               clock: Callable[[], float] = time.time) -> int:
+    """Print one line per check with ``echo`` and, when one failed, the ``Error: ...`` line with
+    ``error``; returns the exit code: 0, 1 or 2 (see the module docstring)."""
+    secrets = secrets_of([settings.redis_url, settings.database_url])
+    failures: list[tuple[int, str]] = []  # (exit code, "name: detail") in check order
+
+    def report(name: str, passed: bool, detail: str, code: int = EXIT_FAILED) -> None:
+        line = redact(f"{name}: {' '.join(detail.split())}", secrets)
+        echo(f"{'ok  ' if passed else 'FAIL'} {line}")
+        if not passed:
+            failures.append((code, line))
 
     connection = redis_client(settings, socket_connect_timeout=3, socket_timeout=3, health_check_interval=0)
     redis_ok = True
@@ -54,7 +68,7 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
         check_schema(store)
         report("postgres", True, f"{redact_url(settings.database_url)}: migrated to {discover()[-1].version}")
     except (StoreError, StoreStateError) as exc:
-        report("postgres", False, str(exc))
+        report("postgres", False, str(exc), EXIT_MISCONFIGURED if isinstance(exc, StoreStateError) else EXIT_FAILED)
         if store is not None:
             store.close()
         store = None
@@ -71,7 +85,7 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
             report("cross-encoder", True, settings.cross_encoder or "none configured (no rerank)")
             del reranker
         except (ModelSetupError, SettingsError) as exc:  # SettingsError: fp16 where the device is the CPU
-            report("models", False, str(exc))
+            report("models", False, str(exc), EXIT_MISCONFIGURED)
 
     if store is not None:
         try:
@@ -91,10 +105,22 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
     elif require:
         report("workers", False, "Redis is unreachable: no heartbeat can be read")
     connection.close()
-    return 0 if ok else 1
+    return _conclude(failures, error)
 
 
-def _embeddings(store: Store, version: EmbeddingVersion | None, report: Callable[[str, bool, str], None]) -> None:
+def _conclude(failures: list[tuple[int, str]], error: Callable[[str], None]) -> int:
+    """The exit code of the failed checks (2 before 1); the ``Error:`` line names the first failure
+    with that code and counts the others."""
+    if not failures:
+        return 0
+    code = max(c for c, _ in failures)
+    first = next(line for c, line in failures if c == code)
+    others = len(failures) - 1
+    error(f"Error: {first}" + (f" ({others} more failed check{'s' if others != 1 else ''} above)" if others else ""))
+    return code
+
+
+def _embeddings(store: Store, version: EmbeddingVersion | None, report: Callable[..., None]) -> None:
     try:
         counts = version_counts(store)
     except StoreError as exc:
@@ -110,7 +136,8 @@ def _embeddings(store: Store, version: EmbeddingVersion | None, report: Callable
         if not v.fits(version):
             assert version.dim is not None
             report("embeddings", False, str(EmbeddingVersionError(v.pair(), (version.rendering, version.dim),
-                                                                  tenants=n, what="this configuration")))
+                                                                  tenants=n, what="this configuration")),
+                   EXIT_MISCONFIGURED)
             return
     report("embeddings", True, f"stored: {stored}; this configuration makes {version}")
 

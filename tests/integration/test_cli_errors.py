@@ -93,9 +93,11 @@ def test_an_unmigrated_database(bare_settings: Settings) -> None:
     out = _mnemos(bare_settings, "reindex", "--no-progress")
     assert out.returncode == 2 and "not up to date" in _one_error(out) and "mnemos migrate" in out.stderr
     out = _mnemos(bare_settings, "health", "--no-models")
-    assert out.returncode == 1
+    assert out.returncode == 2  # as every command: an operator must act first
     assert [line for line in out.stdout.splitlines() if line.startswith("FAIL")] == [
         "FAIL postgres: the database schema is not up to date (no migration was ever applied): run `mnemos migrate`"]
+    assert _one_error(out) == ("Error: postgres: the database schema is not up to date (no migration was ever "
+                               "applied): run `mnemos migrate`")
 
 
 def test_a_database_that_does_not_exist(settings: Settings) -> None:
@@ -105,7 +107,9 @@ def test_a_database_that_does_not_exist(settings: Settings) -> None:
     line = _one_worker_error(out)
     assert "does not exist" in line and "mnemos migrate" in line
     out = _mnemos(missing, "health", "--no-models")
-    assert out.returncode == 1 and "FAIL postgres: database" in out.stdout and "mnemos migrate" in out.stdout
+    assert out.returncode == 2 and "FAIL postgres: database" in out.stdout and "mnemos migrate" in out.stdout
+    line = _one_error(out)
+    assert line.startswith("Error: postgres: database") and "does not exist" in line and "mnemos migrate" in line
 
 
 def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
@@ -119,7 +123,8 @@ def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client
         assert "rendering 1, dimension 64 but this worker makes rendering 1, dimension 32" in line
         assert "mnemos reindex" in line
     out = _mnemos(other, "health")
-    assert out.returncode == 1 and "FAIL embeddings: stored embeddings of 1 tenant are" in out.stdout
+    assert out.returncode == 2 and "FAIL embeddings: stored embeddings of 1 tenant are" in out.stdout
+    assert _one_error(out).startswith("Error: embeddings: stored embeddings of 1 tenant are")
     out = _mnemos(other, "reindex", "--no-progress")
     assert out.returncode == 0, out.stderr
     assert "reindexed 1 tenant(s) to rendering 1, dimension 32: 8 turns embedded" in out.stdout
@@ -205,6 +210,8 @@ def test_no_configured_password_is_ever_printed(settings: Settings, redis_client
     outputs.append(_mnemos(down, "worker", "suppression"))
     outputs.append(_mnemos(down, "migrate"))
     assert [o.returncode for o in outputs] == [0, 0, 1, 0, 1, 2, 1]
+    last = outputs[4].stderr.strip().splitlines()[-1]  # psycopg's pool logs multi-line warnings before it
+    assert last.startswith("Error: redis: ") and last.endswith("(1 more failed check above)")
     for out in outputs:
         assert SECRET not in out.stdout + out.stderr, out.stdout + out.stderr
     assert SECRET not in worker_log

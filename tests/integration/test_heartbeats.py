@@ -143,6 +143,7 @@ def test_a_stream_workers_heartbeat_goes_stale_when_its_loop_stops(settings: Set
     _wait(lambda: not live(), "the heartbeat to go stale")
     stale = _health(short, "--require-worker", "suppression")
     assert stale.returncode == 1 and "FAIL suppression workers: 0 live" in stale.stdout
+    assert stale.stderr.strip().splitlines()[-1].startswith("Error: suppression workers: 0 live")
     assert _health(short).returncode == 0  # by default workers are reported, not required
     child.send_signal(signal.SIGCONT)
     _wait(live, "the heartbeat to come back")
