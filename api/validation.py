@@ -173,7 +173,7 @@ def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, lar
         raise InvalidInputError(large_reason, field, f"{size} bytes, limit {max_bytes}")
     if any(unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_TEXT_CONTROLS for ch in value):
         raise InvalidInputError(Reason.CONTROL_CHARACTERS, field, "contains NUL or other control characters")
-    return value
+    return str(value)
 
 
 def check_timestamp(value: Any, field: str, limits: Limits, now: datetime) -> datetime:

@@ -272,7 +272,7 @@ def _kmeans_centres(data: np.ndarray, k: int, n_init: int, seed: int) -> np.ndar
         model = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(data)
     for warning in caught:
         logger.warning("k-means bootstrap: %s", warning.message)
-    return model.cluster_centers_.astype(np.float32)
+    return np.asarray(model.cluster_centers_, dtype=np.float32)
 
 
 def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
