@@ -75,7 +75,8 @@ def training_positives(data: Path | None, pairs: Path | None, conversations: lis
                         "file": pairs.name, "sha256": file_sha256(pairs), "item_kind": "pairs",
                         "n_items": len(rows), "n_positives": len(rows)})
     provenance["sources"] = sources
-    provenance["training_conversations"] = sorted(set(trained))
+    if trained:  # a pairs file names no conversation (train_cross_encoder records an empty list then)
+        provenance["training_conversations"] = sorted(set(trained))
     provenance["positive_sources"] = " + ".join(f"{r['name']} ({r['licence']})" for r in sources)
     return positives, (corpora or None)
 

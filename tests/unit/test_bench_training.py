@@ -231,7 +231,7 @@ def test_cli_usage_errors(tmp_path):
     pairs = tmp_path / "p.jsonl"
     pairs.write_text('{"query": "q", "positive": "p"}\n', encoding="utf-8")
     result = runner.invoke(reranker, ["train", "--out", str(tmp_path / "m")])
-    assert result.exit_code == 2 and "exactly one of --data or --pairs" in result.output
+    assert result.exit_code == 2 and "at least one source" in result.output
     result = runner.invoke(reranker, ["train", "--pairs", str(pairs), "--fold", "1/2", "--out", str(tmp_path / "m")])
     assert result.exit_code == 2
 
