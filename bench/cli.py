@@ -14,7 +14,6 @@ Example (the committed LoCoMo run)::
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 import shlex
@@ -153,14 +152,6 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
     return out
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _tqdm_progress(total: int, description: str):
     from tqdm import tqdm
 
@@ -255,6 +246,7 @@ def run_quality_command(request: QualityCommand) -> int:
 
     from bench.datasets import DatasetError
     from bench.quality import run_quality
+    from bench.training.sources import file_sha256
     from mnemos.errors import MnemosError
 
     torch.set_num_threads(request.threads)
@@ -280,7 +272,7 @@ def run_quality_command(request: QualityCommand) -> int:
         click.echo(f"error: {exc}", err=True)
         return 2
     dataset = {"name": "LoCoMo" if request.data_format == "locomo" else "LongMemEval",
-               "format": request.data_format, "path": request.data.name, "sha256": _file_sha256(request.data)}
+               "format": request.data_format, "path": request.data.name, "sha256": file_sha256(request.data)}
     try:
         encoder = _bi_encoder(request)
     except (OSError, ValueError) as exc:

@@ -61,8 +61,7 @@ def training_positives(data: Path | None, pairs: Path | None, conversations: lis
     if longmemeval:
         got, got_corpora, records = longmemeval_sources(longmemeval, question_fold, fold_seed, provenance)
         positives += got
-        for group, passages in got_corpora.items():  # S and oracle hold the same question: one corpus
-            corpora[group] = list(dict.fromkeys([*corpora.get(group, []), *passages]))
+        _merge_corpora(corpora, got_corpora)  # S and oracle hold the same question: one corpus
         sources += records
         trained += [q for r in records for q in r["items"]]  # type: ignore[attr-defined]
     if pairs is not None:
@@ -70,9 +69,10 @@ def training_positives(data: Path | None, pairs: Path | None, conversations: lis
 
         rows = training_pairs.read_pairs_jsonl(pairs)
         positives += rows
-        provenance.update(pairs_file=pairs.name, pairs_sha256=file_sha256(pairs))
+        digest = file_sha256(pairs)
+        provenance.update(pairs_file=pairs.name, pairs_sha256=digest)
         sources.append({"name": f"pairs file {pairs.name}", "licence": pairs_licence or "unknown",
-                        "file": pairs.name, "sha256": file_sha256(pairs), "item_kind": "pairs",
+                        "file": pairs.name, "sha256": digest, "item_kind": "pairs",
                         "n_items": len(rows), "n_positives": len(rows)})
     provenance["sources"] = sources
     if trained:  # a pairs file names no conversation (train_cross_encoder records an empty list then)
@@ -99,14 +99,15 @@ def locomo_source(data: Path, conversations: list[str] | None, fold: tuple[int, 
     positives = training_pairs.locomo_positives(convs, chosen)
     corpora = {c.conversation_id: list(training_pairs.turn_passages(c).values())
                for c in convs if c.conversation_id in chosen}
+    digest = file_sha256(data)
     provenance.update(
         data="LoCoMo (Maharana et al., ACL 2024), CC BY-NC 4.0",
         data_file=data.name,
-        data_sha256=file_sha256(data),
+        data_sha256=digest,
         held_out_conversations=held_out,
     )
     record: dict[str, object] = {
-        "name": "LoCoMo", "licence": DATASET_LICENCES["LoCoMo"], "file": data.name, "sha256": file_sha256(data),
+        "name": "LoCoMo", "licence": DATASET_LICENCES["LoCoMo"], "file": data.name, "sha256": digest,
         "item_kind": "conversations", "items": list(chosen), "held_out": held_out,
         "n_positives": len(positives), "positives": "observations + QA evidence (categories 1-4)",
     }
@@ -146,8 +147,7 @@ def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | 
         chosen = [c.conversation_id for c in convs if c.conversation_id not in held_out]
         got, got_corpora = training_pairs.longmemeval_positives(convs, chosen)
         positives += got
-        for group, passages in got_corpora.items():
-            corpora[group] = list(dict.fromkeys([*corpora.get(group, []), *passages]))
+        _merge_corpora(corpora, got_corpora)
         used = sorted({p.group for p in got})
         records.append({
             "name": "LongMemEval", "licence": DATASET_LICENCES["LongMemEval"], "file": path.name,
@@ -156,6 +156,12 @@ def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | 
                                                   "questions skipped)",
         })
     return positives, corpora, records
+
+
+def _merge_corpora(into: dict[str, list[str]], more: dict[str, list[str]]) -> None:
+    """Add ``more``'s passages to ``into``'s group by group, each distinct passage once, in order."""
+    for group, passages in more.items():
+        into[group] = list(dict.fromkeys([*into.get(group, []), *passages]))
 
 
 def file_sha256(path: Path) -> str:

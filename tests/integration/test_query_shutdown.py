@@ -14,12 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 
+from tests.badinput.harness import wait_for
 from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
 from workers.query import PUBSUB_POLL_S, build_worker
 from workers.settings import Settings, to_environment
@@ -39,15 +39,6 @@ def _spawn_slow_worker(settings: Settings, marker: Path, sleep_s: float, log: Pa
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def _exit_code_within(process: subprocess.Popen, timeout_s: float) -> int | None:
     try:
         return process.wait(timeout_s)
@@ -61,7 +52,7 @@ def test_an_idle_query_worker_exits_within_seconds_of_sigterm(settings: Settings
     log = tmp_path / "worker.log"
     worker = _spawn_slow_worker(settings, tmp_path / "rerank-started", 0.0, log)
     try:
-        assert _wait_for(lambda: bool(client.query_workers()), 60.0), log.read_text()[-3000:]
+        assert wait_for(lambda: bool(client.query_workers()), 60.0), log.read_text()[-3000:]
         began = time.monotonic()
         worker.send_signal(signal.SIGTERM)
         code = _exit_code_within(worker, EXIT_WITHIN_S)
@@ -92,9 +83,9 @@ def test_a_busy_query_worker_finishes_its_job_then_exits(settings: Settings, red
 
     asker = threading.Thread(target=ask, daemon=True)
     try:
-        assert _wait_for(lambda: bool(client.query_workers()), 60.0), log.read_text()[-3000:]
+        assert wait_for(lambda: bool(client.query_workers()), 60.0), log.read_text()[-3000:]
         asker.start()
-        assert _wait_for(marker.exists, 30.0), log.read_text()[-3000:]  # the job is in its rerank
+        assert wait_for(marker.exists, 30.0), log.read_text()[-3000:]  # the job is in its rerank
         worker.send_signal(signal.SIGTERM)
         asker.join(60.0)
         code = _exit_code_within(worker, 60.0)
@@ -121,7 +112,7 @@ def test_the_command_channel_listener_stops_within_its_poll(settings: Settings, 
     worker.subscribe()
     thread = worker.pubsub_thread
     try:
-        assert _wait_for(lambda: worker.pubsub.subscribed, 10.0)  # the thread consumed the confirmation
+        assert wait_for(lambda: worker.pubsub.subscribed, 10.0)  # the thread consumed the confirmation
         time.sleep(0.2)  # and sits in its blocking read (there is no condition to see that from outside)
         began = time.monotonic()
         thread.stop(timeout=EXIT_WITHIN_S)
