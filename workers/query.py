@@ -345,6 +345,13 @@ class QueryWorker(SimpleWorker):
         self.pubsub_thread = self.pubsub.run_in_thread(
             sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler)
 
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """rq's start-up (birth, heartbeat, command channel) with its SIGTERM/SIGINT handlers already
+        installed: rq installs them only after it, so a worker stopped while it was starting (its
+        heartbeat already published) died of the signal instead of exiting cleanly."""
+        self._install_signal_handlers()
+        super().bootstrap(*args, **kwargs)
+
     def register_birth(self) -> None:
         self.beats.idle()  # alive before rq lists it, so a client never sees a listed worker without a heartbeat
         super().register_birth()
