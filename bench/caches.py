@@ -181,9 +181,10 @@ def cached_bi_encoder(
     cache_path: str | Path,
     precision: str = "auto",
     progress: Callable[[int], tuple[Callable[[int], None], Callable[[], None]]] | None = None,
+    device: str = "cpu",
 ) -> PersistentEncoder:
-    """The bi-encoder of ``encoder_path`` behind the disk embedding cache, computing on the CPU in
-    ``precision`` as the service's workers do (``auto`` resolved by
+    """The bi-encoder of ``encoder_path`` behind the disk embedding cache, computing on ``device``
+    (``cpu`` or ``cuda``) in ``precision`` as the service's workers do (``auto`` resolved by
     :func:`mnemos.precision.resolve_precision`, like ``MNEMOS_ENCODER_PRECISION``).
 
     The cache key is ``"<model identity>|<resolved precision>"``, so vectors of one format never
@@ -198,11 +199,11 @@ def cached_bi_encoder(
     from mnemos.encoder import SentenceTransformerEncoder
     from mnemos.precision import Precision, resolve_precision
 
-    resolved = resolve_precision(precision, "cpu")
-    if resolved is Precision.FP16:
-        raise ValueError("fp16 embedding needs a CUDA device; the benchmarks embed on the CPU (use bf16 or fp32)")
+    resolved = resolve_precision(precision, device)
+    if resolved is Precision.FP16 and device.startswith("cpu"):
+        raise ValueError("fp16 embedding needs a CUDA device; on the CPU use bf16 or fp32")
     config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
     return PersistentEncoder(
         f"{model_identity(encoder_path)}|{resolved.value}", int(config["hidden_size"]), cache_path,
-        lambda: SentenceTransformerEncoder(encoder_path, precision=resolved), progress=progress,
+        lambda: SentenceTransformerEncoder(encoder_path, device=device, precision=resolved), progress=progress,
     )

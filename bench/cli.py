@@ -69,12 +69,13 @@ def display_path(path: Path) -> str:
 
 
 def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int,
-               precision: str = "auto"):
+               precision: str = "auto", device: str = "cpu"):
     """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.folds.FoldRerankers` (None for
     no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
-    timing). The cross-encoders run on the CPU in ``precision`` (``auto`` resolved as the query
-    worker resolves ``MNEMOS_RERANK_PRECISION``: :func:`mnemos.precision.resolve_precision`). Scores
-    are cached per model identity, ``max_length`` and resolved precision.
+    timing). The cross-encoders run on ``device`` (a torch device string, ``cpu`` or ``cuda``) in
+    ``precision`` (``auto`` resolved as the query worker resolves ``MNEMOS_RERANK_PRECISION``:
+    :func:`mnemos.precision.resolve_precision`). Scores are cached per model identity, ``max_length``
+    and resolved precision (not per device: fp32 logits agree across devices to rounding).
 
     Raises:
         ValueError: if a directory does not exist or names no training conversations.
@@ -84,7 +85,7 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
     from mnemos.precision import resolve_precision
     from mnemos.rerank import CachedReranker, CrossEncoderReranker
 
-    computes_in = resolve_precision(precision, "cpu")
+    computes_in = resolve_precision(precision, device)
     records, rerankers, loaders = [], {}, {}
     for i, spec in enumerate(specs):
         path, explicit = parse_fold_spec(spec)
@@ -99,7 +100,8 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
         records.append(RerankerFold(name, display_path(path), frozenset(trained), identity, provenance))
 
         def load(p: Path = path) -> CrossEncoderReranker:
-            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size, precision=computes_in)
+            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size, device=device,
+                                        precision=computes_in)
 
         persistent = PersistentReranker(f"{identity}|max_length={max_length}|{computes_in.value}",
                                         cache_dir / "rerank_scores", load)
@@ -112,7 +114,8 @@ VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
 
 
 def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,
-                   batch_size: int, main_loaders: dict, main_router=None, precision: str = "auto") -> list:
+                   batch_size: int, main_loaders: dict, main_router=None, precision: str = "auto",
+                   device: str = "cpu") -> list:
     """Ablations by name (:data:`VARIANT_NAMES`) and reranker variants from
     ``NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]`` specs (each DIR a fold, as ``--reranker-fold``;
     :func:`bench.variants.parse_reranker_spec`), as :class:`bench.variants.Variant` values.
@@ -144,7 +147,7 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
         label, dirs, length_value, variant_precision = parse_reranker_spec(spec, max_length=max_length,
                                                                            precision=precision)
         router, loaders = load_folds(dirs, cache_dir=cache_dir, max_length=length_value, batch_size=batch_size,
-                                     precision=variant_precision)
+                                     precision=variant_precision, device=device)
         details = reranker_details(router, length_value, variant_precision)
         out.append(Variant(label, f"rerankers {','.join(dirs)} at max_length {length_value}, "
                                   f"{details['precision'] if details else variant_precision}", {},
@@ -175,7 +178,8 @@ class QualityCommand:
         cache_dir: rerank-score and embedding caches. threads: torch threads. max_length /
             batch_size: of the cross-encoders. rerank_precision / encoder_precision: what the
             cross-encoders / the bi-encoder compute in (``auto`` as the workers resolve it).
-            bi_encoder: directory (None: the bundled model).
+            bi_encoder: directory (None: the bundled model). device: where both encoders run
+            (``cpu``, ``cuda``, or ``auto``: a GPU when torch sees one).
         variants / compare_rerankers: ablation names and reranker variant specs (:func:`build_variants`).
         command: the command line, recorded in the report.
     """
@@ -209,6 +213,7 @@ class QualityCommand:
     rerank_precision: str = "auto"
     encoder_precision: str = "auto"
     bi_encoder: Path | None = None
+    device: str = "cpu"
     variants: tuple[str, ...] = ()
     compare_rerankers: tuple[str, ...] = ()
     command: str = "mnemos bench quality"
@@ -248,8 +253,10 @@ def run_quality_command(request: QualityCommand) -> int:
     from bench.quality import run_quality
     from bench.training.sources import file_sha256
     from mnemos.errors import MnemosError
+    from workers.models import resolve_device
 
     torch.set_num_threads(request.threads)
+    device = resolve_device(request.device)
     # One query at a time: faiss's OpenMP start-up costs more than the search itself (measured
     # ~1.7 ms vs ~0.3 ms per search on a LoCoMo-sized index), so search single-threaded.
     faiss.omp_set_num_threads(1)
@@ -263,18 +270,18 @@ def run_quality_command(request: QualityCommand) -> int:
     try:
         router, loaders = load_folds(list(request.folds), cache_dir=request.cache_dir,
                                      max_length=request.max_length, batch_size=request.batch_size,
-                                     precision=request.rerank_precision)
+                                     precision=request.rerank_precision, device=device)
         variant_list = build_variants(list(request.variants), list(request.compare_rerankers),
                                       cache_dir=request.cache_dir, max_length=request.max_length,
                                       batch_size=request.batch_size, main_loaders=loaders, main_router=router,
-                                      precision=request.rerank_precision)
+                                      precision=request.rerank_precision, device=device)
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
     dataset = {"name": "LoCoMo" if request.data_format == "locomo" else "LongMemEval",
                "format": request.data_format, "path": request.data.name, "sha256": file_sha256(request.data)}
     try:
-        encoder = _bi_encoder(request)
+        encoder = _bi_encoder(request, device)
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
@@ -319,14 +326,14 @@ def _load_conversations(request: QualityCommand) -> list[Conversation]:
     return conversations
 
 
-def _bi_encoder(request: QualityCommand) -> PersistentEncoder:
-    """The bi-encoder (``request.bi_encoder`` or the bundled one) in ``request.encoder_precision``
-    behind the disk embedding cache (:func:`bench.caches.cached_bi_encoder`)."""
+def _bi_encoder(request: QualityCommand, device: str) -> PersistentEncoder:
+    """The bi-encoder (``request.bi_encoder`` or the bundled one) on ``device`` in
+    ``request.encoder_precision`` behind the disk embedding cache (:func:`bench.caches.cached_bi_encoder`)."""
     from bench.caches import cached_bi_encoder
     from mnemos.encoder import bundled_bi_encoder_path
 
     return cached_bi_encoder(request.bi_encoder or bundled_bi_encoder_path(), request.cache_dir / "embeddings",
-                             request.encoder_precision, progress=lambda n: _tqdm_progress(n, "embed"))
+                             request.encoder_precision, progress=lambda n: _tqdm_progress(n, "embed"), device=device)
 
 
 def _reranker_info(router: FoldRerankers | None, conversation_ids: list[str], max_length: int,
@@ -423,6 +430,8 @@ def bench() -> None:
 @click.option("--encoder-precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
               help="What the bi-encoder computes in; auto as the workers' MNEMOS_ENCODER_PRECISION.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the bi-encoder and the cross-encoders run (auto: a GPU when torch sees one).")
 @click.option("--bi-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANT_NAMES),
@@ -449,7 +458,7 @@ def quality(**kwargs: Any) -> None:
         abstain_threshold=kwargs["abstain_threshold"], dedupe=kwargs["dedupe"],
         full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
         batch_size=kwargs["batch_size"], rerank_precision=kwargs["rerank_precision"], bi_encoder=kwargs["bi_encoder"],
-        encoder_precision=kwargs["encoder_precision"],
+        encoder_precision=kwargs["encoder_precision"], device=kwargs["device"],
         command=command,
         only_conversations=tuple(_split(kwargs["conversations"])), variants=tuple(kwargs["variants"]),
         compare_rerankers=tuple(kwargs["compare_rerankers"]), suppression_study=kwargs["suppression_study"],
