@@ -284,12 +284,18 @@ class Hit:
                    int(data["rank"]), tuple(data.get("aliases", ())))
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 @dataclass(frozen=True)
 class RetrievalResult:
     """Ordered hits plus diagnostics: pool size, deep pass, cluster, seconds per stage, memory version and
     suppression version (how many outcomes of the tenant the suppression state it read had applied;
-    None from a worker older than migration 0005) and, when the request set ``budget_tokens``, the
-    evidence ``packet``."""
+    None from a worker older than migration 0005), the pool pairs the cross-encoder scored for this
+    request and those its score cache answered (``rerank_pairs_scored`` / ``rerank_pairs_cached``;
+    None from an older worker; both 0 for an answer from the packet cache) and, when the request set
+    ``budget_tokens``, the evidence ``packet``."""
 
     request_id: str
     tenant_id: str
@@ -302,6 +308,8 @@ class RetrievalResult:
     memory_version: int
     suppression_version: int | None = None
     packet: Packet | None = None
+    rerank_pairs_scored: int | None = None
+    rerank_pairs_cached: int | None = None
     v: int = SCHEMA_VERSION
 
     def to_payload(self) -> dict[str, Any]:
@@ -309,7 +317,8 @@ class RetrievalResult:
                    "hits": [h.to_payload() for h in self.hits], "pool_size": self.pool_size,
                    "deep_pass": self.deep_pass, "cluster": self.cluster, "top_rerank_score": self.top_rerank_score,
                    "stage_seconds": dict(self.stage_seconds), "memory_version": self.memory_version,
-                   "suppression_version": self.suppression_version}
+                   "suppression_version": self.suppression_version,
+                   "rerank_pairs_scored": self.rerank_pairs_scored, "rerank_pairs_cached": self.rerank_pairs_cached}
         if self.packet is not None:
             payload["packet"] = self.packet.to_payload()
         return payload
@@ -324,6 +333,8 @@ class RetrievalResult:
             memory_version=int(data.get("memory_version", 0)),
             suppression_version=None if data.get("suppression_version") is None else int(data["suppression_version"]),
             packet=None if data.get("packet") is None else Packet.from_payload(data["packet"]),
+            rerank_pairs_scored=_optional_int(data.get("rerank_pairs_scored")),
+            rerank_pairs_cached=_optional_int(data.get("rerank_pairs_cached")),
             v=check_version(data.get("v")),
         )
 

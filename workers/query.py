@@ -81,28 +81,32 @@ _SERVICE: contextvars.ContextVar[QueryService | None] = contextvars.ContextVar("
 
 @dataclass(frozen=True)
 class RerankCounts:
-    """Running totals of a reranker chain (a cache and the model it wraps), for per-request deltas."""
+    """Running totals of a reranker chain (a cache and the model it wraps), for per-request deltas.
+    ``has_cache``: the chain holds a score cache (without one, hits and misses stay 0 and say nothing)."""
 
     cache_hits: int = 0
     cache_misses: int = 0
     pairs_truncated: int = 0
     queries_truncated: int = 0
+    has_cache: bool = False
 
     @classmethod
     def of(cls, reranker: Reranker | None) -> RerankCounts:
         """Sum the counters found along ``reranker`` and its ``inner`` rerankers (absent ones count 0)."""
         totals = dict.fromkeys(("cache_hits", "cache_misses", "pairs_truncated", "queries_truncated"), 0)
         node: object = reranker
+        has_cache = False
         while node is not None:
             for name in totals:
                 totals[name] += int(getattr(node, name, 0))
+            has_cache = has_cache or hasattr(node, "cache_hits")
             node = getattr(node, "inner", None)
-        return cls(**totals)
+        return cls(**totals, has_cache=has_cache)
 
     def since(self, before: RerankCounts) -> RerankCounts:
         return RerankCounts(self.cache_hits - before.cache_hits, self.cache_misses - before.cache_misses,
                             self.pairs_truncated - before.pairs_truncated,
-                            self.queries_truncated - before.queries_truncated)
+                            self.queries_truncated - before.queries_truncated, self.has_cache)
 
 
 def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
@@ -230,7 +234,9 @@ class QueryService:
         self.metrics.query_rerank(cache_hits=counts.cache_hits, cache_misses=counts.cache_misses,
                                   pairs_truncated=counts.pairs_truncated, queries_truncated=counts.queries_truncated)
         result = result_message(core, request, stage_seconds=stages, memory_version=version,
-                                suppression_version=suppression_version)
+                                suppression_version=suppression_version,
+                                rerank_pairs_scored=counts.cache_misses if counts.has_cache else None,
+                                rerank_pairs_cached=counts.cache_hits if counts.has_cache else None)
         if key is not None:
             packet_started = self.clock()
             packet = build_packet(state.index, request, query_vector, core, self.settings, self.count_tokens)
@@ -245,7 +251,8 @@ class QueryService:
         (nothing retrieved, so no outcome is sent)."""
         stages = {"total": self.clock() - started}
         self.metrics.query_job("ok", stages)
-        return dataclasses.replace(cached, request_id=request.request_id, stage_seconds=stages)
+        return dataclasses.replace(cached, request_id=request.request_id, stage_seconds=stages,
+                                   rerank_pairs_scored=0, rerank_pairs_cached=0)
 
     def _report_cache(self, before: CacheStats) -> None:
         """Add the tenant cache's counts since ``before`` to the metrics; set its size gauges."""

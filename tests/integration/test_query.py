@@ -10,7 +10,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from api.errors import InvalidInputError, NoQueryWorker, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
-from api.schemas import Outcome, RetrievalRequest
+from api.schemas import Outcome, RetrievalRequest, RetrievalResult
 from tests.integration.factories import (
     client_for,
     conversation_turns,
@@ -217,5 +217,11 @@ def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redi
     assert service.metrics.query_rerank_cache_hits._value.get() == first.pool_size
     assert [h.turn_id for h in again.hits] == [h.turn_id for h in first.hits]
     assert [h.score for h in again.hits] == [h.score for h in first.hits]
+    # each answer says which of its pool pairs the model scored and which the cache answered
+    assert (first.rerank_pairs_scored, first.rerank_pairs_cached) == (scored, 0)
+    assert (again.rerank_pairs_scored, again.rerank_pairs_cached) == (0, first.pool_size)
+    assert RetrievalResult.from_payload(again.to_payload()).rerank_pairs_cached == first.pool_size
     uncached = query_service(settings.replace(rerank_cache_pairs=0), redis_client, store)
     assert uncached.rerank_cache is None
+    answered = uncached.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    assert answered.rerank_pairs_scored is None and answered.rerank_pairs_cached is None

@@ -134,6 +134,6 @@ def test_rerank_counts_sum_along_the_chain() -> None:
     cached = CachedReranker(_TruncatingFake())
     cached.score("q", ["a" * 40, "b"])
     cached.score("q", ["b"])
-    assert RerankCounts.of(cached) == RerankCounts(cache_hits=1, cache_misses=2, pairs_truncated=1)
+    assert RerankCounts.of(cached) == RerankCounts(cache_hits=1, cache_misses=2, pairs_truncated=1, has_cache=True)
     assert RerankCounts.of(None) == RerankCounts()
-    assert RerankCounts.of(cached).since(RerankCounts(cache_hits=1)) == RerankCounts(0, 2, 1, 0)
+    assert RerankCounts.of(cached).since(RerankCounts(cache_hits=1)) == RerankCounts(0, 2, 1, 0, True)
