@@ -18,6 +18,7 @@ from mnemos.dedupe import (
     distinguishing_tokens,
     find_duplicates,
     turn_signature,
+    unread_digest,
 )
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
 
@@ -268,6 +269,37 @@ def test_speaker_and_caption_are_part_of_the_signature():
 ])
 def test_paraphrases_keep_equal_signatures(a, b):
     assert _same(a, b)
+
+
+FILLER = ("We spent most of the afternoon walking along the river and talking about the garden, the weather "
+          "and the old house. ") * 12
+
+
+def test_the_words_the_encoder_did_not_read_are_part_of_the_signature():
+    """Two long turns that share everything the encoder read (their embeddings are equal) differ in
+    what it cut: the signature tells them apart, and the guard keeps them two memories."""
+    first, second = FILLER + "That was all.", FILLER + "Oh, and the vault access phrase is purple harmonica sunrise."
+    a = turn_signature("user", first, unread="That was all.")
+    b = turn_signature("user", second, unread="Oh, and the vault access phrase is purple harmonica sunrise.")
+    assert a.tokens == b.tokens and a != b  # no distinguishing token sees the difference
+    same_vector = unit_rows(np.random.default_rng(0), 1, 16)
+    assert find_duplicates(same_vector, same_vector, new_signatures=[b], existing_signatures=[a]) == [None]
+    both = np.vstack([same_vector, same_vector])
+    assert find_duplicates(both, both[:0], new_signatures=[a, b], existing_signatures=[]) == [None, None]
+    # the same long turn again (or with other punctuation or case past the window) is still a duplicate
+    again = turn_signature("user", first, unread="that was ALL!")
+    assert find_duplicates(same_vector, same_vector, new_signatures=[again], existing_signatures=[a]) == [0]
+    # an end that was cut is not the end of a turn read whole
+    assert turn_signature("user", first) != a
+
+
+def test_the_unread_digest_compares_words_only():
+    assert unread_digest("") == unread_digest("  ...!  ") == ""  # nothing, or no word: as if read whole
+    assert unread_digest("purple harmonica sunrise") == unread_digest("Purple, harmonica -- sunrise!")
+    assert unread_digest("purple harmonica sunrise") != unread_digest("sunrise harmonica purple")
+    assert len(unread_digest("x")) == 32 and unread_digest("x") != unread_digest("y")
+    with pytest.raises(TypeError):
+        unread_digest(None)  # type: ignore[arg-type]
 
 
 def test_text_must_be_a_string():
