@@ -3,12 +3,13 @@
 Rule (docs/architecture.md, "Dedupe"): within one tenant, a turn is aliased to a canonical entry
 only when the cosine of their embeddings (of the rendered texts, :mod:`mnemos.rendering`) is at
 least the threshold (0.95) **and** their :class:`Signature` s are equal. The signature is the
-speaker plus the turn's *distinguishing tokens* (:func:`distinguishing_tokens`: numbers, dates,
-names, negation, in order of appearance) plus what the bi-encoder did not read of a long turn
-(:func:`unread_digest`). Sentence embeddings barely register these tokens:
-"My new phone number is 0612 345 678." and "... 0699 812 003." have a cosine of 0.98 with the
-bundled all-MiniLM-L6-v2, and so do "I am allergic to peanuts." / "I am not allergic to peanuts."
-or "Melanie gave Sarah a book." / "Sarah gave Melanie a book."; on cosine alone one fact would
+speaker, the turn's *distinguishing tokens* (:func:`distinguishing_tokens`: numbers, dates,
+names, negation, words with an opposite (:mod:`mnemos.antonyms`), in order of appearance) and
+what the bi-encoder did not read of a long turn (:func:`unread_digest`). Sentence embeddings
+barely register these tokens: "My new phone number is 0612 345 678." and "... 0699 812 003."
+have a cosine of 0.98 with the bundled all-MiniLM-L6-v2, and so do "I am allergic to peanuts." /
+"I am not allergic to peanuts.", "Melanie gave Sarah a book." / "Sarah gave Melanie a book." and
+"I booked the earlier flight." / "I booked the later flight."; on cosine alone one fact would
 swallow the other. And a bi-encoder reads a text only up to its window (256 word pieces for the
 bundled model): two long turns that share their first 256 pieces get the same embedding (cosine
 1.0) however they end, so a fact said at the end of the second one would be folded into the first
@@ -16,7 +17,8 @@ and never shown. The caller passes the part of each rendering the encoder did no
 signature carries a digest of its words: such turns alias only when their unread parts have equal
 words too (nothing unread counts as empty). An alias row keeps its own turn and its text stays
 searchable through its canonical entry (:meth:`mnemos.tenant_index.TenantIndex.add_aliases`), but
-a hit shows the canonical entry's text: the guard decides what a caller gets to read. The guard can be switched off (``guard=False``) for the benchmark's ablation.
+a hit shows the canonical entry's text: the guard decides what a caller gets to read. The guard
+can be switched off (``guard=False``) for the benchmark's ablation.
 
 Decision, for each row i of an incoming batch, in order:
 
@@ -42,6 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mnemos.antonyms import OPPOSITE_WORDS
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
 from mnemos.tokenizer import tokenize
 
@@ -63,6 +66,9 @@ class TokenKind(StrEnum):
     """A word with an upper-case letter that does not start a sentence (``Lisbon``, ``iPhone``)."""
     NEGATION = "negation"
     """``not`` (also every ``n't`` form and ``cannot``), ``no``, ``never``, ``nothing``, ``without`` ..."""
+    OPPOSITE = "opposite"
+    """A word with an opposite, or a comparative or superlative of one (``earlier``, ``bigger``,
+    ``best``, ``after``, ``more``): :data:`mnemos.antonyms.OPPOSITE_WORDS`."""
 
 
 class Token(NamedTuple):
@@ -155,6 +161,8 @@ def _classify(word: str, sentence_start: bool) -> Token | None:
         return Token(TokenKind.NEGATION, "not")
     if low in DATE_WORDS or (low == "may" and word[0].isupper()):
         return Token(TokenKind.DATE, low)
+    if low in OPPOSITE_WORDS:
+        return Token(TokenKind.OPPOSITE, low)
     if not sentence_start and not _is_pronoun_i(low) and any(ch.isupper() for ch in word):
         return Token(TokenKind.NAME, low.removesuffix("'s"))
     return None
@@ -173,6 +181,9 @@ def distinguishing_tokens(text: str) -> tuple[Token, ...]:
       ``cannot``, ``not`` all give ``not``; ``never``, ``no``, ``nothing`` ... keep their word).
     * ``DATE`` when it is in :data:`DATE_WORDS` (any case), or is ``May`` capitalised.
       Date-like tokens (``2024-05-01``, ``5/3``, ``1990s``) are ``NUMBER`` tokens.
+    * ``OPPOSITE`` when it is in :data:`mnemos.antonyms.OPPOSITE_WORDS` (any case): a word with an
+      opposite, or a degree of one; the value is the word, so ``earlier`` / ``later``, ``bigger`` /
+      ``smaller`` and ``big`` / ``bigger`` all differ.
     * ``NAME`` when it has an upper-case letter and does not start a sentence, and is not the
       pronoun ``I`` (``I'm``, ``I've`` ...); the value is case-folded without a trailing ``'s``.
       A sentence starts at the beginning of ``text`` and after ``!``, ``?``, ``…``, a line break,

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from mnemos.antonyms import GRADABLE_PAIRS, OPPOSITE_WORDS, PLAIN_PAIRS, degrees
 from mnemos.dedupe import (
     DEFAULT_THRESHOLD,
     Signature,
@@ -194,8 +195,8 @@ def _same(a: str, b: str, role_a: str = "user", role_b: str = "user") -> bool:
 
 
 def test_digits_are_kept_in_order():
-    assert _values("My new phone number is 0612 345 678.") == [("number", "0612"), ("number", "345"),
-                                                                 ("number", "678")]
+    assert _values("My new phone number is 0612 345 678.") == [("opposite", "new"), ("number", "0612"),
+                                                                 ("number", "345"), ("number", "678")]
     assert _values("Flight KL1234 at 7:45, gate B12, 5PM") == [
         ("number", "kl1234"), ("number", "7"), ("number", "45"),
         ("number", "b12"), ("number", "5pm")]
@@ -244,9 +245,39 @@ def test_negation_i_do_and_i_dont():
     assert not _same("I eat meat.", "I never eat meat.")
     assert not _same("I can swim.", "I cannot swim.")
     for negated in ("I don't like it", "I do not like it", "I dont like it", "I don\u2019t like it"):
-        assert _values(negated) == [("negation", "not")], negated
+        assert _values(negated) == [("negation", "not"), ("opposite", "like")], negated
     assert _values("No, nobody, nothing, none, neither nor, without") == [
         ("negation", w) for w in ("no", "nobody", "nothing", "none", "neither", "nor", "without")]
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("I booked the earlier flight to Lisbon.", "I booked the later flight to Lisbon."),
+    ("The new apartment is bigger than the old one.", "The new apartment is smaller than the old one."),
+    ("The new apartment is big.", "The new apartment is bigger."),  # a degree is another fact
+    ("This is the best pizza in town.", "This is the worst pizza in town."),
+    ("It was the earliest train.", "It was the latest train."),
+    ("The blue mug is cheaper.", "The blue mug is more expensive."),
+    ("We arrived before the concert.", "We arrived after the concert."),
+    ("Our team won the final.", "Our team lost the final."),
+    ("I love jazz.", "I hate jazz."),
+])
+def test_opposites_and_their_degrees_keep_turns_apart(a, b):
+    assert not _same(a, b)
+    assert _same(a, a.replace(".", "!"))  # the same words are still a duplicate
+
+
+def test_opposite_words_are_listed_once_with_their_degrees():
+    assert degrees("big") == ("big", "bigger", "biggest")
+    assert degrees("early") == ("early", "earlier", "earliest")
+    assert degrees("late") == ("late", "later", "latest")
+    assert degrees("good") == ("good", "better", "best")
+    assert degrees("cool") == ("cool", "cooler", "coolest") and degrees("new") == ("new", "newer", "newest")
+    assert {"earlier", "later", "bigger", "smaller", "worst", "fewer", "after", "more"} <= OPPOSITE_WORDS
+    assert {"much", "little", "in", "out", "up", "down", "first", "last"}.isdisjoint(OPPOSITE_WORDS)
+    for first, second in GRADABLE_PAIRS + PLAIN_PAIRS:
+        assert first != second and first in OPPOSITE_WORDS and second in OPPOSITE_WORDS
+    assert _values("Earlier I said the later train, not the Bigger bus") == [
+        ("opposite", "earlier"), ("opposite", "later"), ("negation", "not"), ("opposite", "bigger")]
 
 
 def test_speaker_and_caption_are_part_of_the_signature():

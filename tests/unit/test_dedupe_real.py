@@ -42,6 +42,17 @@ DISTINCT = {  # kind: two (role, text[, image caption]) turns that must never al
     "speaker": (("assistant", LONG), ("user", LONG)),
     "caption digits": (("user", "Look at this!", "a photo of 2 dogs on a beach"),
                        ("user", "Look at this!", "a photo of 3 dogs on a beach")),
+    "earlier / later": (("user", "I booked the earlier flight to Lisbon for us."),
+                        ("user", "I booked the later flight to Lisbon for us.")),
+    "bigger / smaller": (("user", "The new apartment is bigger than the old one."),
+                         ("user", "The new apartment is smaller than the old one.")),
+    "cheaper / more expensive": (("user", "The blue mug is cheaper than the red one."),
+                                 ("user", "The blue mug is more expensive than the red one.")),
+    "before / after": (("user", "We arrived before the concert started."),
+                       ("user", "We arrived after the concert started.")),
+    "older / younger": (("user", "My sister is older than me."), ("user", "My sister is younger than me.")),
+    "closer / farther": (("user", "The new office is closer to my home."),
+                         ("user", "The new office is farther from my home.")),
 }
 
 NEAR_DUPLICATES = {  # pairs that must still alias
