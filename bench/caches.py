@@ -124,6 +124,8 @@ class PersistentEncoder:
     Uncached texts are encoded by the lazily built inner encoder in chunks of ``chunk`` (so a
     long first run can be interrupted and resumed); ``progress(total)`` returns ``(advance,
     close)`` callables around the chunk loop (e.g. a tqdm bar). ``dim`` must be known up front so an all-cached run never loads the model.
+    ``unread(texts)`` (``unread_of``, from the model's tokenizer alone) says what the model does not
+    read of each text, for dedupe (:data:`bench.corpora.UnreadOf`); without it, everything is read.
     """
 
     def __init__(
@@ -134,8 +136,10 @@ class PersistentEncoder:
         load: Callable[[], Encoder],
         chunk: int = 256,
         progress: Callable[[int], tuple[Callable[[int], None], Callable[[], None]]] | None = None,
+        unread_of: Callable[[Sequence[str]], list[str]] | None = None,
     ) -> None:
         self.model_key = model_key
+        self._unread_of = unread_of
         self.dim = dim
         self._store = _Store(Path(cache_path), model_key)
         self._load = load
@@ -144,6 +148,10 @@ class PersistentEncoder:
         self._progress = progress
         self._vectors = self._store.load()
         self.encoded = 0
+
+    def unread(self, texts: Sequence[str]) -> list[str]:
+        """Per text, the end the model does not read (``""`` when it reads all of it)."""
+        return self._unread_of(texts) if self._unread_of is not None else [""] * len(texts)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """``(n, dim)`` float32 unit rows; ``(0, dim)`` for no texts."""
@@ -198,6 +206,7 @@ def cached_bi_encoder(
 
     from mnemos.encoder import SentenceTransformerEncoder
     from mnemos.precision import Precision, resolve_precision
+    from workers.models import TruncationCounter
 
     resolved = resolve_precision(precision, device)
     if resolved is Precision.FP16 and device.startswith("cpu"):
@@ -206,4 +215,5 @@ def cached_bi_encoder(
     return PersistentEncoder(
         f"{model_identity(encoder_path)}|{resolved.value}", int(config["hidden_size"]), cache_path,
         lambda: SentenceTransformerEncoder(encoder_path, device=device, precision=resolved), progress=progress,
+        unread_of=TruncationCounter.for_model_dir(Path(encoder_path)).unread,
     )

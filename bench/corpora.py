@@ -3,8 +3,8 @@
 Turn and session ids are made global (``"<conversation>/<turn id>"``) so the pooled index, where
 LoCoMo's ``D1:3`` would repeat in every conversation, stays unambiguous. Each tenant is built
 like the service builds one: embed, dedupe within the tenant (cosine >= 0.95 and, unless the
-guard is switched off for the ablation, equal speaker and distinguishing tokens:
-:mod:`mnemos.dedupe`, docs/architecture.md "Dedupe"), add canonical entries to a
+guard is switched off for the ablation, equal speaker, distinguishing tokens and words past the
+bi-encoder's window: :mod:`mnemos.dedupe`, docs/architecture.md "Dedupe"), add canonical entries to a
 :class:`~mnemos.tenant_index.TenantIndex`, then fold each alias into its canonical entry with
 its own session, role and time and its rendered text (which BM25 then reads with the canonical's).
 Relevant turns are mapped to canonical entry ids, so an absorbed gold turn still counts when
@@ -14,7 +14,7 @@ its canonical is retrieved.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -29,7 +29,12 @@ from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
 from mnemos.sessions import SessionIndex
 from mnemos.tenant_index import TenantIndex
 
-__all__ = ["CorpusMode", "SessionIndex", "Tenant", "build_tenants", "global_id", "rendered_texts"]
+__all__ = ["CorpusMode", "SessionIndex", "Tenant", "UnreadOf", "build_tenants", "global_id", "rendered_texts",
+           "unread_of"]
+
+UnreadOf = Callable[[Sequence[str]], Sequence[str]]
+"""Per rendered text, the end the bi-encoder does not read (``""``: all read), as
+:meth:`workers.models.TruncationCounter.unread`; dedupe compares its words (:func:`mnemos.dedupe.turn_signature`)."""
 
 
 class CorpusMode(StrEnum):
@@ -39,6 +44,13 @@ class CorpusMode(StrEnum):
     """Each conversation is its own tenant (the service's unit of isolation)."""
     POOLED = "pooled"
     """Every conversation in one index, as *Clustered Retrieval-Induced Forgetting* (§4.1) evaluates LongMemEval S."""
+
+
+def unread_of(encoder: object) -> UnreadOf | None:
+    """The encoder's ``unread`` method when it has one (:class:`bench.caches.PersistentEncoder`:
+    its model's window), else None: an encoder without a window (the hashing one) reads everything."""
+    method = getattr(encoder, "unread", None)
+    return method if callable(method) else None
 
 
 def global_id(conversation_id: str, local_id: str) -> str:
@@ -123,13 +135,16 @@ def _build_tenant(
     dedupe_threshold: float | None,
     rendering: Rendering,
     dedupe_guard: bool = True,
+    unread_of: UnreadOf | None = None,
 ) -> Tenant:
     """``rows`` are ``(global turn number, conversation id, turn)``; ``vectors`` their embeddings
     (of the rendered texts, :func:`rendered_texts`)."""
     index = TenantIndex(tenant_id, dim, rendering=rendering)
     decisions: list[int | None] = [None] * len(rows)  # per row: the row it is an alias of, or None
     if dedupe_threshold is not None:
-        signatures = [turn_signature(turn.role, turn.text, turn.image_caption) for _, _, turn in rows]
+        ends = unread_of(rendered_texts([t for _, _, t in rows], rendering)) if unread_of else [""] * len(rows)
+        signatures = [turn_signature(turn.role, turn.text, turn.image_caption, unread=end)
+                      for (_, _, turn), end in zip(rows, ends, strict=True)]
         decisions = _dedupe_rows(vectors, signatures, dim, dedupe_threshold, dedupe_guard)
     aliases: dict[int, list[int]] = defaultdict(list)  # canonical entry id -> its alias rows, in order
     canonical: dict[str, int] = {}
@@ -196,6 +211,7 @@ def build_tenants(
     dedupe_threshold: float | None = DEFAULT_THRESHOLD,
     rendering: Rendering | int = RENDERING_VERSION,
     dedupe_guard: bool = True,
+    unread_of: UnreadOf | None = None,
 ) -> dict[str, Tenant]:
     """Tenants of ``mode``, keyed by tenant id (the conversation id, or ``"pooled"``).
 
@@ -203,7 +219,8 @@ def build_tenants(
     the same ``rendering``, rows in conversation order then turn order; a turn's row number is its
     entry id in every mode (aliases have no entry). ``dedupe_threshold`` None turns dedupe off;
     ``dedupe_guard`` False dedupes on cosine alone (the "dedupe guard off" ablation,
-    :func:`mnemos.dedupe.dedupe_batch`).
+    :func:`mnemos.dedupe.dedupe_batch`). ``unread_of`` tells what the bi-encoder did not read of
+    each rendering (None: it read everything, as the hashing encoder does).
 
     Pooled, when every conversation has ``shared_turn_ids`` (LongMemEval), a turn id seen in an
     earlier conversation is not indexed again: the pooled tenant holds each (haystack session,
@@ -245,7 +262,7 @@ def build_tenants(
     tenants = {
         tenant_id: _build_tenant(
             tenant_id, members, turn_vectors[[n for n, _, _ in members]], dim, dedupe_threshold, Rendering(rendering),
-            dedupe_guard,
+            dedupe_guard, unread_of,
         )
         for tenant_id, members in groups.items()
     }

@@ -39,7 +39,7 @@ from enum import StrEnum
 import numpy as np
 
 from bench.arms import Arm
-from bench.corpora import CorpusMode, Tenant, build_tenants, rendered_texts
+from bench.corpora import CorpusMode, Tenant, build_tenants, rendered_texts, unread_of
 from bench.datasets import Conversation
 from bench.folds import FoldRerankers, RerankerFold
 from bench.question_metrics import RECALL_DEPTH, QuestionMetrics, question_metrics
@@ -172,7 +172,7 @@ class Engine:
         for mode in self.modes:
             self.tenants[mode] = build_tenants(
                 self.conversations, self.turn_vectors, mode, dim=self.encoder.dim, dedupe_threshold=self.dedupe_threshold,
-                rendering=self.rendering, dedupe_guard=self.dedupe_guard,
+                rendering=self.rendering, dedupe_guard=self.dedupe_guard, unread_of=unread_of(self.encoder),
             )
             for tenant in self.tenants[mode].values():
                 tenant.question_keys = [q.key for q in self.questions if q.conversation_id in tenant.conversations]

@@ -43,7 +43,7 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     settings = run.settings("turns", plan)
     rng = random.Random(plan.seed)
     tenants = [f"tenant-{chr(97 + i)}{plan.seed}" for i in range(plan.tenants)]
-    good, pairs, bad = _turn_traffic(plan, rng, tenants)
+    good, pairs, bad = turn_traffic(plan, rng, tenants)
     client = run.client(settings)
     batches: list[Callable[[], Any]] = []
     for start in range(0, len(good), 10):
@@ -86,7 +86,7 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     report.lost, report.duplicated = count_turns(accepted, [(r.tenant_id, r.turn_id) for r in rows], dead)
     report.dead_letters_found = len(bad_keys & dead)
     report.aliases = sum(r.canonical_entry_id is not None for r in rows)
-    report.dedupe_violations = _dedupe_violations(rows, pairs)
+    report.dedupe_violations = dedupe_violations(rows, pairs)
     report.seconds = time.monotonic() - started
     return report
 
@@ -162,7 +162,7 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     return report
 
 
-def _turn_traffic(plan: FaultPlan, rng: random.Random, tenants: Sequence[str]
+def turn_traffic(plan: FaultPlan, rng: random.Random, tenants: Sequence[str]
                   ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]], list[dict[str, str]]]:
     """The turns phase's traffic: ``plan.turns`` valid turns round-robin over ``tenants`` (every
     25th a near-duplicate of its tenant's previous turn), the ``(tenant, original, near-duplicate)``
@@ -190,7 +190,7 @@ def _turn_traffic(plan: FaultPlan, rng: random.Random, tenants: Sequence[str]
     return good, pairs, bad
 
 
-def _dedupe_violations(rows: Sequence[Any], pairs: Sequence[tuple[str, str, str]]) -> int:
+def dedupe_violations(rows: Sequence[Any], pairs: Sequence[tuple[str, str, str]]) -> int:
     """Aliases that point outside their tenant or at another alias, plus near-duplicate pairs that
     did not end as one memory (one canonical entry and its alias). ``rows`` are
     :meth:`~workers.store.audit.Audit.entry_links` rows."""

@@ -87,6 +87,12 @@ class PhaseReport:
     max_wait_s: float = 0.0
     isolation_violations: int = 0
     retry_ok: bool = True
+    # redis_empty phase: turns published before and after Redis came back empty, the turns of the
+    # stream no consumer had acknowledged when it went, and the turns Redis took with it (not Mnemos)
+    published_before: int = 0
+    published_after: int = 0
+    unacked_at_restart: int = 0
+    upstream_lost: int = 0
     settled: bool = False
     seconds: float = 0.0
 
@@ -95,13 +101,18 @@ class PhaseReport:
         return (self.settled and self.lost == 0 and self.duplicated == 0 and self.dedupe_violations == 0
                 and self.dead_letters_found == self.dead_letters_expected and self.score_mismatches == 0
                 and self.ledger_mismatches == 0 and self.buffer_violations == 0 and not self.untyped_failures
-                and self.overtime == 0 and self.isolation_violations == 0 and self.retry_ok)
+                and self.overtime == 0 and self.isolation_violations == 0 and self.retry_ok
+                and self.upstream_lost <= self.unacked_at_restart)
 
     def line(self) -> str:
-        unit = {"turns": "turns", "outcomes": "outcomes"}.get(self.phase, "requests")
+        unit = {"turns": "turns", "outcomes": "outcomes", "redis_empty": "turns"}.get(self.phase, "requests")
         if self.phase == "turns":
             extra = (f"aliases={self.aliases} dedupe_violations={self.dedupe_violations} "
                      f"dead_letters={self.dead_letters_found}/{self.dead_letters_expected}")
+        elif self.phase == "redis_empty":
+            extra = (f"published_before={self.published_before} published_after={self.published_after} "
+                     f"unacked_at_restart={self.unacked_at_restart} upstream_lost={self.upstream_lost} "
+                     f"aliases={self.aliases} dedupe_violations={self.dedupe_violations}")
         elif self.phase == "outcomes":
             extra = (f"score_mismatches={self.score_mismatches} ledger_mismatches={self.ledger_mismatches} "
                      f"buffer_violations={self.buffer_violations}")
@@ -130,6 +141,21 @@ def count_turns(accepted: Iterable[tuple[str, str]], stored: Iterable[tuple[str,
     lost = len(accepted_set - set(rows))
     duplicated = sum(n - 1 for n in rows.values()) + len(set(rows) - accepted_set) + len(accepted_set & set(dead))
     return lost, duplicated
+
+
+def count_across_restart(before: Iterable[tuple[str, str]], after: Iterable[tuple[str, str]],
+                         stored: Iterable[tuple[str, str]], dead: Iterable[tuple[str, str]]) -> tuple[int, int, int]:
+    """``(upstream_lost, lost, duplicated)`` of turn keys published ``before`` and ``after`` Redis
+    came back empty.
+
+    Upstream lost: published before, never stored (Redis lost them with its data; not Mnemos).
+    Lost: published after, not stored (Mnemos lost them). Duplicated: as :func:`count_turns`, over
+    every turn that was published after or stored.
+    """
+    before_set, after_set, rows = set(before), set(after), list(stored)
+    stored_set = set(rows)
+    lost, duplicated = count_turns(after_set | (before_set & stored_set), rows, dead)
+    return len(before_set - stored_set - after_set), lost, duplicated
 
 
 def count_scores(actual: dict[Any, float], expected: dict[Any, float], rel: float = 1e-9) -> int:

@@ -97,6 +97,20 @@ class RedisServer:
         time.sleep(down_s)
         self.start()
 
+    def restart_empty(self, down_s: float = 0.5) -> None:
+        """SIGKILL, delete the data files (append-only file, snapshot), start: Redis comes back
+        without its data, as after a restart without persistence or a failover to an empty replica."""
+        self.kill()
+        for path in self.dir.iterdir():
+            if path.name == "redis.log":
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        time.sleep(down_s)
+        self.start()
+
     def stop(self) -> None:
         self.kill()
 

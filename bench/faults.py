@@ -14,6 +14,10 @@ every request), checked from the ids:
   published outcomes and from the ledger.
 * **queries**: the same faults against ``mnemos worker query`` processes while clients ask; every
   request must end within its timeout with a result or a typed error, and a retry must succeed.
+* **redis_empty**: turns through ingest workers while Redis restarts once, halfway, without its data
+  (:mod:`bench.fault_redis_empty`); the workers recreate their consumer group and go on. Turns Redis
+  held unacknowledged are lost upstream and counted apart; every turn published after the restart
+  must be stored exactly once.
 
 ``mnemos bench faults --turns 5000 --outcomes 2000 --kills 8`` runs a longer version and can
 write the figures as Markdown (``--markdown bench/results/faults.md``). Fake models (hashing
@@ -35,9 +39,11 @@ from typing import Any
 import click
 
 from bench.fault_phases import run_outcomes, run_queries, run_turns
+from bench.fault_redis_empty import run_redis_empty
 from bench.fault_run import FaultPlan, FaultRun, PhaseReport
 
-__all__ = ["FaultPlan", "FaultRun", "PhaseReport", "faults", "markdown", "run_outcomes", "run_queries", "run_turns"]
+__all__ = ["FaultPlan", "FaultRun", "PhaseReport", "faults", "markdown", "run_outcomes", "run_queries",
+           "run_redis_empty", "run_turns"]
 
 
 def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redis_version: str = "") -> str:
@@ -51,6 +57,10 @@ def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redi
         elif r.phase == "outcomes":
             checks = (f"score mismatches {r.score_mismatches}, ledger mismatches {r.ledger_mismatches}, "
                       f"bootstrap buffer violations {r.buffer_violations}")
+        elif r.phase == "redis_empty":
+            checks = (f"published before / after the empty restart {r.published_before} / {r.published_after}, "
+                      f"lost upstream by Redis {r.upstream_lost} (of {r.unacked_at_restart} unacknowledged "
+                      f"at the restart), aliases {r.aliases}, dedupe violations {r.dedupe_violations}")
         else:
             checks = (f"answered {r.answered}, typed failures {r.typed_failures or '{}'}, untyped "
                       f"{len(r.untyped_failures)}, over timeout {r.overtime}, longest wait {r.max_wait_s:.1f}s, "
@@ -64,12 +74,15 @@ def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redi
              "SIGKILLed and restarted, SIGSTOPped past the claim idle time then SIGCONTed, Redis SIGKILLed and "
              "restarted, Postgres crashed (`pg_ctl stop -m immediate`) and restarted. Lost / duplicated are "
              "counted from the turn and outcome ids; scores are compared with a recomputation from the "
-             "published outcomes and from the ledger. `worker exits` counts workers that died on their own.")
+             "published outcomes and from the ledger. `worker exits` counts workers that died on their own. "
+             "The redis_empty phase has no other fault: Redis restarts once, halfway, with its data files "
+             "deleted; its lost / duplicated count the turns published after that restart, and the turns "
+             "Redis lost with its data are counted apart, as lost upstream.")
     return "\n".join(["# Fault injection", "", intro, "", f"Command: `{command}` ({os.cpu_count()} cores)", "",
                       f"Plan: `{asdict(plan)}`.{server}", "", *rows, ""])
 
 
-PHASES = {"turns": run_turns, "outcomes": run_outcomes, "queries": run_queries}
+PHASES = {"turns": run_turns, "outcomes": run_outcomes, "queries": run_queries, "redis_empty": run_redis_empty}
 
 
 def run_faults(plan: FaultPlan, *, phases: Sequence[str], redis_server: str | None, markdown_path: Path | None,
@@ -107,8 +120,8 @@ def _plan_options(command: Any) -> Any:
 
 @click.command("faults")
 @_plan_options
-@click.option("--phases", default="turns,outcomes,queries", show_default=True,
-              help="comma-separated subset of turns, outcomes, queries")
+@click.option("--phases", default="turns,outcomes,queries,redis_empty", show_default=True,
+              help="comma-separated subset of turns, outcomes, queries, redis_empty")
 @click.option("--redis-server", default=None, help="redis-server binary (default: newest on PATH)")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the figures here")

@@ -57,11 +57,12 @@ def replay_in_process(record: ServiceRecord, *, sample_pairs: int, seed: int) ->
     from bench.mainjob import progress_bar  # the phases' bars (mainjob imports this module)
     from mnemos.rendering import render_turn
     from mnemos.suppression import UpdateRule
-    from workers.models import load_encoder, load_reranker
+    from workers.models import load_encoder, load_reranker, load_truncation_counter
     from workers.query import retrieval_config
 
     settings = record.settings
     encoder = load_encoder(settings)
+    window = load_truncation_counter(settings)  # dedupe reads what the encoder cut, as the ingest worker
     rendered = {p.conversation.conversation_id: {t.turn_id: render_turn(t.role, t.text, t.image_caption)
                                                  for t in p.conversation.turns} for p in record.plans}
     vectors: dict[str, np.ndarray] = {}
@@ -80,7 +81,8 @@ def replay_in_process(record: ServiceRecord, *, sample_pairs: int, seed: int) ->
         for plan in record.plans:
             conversation = plan.conversation.conversation_id
             tenant = build_tenants([plan.conversation], stored_vectors(record, plan), CorpusMode.PER_TENANT,
-                                   dim=encoder.dim, dedupe_threshold=settings.dedupe_threshold)[conversation]
+                                   dim=encoder.dim, dedupe_threshold=settings.dedupe_threshold,
+                                   unread_of=window.unread)[conversation]
             prefix = len(conversation) + 1
             canonical[plan.tenant_id] = {gid[prefix:]: tenant.index.entry(eid).turn_id[prefix:]
                                          for gid, eid in tenant.canonical.items()}

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.corpora import CorpusMode, Tenant, build_tenants, global_id, rendered_texts
+from bench.corpora import CorpusMode, Tenant, build_tenants, global_id, rendered_texts, unread_of
 from bench.datasets import Conversation, Question
 from bench.packet_knobs import StudyQuestion, knob_study
 from bench.questions import prepare_questions
@@ -152,7 +152,7 @@ def _select(tenant: Tenant, question: Question, encoder: Encoder, reranker: Rera
 def _tenants(conversations: Sequence[Conversation], encoder: Encoder) -> dict[str, Tenant]:
     turns = [t for conv in conversations for t in conv.turns]
     vectors = np.asarray(encoder.encode(rendered_texts(turns)), dtype=np.float32).reshape(len(turns), encoder.dim)
-    return build_tenants(conversations, vectors, CorpusMode.PER_TENANT, dim=encoder.dim)
+    return build_tenants(conversations, vectors, CorpusMode.PER_TENANT, dim=encoder.dim, unread_of=unread_of(encoder))
 
 
 def _questions(conversations: Iterable[Conversation], wanted: Callable[[Question], bool]

@@ -63,11 +63,12 @@ def encoder_rate(encoder, texts: list[str], batch: int | None = None) -> float:
 
 def rerank_times(conversations, questions, encoder, reranker, pool_size: int) -> list[float]:
     """Seconds the cross-encoder alone takes on each question's pool (fused top ``pool_size``)."""
-    from bench.corpora import CorpusMode, build_tenants, rendered_texts
+    from bench.corpora import CorpusMode, build_tenants, rendered_texts, unread_of
     from mnemos.pipeline import RetrievalConfig, retrieve
 
     texts = rendered_texts([t for c in conversations for t in c.turns])
-    tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim)
+    tenants = build_tenants(conversations, encoder.encode(texts), CorpusMode.PER_TENANT, dim=encoder.dim,
+                            unread_of=unread_of(encoder))
     fused = RetrievalConfig(rerank=False, suppression=False, deep_threshold=None)
     times = []
     reranker.score("warm up", ["warm up"])

@@ -3,14 +3,22 @@
 Rule (docs/architecture.md, "Dedupe"): within one tenant, a turn is aliased to a canonical entry
 only when the cosine of their embeddings (of the rendered texts, :mod:`mnemos.rendering`) is at
 least the threshold (0.95) **and** their :class:`Signature` s are equal. The signature is the
-speaker plus the turn's *distinguishing tokens* (:func:`distinguishing_tokens`: numbers, dates,
-names, negation, in order of appearance). Sentence embeddings barely register these tokens:
-"My new phone number is 0612 345 678." and "... 0699 812 003." have a cosine of 0.98 with the
-bundled all-MiniLM-L6-v2, and so do "I am allergic to peanuts." / "I am not allergic to peanuts."
-or "Melanie gave Sarah a book." / "Sarah gave Melanie a book."; on cosine alone one fact would
-swallow the other. An alias row keeps its own turn and its text stays searchable through its
-canonical entry (:meth:`mnemos.tenant_index.TenantIndex.add_aliases`), so nothing is lost either
-way. The guard can be switched off (``guard=False``) for the benchmark's ablation.
+speaker, the turn's *distinguishing tokens* (:func:`distinguishing_tokens`: numbers, dates,
+names, negation, words with an opposite (:mod:`mnemos.antonyms`), in order of appearance) and
+what the bi-encoder did not read of a long turn (:func:`unread_digest`). Sentence embeddings
+barely register these tokens: "My new phone number is 0612 345 678." and "... 0699 812 003."
+have a cosine of 0.98 with the bundled all-MiniLM-L6-v2, and so do "I am allergic to peanuts." /
+"I am not allergic to peanuts.", "Melanie gave Sarah a book." / "Sarah gave Melanie a book." and
+"I booked the earlier flight." / "I booked the later flight."; on cosine alone one fact would
+swallow the other. And a bi-encoder reads a text only up to its window (256 word pieces for the
+bundled model): two long turns that share their first 256 pieces get the same embedding (cosine
+1.0) however they end, so a fact said at the end of the second one would be folded into the first
+and never shown. The caller passes the part of each rendering the encoder did not read, and the
+signature carries a digest of its words: such turns alias only when their unread parts have equal
+words too (nothing unread counts as empty). An alias row keeps its own turn and its text stays
+searchable through its canonical entry (:meth:`mnemos.tenant_index.TenantIndex.add_aliases`), but
+a hit shows the canonical entry's text: the guard decides what a caller gets to read. The guard
+can be switched off (``guard=False``) for the benchmark's ablation.
 
 Decision, for each row i of an incoming batch, in order:
 
@@ -26,6 +34,7 @@ cannot form: every alias points straight at a canonical.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from collections.abc import Hashable, Sequence
@@ -35,7 +44,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mnemos.antonyms import OPPOSITE_WORDS
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
+from mnemos.tokenizer import tokenize
 
 DEFAULT_THRESHOLD = 0.95
 """Cosine at or above which two turns of one tenant may be the same memory (docs/architecture.md, "Dedupe")."""
@@ -55,6 +66,9 @@ class TokenKind(StrEnum):
     """A word with an upper-case letter that does not start a sentence (``Lisbon``, ``iPhone``)."""
     NEGATION = "negation"
     """``not`` (also every ``n't`` form and ``cannot``), ``no``, ``never``, ``nothing``, ``without`` ..."""
+    OPPOSITE = "opposite"
+    """A word with an opposite, or a comparative or superlative of one (``earlier``, ``bigger``,
+    ``best``, ``after``, ``more``): :data:`mnemos.antonyms.OPPOSITE_WORDS`."""
 
 
 class Token(NamedTuple):
@@ -66,15 +80,19 @@ class Token(NamedTuple):
 
 @dataclass(frozen=True)
 class Signature:
-    """What two turns must share to be aliased: the speaker and the distinguishing tokens, in order.
+    """What two turns must share to be aliased: the speaker, the distinguishing tokens in order, and
+    the words the bi-encoder did not read.
 
     Attributes:
         speaker: the role or speaker name, whitespace-collapsed and case-folded (``"caroline"``).
         tokens: :func:`distinguishing_tokens` of the text, then of the image caption.
+        unread: :func:`unread_digest` of the part of the rendering past the bi-encoder's window
+            (``""`` when the encoder read the whole rendering).
     """
 
     speaker: str
     tokens: tuple[Token, ...]
+    unread: str = ""
 
 
 _WORD = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*")
@@ -143,6 +161,8 @@ def _classify(word: str, sentence_start: bool) -> Token | None:
         return Token(TokenKind.NEGATION, "not")
     if low in DATE_WORDS or (low == "may" and word[0].isupper()):
         return Token(TokenKind.DATE, low)
+    if low in OPPOSITE_WORDS:
+        return Token(TokenKind.OPPOSITE, low)
     if not sentence_start and not _is_pronoun_i(low) and any(ch.isupper() for ch in word):
         return Token(TokenKind.NAME, low.removesuffix("'s"))
     return None
@@ -161,6 +181,9 @@ def distinguishing_tokens(text: str) -> tuple[Token, ...]:
       ``cannot``, ``not`` all give ``not``; ``never``, ``no``, ``nothing`` ... keep their word).
     * ``DATE`` when it is in :data:`DATE_WORDS` (any case), or is ``May`` capitalised.
       Date-like tokens (``2024-05-01``, ``5/3``, ``1990s``) are ``NUMBER`` tokens.
+    * ``OPPOSITE`` when it is in :data:`mnemos.antonyms.OPPOSITE_WORDS` (any case): a word with an
+      opposite, or a degree of one; the value is the word, so ``earlier`` / ``later``, ``bigger`` /
+      ``smaller`` and ``big`` / ``bigger`` all differ.
     * ``NAME`` when it has an upper-case letter and does not start a sentence, and is not the
       pronoun ``I`` (``I'm``, ``I've`` ...); the value is case-folded without a trailing ``'s``.
       A sentence starts at the beginning of ``text`` and after ``!``, ``?``, ``…``, a line break,
@@ -195,20 +218,39 @@ def distinguishing_tokens(text: str) -> tuple[Token, ...]:
     return tuple(tokens)
 
 
-def turn_signature(role: str, text: str, image_caption: str | None = None) -> Signature:
+def unread_digest(unread: str) -> str:
+    """A digest of the words of ``unread``, the part of a rendering the bi-encoder did not read.
+
+    ``""`` when it has no word (:func:`mnemos.tokenizer.tokenize`: nothing was cut, or only
+    punctuation and spaces were), else 32 hex digits of a BLAKE2b over its word tokens: equal
+    exactly when the words, case-folded and in order, are equal (up to a 128-bit collision).
+    A digest rather than the words keeps a long turn's signature small in the ingest worker's cache.
+
+    Raises:
+        TypeError: if ``unread`` is not a ``str``.
+    """
+    words = tokenize(unread)
+    if not words:
+        return ""
+    return hashlib.blake2b("\x1f".join(words).encode("utf-8"), digest_size=16).hexdigest()
+
+
+def turn_signature(role: str, text: str, image_caption: str | None = None, *, unread: str = "") -> Signature:
     """The :class:`Signature` of one turn: the fields :func:`mnemos.rendering.render_turn` renders.
 
     The speaker is part of it under every rendering version: turns of different speakers are
     different memories even when their texts are equal. The caption is read as its own text (its
-    first word starts a sentence).
+    first word starts a sentence). ``unread`` is the end of the turn's rendering that the
+    bi-encoder cut off (``workers.models.TruncationCounter.unread``; ``""`` when it read it all):
+    a turn whose embedding did not see its end aliases only a turn with the same unread words.
 
     Raises:
-        TypeError: if ``text`` or a non-None ``image_caption`` is not a ``str``.
+        TypeError: if ``text``, ``unread`` or a non-None ``image_caption`` is not a ``str``.
     """
     tokens = distinguishing_tokens(text)
     if image_caption:
         tokens += distinguishing_tokens(image_caption)
-    return Signature(" ".join((role or "").split()).casefold(), tokens)
+    return Signature(" ".join((role or "").split()).casefold(), tokens, unread_digest(unread))
 
 
 # ---- the decision ----------------------------------------------------------------------------

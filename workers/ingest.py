@@ -20,7 +20,9 @@ turns a tombstone covers are dropped, and the streams' copies of what a batch fo
 are deleted after the commits (:mod:`workers.forget_streams`, docs/architecture.md "Forget").
 
 Turns longer than the bi-encoder window are embedded from their first 256 word pieces; the full
-text is stored and indexed by BM25, and ``mnemos_ingest_encoder_truncated_total`` counts them.
+text is stored and indexed by BM25, ``mnemos_ingest_encoder_truncated_total`` counts them, and
+dedupe compares the words the encoder did not read (``unread`` of :func:`mnemos.dedupe.turn_signature`),
+so two long turns that differ only past the window stay two entries.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class _Pending:
     message: StreamMessage
     turn: Turn
     vector: np.ndarray
-    truncated: bool
+    unread: str | None  # the end of the rendering the bi-encoder did not read (None: it read it all)
 
 
 @dataclass
@@ -138,7 +140,7 @@ def _conflict_detail(turn_id: str, differences: Sequence[str]) -> str:
 def _new_entry(item: _Pending, entry_id: int, canonical: int | None) -> NewEntry:
     turn = item.turn
     return NewEntry(entry_id, turn.turn_id, turn.session_id, turn.role, turn.text, turn.occurred_at, item.vector,
-                    canonical, dict(turn.metadata), item.truncated, item.message.stream_id)
+                    canonical, dict(turn.metadata), item.unread is not None, item.message.stream_id)
 
 
 class IngestWorker:
@@ -180,8 +182,8 @@ class IngestWorker:
         turns = [t for _, t in parsed if isinstance(t, Turn)]
         rendered = [render_turn(t.role, t.text, t.image_caption) for t in turns]
         vectors = iter(self.encoder.encode(rendered))
-        truncated = self.truncation.truncated(rendered)
-        cuts = iter(truncated)
+        ends = self.truncation.cuts(rendered)  # per turn: what the encoder did not read, None: nothing
+        cuts = iter(ends)
         embed_s = time.perf_counter() - started
 
         by_tenant: dict[str, list[_Pending | _Forget]] = {}
@@ -202,7 +204,7 @@ class IngestWorker:
         self._erase(batch, totals)
         self.metrics.ingest_batch(
             read=len(batch), claimed=sum(m.claimed for m in batch), embed_s=embed_s, commit_s=commit_s,
-            indexed=totals.indexed, duplicates=totals.duplicates, truncated=sum(truncated))
+            indexed=totals.indexed, duplicates=totals.duplicates, truncated=sum(end is not None for end in ends))
         return [m.stream_id for m in batch if m.stream_id not in totals.refused]
 
     def _handle_tenant(self, tenant_id: str, items: Sequence[_Pending | _Forget], totals: _BatchTotals) -> None:
@@ -278,7 +280,8 @@ class IngestWorker:
             new_signatures: list[Signature] = []
             if fresh:
                 matrix = np.stack([p.vector for p in fresh]).astype(np.float32)
-                signatures = [turn_signature(p.turn.role, p.turn.text, p.turn.image_caption) for p in fresh]
+                signatures = [turn_signature(p.turn.role, p.turn.text, p.turn.image_caption, unread=p.unread or "")
+                              for p in fresh]
                 decisions = canon.entries.dedupe(matrix, self.settings.dedupe_threshold, new_signatures=signatures)
                 ids = tx.allocate_entry_ids(len(fresh))  # stream order, ascending
                 rows: list[tuple[_Pending, int, int | None]] = []
@@ -342,7 +345,8 @@ class IngestWorker:
 
     def _load_canonicals(self, tx: TenantSession, forget_version: int) -> _Canonicals:
         """The tenant's canonical entries (embeddings and signatures): the cache plus rows committed
-        since (under the lock). A signature is computed from the stored role, text and caption.
+        since (under the lock). A signature is computed from the stored role, text and caption, and
+        for an entry stored with ``encoder_truncated`` from the end of its rendering the encoder cuts.
         A cache of another forget version is dropped: entries were deleted or promoted since.
         The rows read are committed, so they join the cache in place even if this transaction fails."""
         canon = self._canonicals.get(tx.tenant_id)
@@ -350,8 +354,12 @@ class IngestWorker:
             canon = _Canonicals(0, [], CanonicalSet(self.encoder.dim), forget_version)
         rows = tx.canonical_entries(after=canon.last_entry_id)
         if rows:
+            cut = [r for r in rows if r.encoder_truncated]  # only these have an unread end to compare
+            ends = dict(zip((r.entry_id for r in cut), self.truncation.unread(
+                [render_turn(r.role, r.text, r.image_caption) for r in cut]), strict=True))
             canon.entries.add(vectors_from_bytes([r.embedding for r in rows], self.encoder.dim),
-                              [turn_signature(r.role, r.text, r.image_caption) for r in rows])
+                              [turn_signature(r.role, r.text, r.image_caption, unread=ends.get(r.entry_id, ""))
+                               for r in rows])
             canon.entry_ids.extend(r.entry_id for r in rows)
             canon.last_entry_id = rows[-1].entry_id
         return canon

@@ -35,10 +35,12 @@ PROVENANCE_FILE = "mnemos_provenance.json"
 
 
 class TruncationCounter:
-    """Tells which texts exceed the bi-encoder's window (``max_seq_length`` word pieces).
+    """Tells which texts exceed the bi-encoder's window (``max_seq_length`` word pieces), and what
+    of them the encoder did not read.
 
-    The encoder only sees the first ``max_tokens`` pieces of such a text; the full text is still
-    stored in Postgres and indexed by BM25, and the worker counts these turns in a metric.
+    The encoder only sees the first ``max_tokens`` pieces of such a text (special tokens included);
+    the full text is still stored in Postgres and indexed by BM25, the worker counts these turns in
+    a metric, and dedupe compares the unread ends (:func:`mnemos.dedupe.turn_signature`).
     ``tokenizer_json`` None (the fake encoder) means no window: nothing is ever truncated.
     """
 
@@ -53,16 +55,40 @@ class TruncationCounter:
             self._tokenizer.no_padding()
 
     def truncated(self, texts: Sequence[str]) -> list[bool]:
+        """Per text: True when it has more than ``max_tokens`` word pieces (the encoder cuts it)."""
+        return [cut is not None for cut in self.cuts(texts)]
+
+    def unread(self, texts: Sequence[str]) -> list[str]:
+        """Per text: the suffix the encoder does not read, ``""`` when it reads the whole text.
+
+        The encoder reads the first ``max_tokens`` pieces, special tokens (``[CLS]``, ``[SEP]``)
+        included; the suffix starts right after the last piece it reads (character offsets of the
+        tokenizer), so embedding ``text[:len(text) - len(suffix)]`` gives the vector of ``text``.
+        """
+        return [cut or "" for cut in self.cuts(texts)]
+
+    def cuts(self, texts: Sequence[str]) -> list[str | None]:
+        """Per text: None when the encoder reads all of it, else the suffix it does not read (as
+        :meth:`unread`; one tokenizer pass gives both the truncation flag and the unread end)."""
         if self._tokenizer is None or not texts:
-            return [False] * len(texts)
-        encodings = self._tokenizer.encode_batch(list(texts))
-        return [len(e.ids) > self.max_tokens for e in encodings]
+            return [None] * len(texts)
+        out: list[str | None] = []
+        for text, encoding in zip(texts, self._tokenizer.encode_batch(list(texts)), strict=True):
+            if len(encoding.ids) <= self.max_tokens:
+                out.append(None)
+                continue
+            content = [i for i, special in enumerate(encoding.special_tokens_mask) if not special]
+            read = self.max_tokens - (len(encoding.ids) - len(content))  # content pieces inside the window
+            end = encoding.offsets[content[read - 1]][1] if read > 0 else 0
+            out.append(text[end:])
+        return out
 
     @classmethod
     def for_model_dir(cls, model_dir: Path) -> TruncationCounter:
         tokenizer_json = model_dir / "tokenizer.json"
         if not tokenizer_json.exists():
-            log.warning("no tokenizer.json in %s: encoder truncation is not counted", model_dir)
+            log.warning("no tokenizer.json in %s: encoder truncation is not counted, and dedupe cannot compare "
+                        "the ends of long turns the encoder cuts", model_dir)
             return cls(None)
         max_tokens = 256
         config = model_dir / "sentence_bert_config.json"

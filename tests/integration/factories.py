@@ -16,7 +16,7 @@ from api.client import MnemosClient
 from api.validation import limits_of
 from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
-from workers.models import TruncationCounter, load_encoder
+from workers.models import TruncationCounter, load_encoder, load_truncation_counter
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -31,8 +31,9 @@ def client_for(settings: Settings, connection: redis.Redis) -> MnemosClient:
 
 def ingest_worker(settings: Settings, connection: redis.Redis, store: PostgresStore,
                   truncation: TruncationCounter | None = None) -> IngestWorker:
-    return IngestWorker(settings, connection, store, load_encoder(settings), truncation or TruncationCounter(),
-                        ServiceMetrics())
+    """An ingest worker with the settings' encoder and, unless given, its window (as `mnemos worker ingest`)."""
+    return IngestWorker(settings, connection, store, load_encoder(settings),
+                        truncation or load_truncation_counter(settings), ServiceMetrics())
 
 
 def turn(tenant: str, turn_id: str, text: str, *, session: str = "s1", role: str = "user",

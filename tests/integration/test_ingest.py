@@ -73,11 +73,13 @@ def test_the_dedupe_guard_keeps_facts_the_encoder_cannot_see(settings: Settings,
     client = client_for(settings, redis_client)
     first = [turn("T", "p-old", "My new phone number is 0699 812 003."),
              turn("T", "c1", "My sister lives in Lisbon."),
-             _caption(turn("T", "img1", "Look at this!"), "a photo of 2 dogs on a beach")]
+             _caption(turn("T", "img1", "Look at this!"), "a photo of 2 dogs on a beach"),
+             turn("T", "flight-early", "I booked the earlier flight to Lisbon for us.")]
     second = [turn("T", "p-new", "My new phone number is 0612 345 678.", minutes=5),
               turn("T", "c2", "My sister lives in Lisbon too.", minutes=5),
               _caption(turn("T", "img2", "Look at this!", minutes=5), "a photo of 3 dogs on a beach"),
-              turn("T", "p-new-again", "My new phone number is 0612 345 678!", minutes=6)]
+              turn("T", "p-new-again", "My new phone number is 0612 345 678!", minutes=6),
+              turn("T", "flight-late", "I booked the later flight to Lisbon for us.", minutes=7)]
     warm = ingest_worker(settings, redis_client, store)
     cold = IngestWorker(settings, redis_client, store, warm.encoder, TruncationCounter(), ServiceMetrics())
     for tenant, second_worker in (("warm", warm), ("cold", cold)):
@@ -89,6 +91,7 @@ def test_the_dedupe_guard_keeps_facts_the_encoder_cannot_see(settings: Settings,
         canonical_of = {turn_id: r[3] for turn_id, r in rows.items()}
         assert canonical_of["p-old"] is None and canonical_of["p-new"] is None, tenant  # both numbers kept
         assert canonical_of["img1"] is None and canonical_of["img2"] is None, tenant  # the caption counts
+        assert canonical_of["flight-late"] is None, tenant  # an opposite adjective is another fact
         assert canonical_of["c2"] == rows["c1"][0], tenant  # a true near-duplicate still aliases
         assert canonical_of["p-new-again"] == rows["p-new"][0], tenant  # ... the stored copy of itself
 

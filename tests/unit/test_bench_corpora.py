@@ -78,6 +78,22 @@ def test_guard_off_is_cosine_alone_and_the_absorbed_number_stays_findable():
     assert [eid for eid, _ in tenant.index.bm25.search("0699", 5)] == [0]
 
 
+def test_words_past_the_encoder_window_keep_a_turn_canonical_as_in_the_service():
+    """t4 embeds like t3 (SAME_VECTOR); when the encoder's window cut t4 before "honestly", the
+    unread words differ and t4 stays its own entry (the ingest worker's rule)."""
+    conv = _conversation()
+    rendered = rendered_texts(conv.turns)
+    vectors = _TableEncoder().encode(rendered)
+
+    def window(texts: Sequence[str]) -> list[str]:
+        assert list(texts) == rendered  # what the models see of each turn
+        return [", honestly." if t.endswith("honestly.") else "" for t in texts]
+
+    tenant = build_tenants([conv], vectors, CorpusMode.PER_TENANT, dim=64, unread_of=window)["c"]
+    assert tenant.canonical["c/t4"] == 3 and tenant.n_aliases == 0
+    assert _tenant(guard=True).canonical["c/t4"] == 2  # without a window: aliased as before
+
+
 def test_dedupe_off_keeps_every_turn():
     conv = _conversation()
     vectors = _TableEncoder().encode(rendered_texts(conv.turns))

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from mnemos.antonyms import GRADABLE_PAIRS, OPPOSITE_WORDS, PLAIN_PAIRS, degrees
 from mnemos.dedupe import (
     DEFAULT_THRESHOLD,
     Signature,
@@ -18,6 +19,7 @@ from mnemos.dedupe import (
     distinguishing_tokens,
     find_duplicates,
     turn_signature,
+    unread_digest,
 )
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
 
@@ -193,8 +195,8 @@ def _same(a: str, b: str, role_a: str = "user", role_b: str = "user") -> bool:
 
 
 def test_digits_are_kept_in_order():
-    assert _values("My new phone number is 0612 345 678.") == [("number", "0612"), ("number", "345"),
-                                                                 ("number", "678")]
+    assert _values("My new phone number is 0612 345 678.") == [("opposite", "new"), ("number", "0612"),
+                                                                 ("number", "345"), ("number", "678")]
     assert _values("Flight KL1234 at 7:45, gate B12, 5PM") == [
         ("number", "kl1234"), ("number", "7"), ("number", "45"),
         ("number", "b12"), ("number", "5pm")]
@@ -243,9 +245,39 @@ def test_negation_i_do_and_i_dont():
     assert not _same("I eat meat.", "I never eat meat.")
     assert not _same("I can swim.", "I cannot swim.")
     for negated in ("I don't like it", "I do not like it", "I dont like it", "I don\u2019t like it"):
-        assert _values(negated) == [("negation", "not")], negated
+        assert _values(negated) == [("negation", "not"), ("opposite", "like")], negated
     assert _values("No, nobody, nothing, none, neither nor, without") == [
         ("negation", w) for w in ("no", "nobody", "nothing", "none", "neither", "nor", "without")]
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("I booked the earlier flight to Lisbon.", "I booked the later flight to Lisbon."),
+    ("The new apartment is bigger than the old one.", "The new apartment is smaller than the old one."),
+    ("The new apartment is big.", "The new apartment is bigger."),  # a degree is another fact
+    ("This is the best pizza in town.", "This is the worst pizza in town."),
+    ("It was the earliest train.", "It was the latest train."),
+    ("The blue mug is cheaper.", "The blue mug is more expensive."),
+    ("We arrived before the concert.", "We arrived after the concert."),
+    ("Our team won the final.", "Our team lost the final."),
+    ("I love jazz.", "I hate jazz."),
+])
+def test_opposites_and_their_degrees_keep_turns_apart(a, b):
+    assert not _same(a, b)
+    assert _same(a, a.replace(".", "!"))  # the same words are still a duplicate
+
+
+def test_opposite_words_are_listed_once_with_their_degrees():
+    assert degrees("big") == ("big", "bigger", "biggest")
+    assert degrees("early") == ("early", "earlier", "earliest")
+    assert degrees("late") == ("late", "later", "latest")
+    assert degrees("good") == ("good", "better", "best")
+    assert degrees("cool") == ("cool", "cooler", "coolest") and degrees("new") == ("new", "newer", "newest")
+    assert {"earlier", "later", "bigger", "smaller", "worst", "fewer", "after", "more"} <= OPPOSITE_WORDS
+    assert {"much", "little", "in", "out", "up", "down", "first", "last"}.isdisjoint(OPPOSITE_WORDS)
+    for first, second in GRADABLE_PAIRS + PLAIN_PAIRS:
+        assert first != second and first in OPPOSITE_WORDS and second in OPPOSITE_WORDS
+    assert _values("Earlier I said the later train, not the Bigger bus") == [
+        ("opposite", "earlier"), ("opposite", "later"), ("negation", "not"), ("opposite", "bigger")]
 
 
 def test_speaker_and_caption_are_part_of_the_signature():
@@ -268,6 +300,37 @@ def test_speaker_and_caption_are_part_of_the_signature():
 ])
 def test_paraphrases_keep_equal_signatures(a, b):
     assert _same(a, b)
+
+
+FILLER = ("We spent most of the afternoon walking along the river and talking about the garden, the weather "
+          "and the old house. ") * 12
+
+
+def test_the_words_the_encoder_did_not_read_are_part_of_the_signature():
+    """Two long turns that share everything the encoder read (their embeddings are equal) differ in
+    what it cut: the signature tells them apart, and the guard keeps them two memories."""
+    first, second = FILLER + "That was all.", FILLER + "Oh, and the vault access phrase is purple harmonica sunrise."
+    a = turn_signature("user", first, unread="That was all.")
+    b = turn_signature("user", second, unread="Oh, and the vault access phrase is purple harmonica sunrise.")
+    assert a.tokens == b.tokens and a != b  # no distinguishing token sees the difference
+    same_vector = unit_rows(np.random.default_rng(0), 1, 16)
+    assert find_duplicates(same_vector, same_vector, new_signatures=[b], existing_signatures=[a]) == [None]
+    both = np.vstack([same_vector, same_vector])
+    assert find_duplicates(both, both[:0], new_signatures=[a, b], existing_signatures=[]) == [None, None]
+    # the same long turn again (or with other punctuation or case past the window) is still a duplicate
+    again = turn_signature("user", first, unread="that was ALL!")
+    assert find_duplicates(same_vector, same_vector, new_signatures=[again], existing_signatures=[a]) == [0]
+    # an end that was cut is not the end of a turn read whole
+    assert turn_signature("user", first) != a
+
+
+def test_the_unread_digest_compares_words_only():
+    assert unread_digest("") == unread_digest("  ...!  ") == ""  # nothing, or no word: as if read whole
+    assert unread_digest("purple harmonica sunrise") == unread_digest("Purple, harmonica -- sunrise!")
+    assert unread_digest("purple harmonica sunrise") != unread_digest("sunrise harmonica purple")
+    assert len(unread_digest("x")) == 32 and unread_digest("x") != unread_digest("y")
+    with pytest.raises(TypeError):
+        unread_digest(None)  # type: ignore[arg-type]
 
 
 def test_text_must_be_a_string():

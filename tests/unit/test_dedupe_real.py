@@ -42,6 +42,17 @@ DISTINCT = {  # kind: two (role, text[, image caption]) turns that must never al
     "speaker": (("assistant", LONG), ("user", LONG)),
     "caption digits": (("user", "Look at this!", "a photo of 2 dogs on a beach"),
                        ("user", "Look at this!", "a photo of 3 dogs on a beach")),
+    "earlier / later": (("user", "I booked the earlier flight to Lisbon for us."),
+                        ("user", "I booked the later flight to Lisbon for us.")),
+    "bigger / smaller": (("user", "The new apartment is bigger than the old one."),
+                         ("user", "The new apartment is smaller than the old one.")),
+    "cheaper / more expensive": (("user", "The blue mug is cheaper than the red one."),
+                                 ("user", "The blue mug is more expensive than the red one.")),
+    "before / after": (("user", "We arrived before the concert started."),
+                       ("user", "We arrived after the concert started.")),
+    "older / younger": (("user", "My sister is older than me."), ("user", "My sister is younger than me.")),
+    "closer / farther": (("user", "The new office is closer to my home."),
+                         ("user", "The new office is farther from my home.")),
 }
 
 NEAR_DUPLICATES = {  # pairs that must still alias
@@ -103,3 +114,30 @@ def test_an_updated_fact_aliases_the_stored_copy_of_itself_not_its_closest_neigh
     (decision,) = dedupe_batch(vectors[2:], vectors[:2], new_signatures=signatures[2:],
                                existing_signatures=signatures[:2])
     assert decision.existing == 1
+
+
+FILLER = ("We spent most of the afternoon walking along the river and talking about the garden, the weather "
+          "and the old house. ") * 12
+LONG_PAIR = (FILLER + "That was all.", FILLER + "Oh, and the vault access phrase is purple harmonica sunrise.")
+
+
+def test_a_fact_past_the_encoder_window_is_not_aliased(encoder):
+    """The encoder reads 256 word pieces: two long turns that differ only after them embed alike,
+    and only the words it did not read (workers.models.TruncationCounter) keep them apart."""
+    from workers.models import TruncationCounter
+
+    window = TruncationCounter.for_model_dir(bundled_bi_encoder_path())
+    rendered = [render_turn("user", text) for text in LONG_PAIR]
+    vectors = encoder.encode(rendered)
+    assert float(vectors[0] @ vectors[1]) >= DEFAULT_THRESHOLD
+    unread = window.unread(rendered)
+    assert window.truncated(rendered) == [True, True]
+    assert unread[1].endswith("purple harmonica sunrise.") and unread[0].endswith("That was all.")
+    read_part = encoder.encode([rendered[1][:len(rendered[1]) - len(unread[1])]])[0]
+    assert float(read_part @ vectors[1]) > 0.9999  # what the encoder read is exactly what precedes the cut
+    signatures = [turn_signature("user", text, unread=end) for text, end in zip(LONG_PAIR, unread, strict=True)]
+    assert find_duplicates(vectors[1:], vectors[:1], new_signatures=signatures[1:],
+                           existing_signatures=signatures[:1]) == [None]
+    blind = [turn_signature("user", text) for text in LONG_PAIR]  # the guard without the unread words
+    assert find_duplicates(vectors[1:], vectors[:1], new_signatures=blind[1:], existing_signatures=blind[:1]) == [0]
+    assert window.unread(["user: a short turn"]) == [""] and window.truncated(["user: a short turn"]) == [False]

@@ -211,7 +211,7 @@ class FakeTenantSession(FakeForget):
                 for _, e in self._entries() if e.turn_id in wanted]
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:
-        return [CanonicalRow(i, e.embedding, e.role, e.text, e.metadata.get("image_caption"))
+        return [CanonicalRow(i, e.embedding, e.role, e.text, e.metadata.get("image_caption"), e.encoder_truncated)
                 for i, e in self._entries() if i > after and e.canonical_entry_id is None]
 
     def allocate_entry_ids(self, n: int) -> list[int]:

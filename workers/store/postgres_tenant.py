@@ -107,7 +107,7 @@ class PostgresTenantSession(PostgresForget):
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:
         return self._rows(CanonicalRow, "SELECT entry_id, embedding, role, text,"
-                          " metadata->>'image_caption' AS image_caption FROM entries"
+                          " metadata->>'image_caption' AS image_caption, encoder_truncated FROM entries"
                           " WHERE tenant_id = %s AND canonical_entry_id IS NULL AND entry_id > %s ORDER BY entry_id",
                           (self._tenant_id, after))
 

@@ -91,13 +91,15 @@ class StoredTurn:
 
 @dataclass(frozen=True)
 class CanonicalRow:
-    """A canonical entry as dedupe reads it: its embedding bytes and what its signature is made of."""
+    """A canonical entry as dedupe reads it: its embedding bytes and what its signature is made of
+    (``encoder_truncated``: the bi-encoder read only the start of its rendering)."""
 
     entry_id: int
     embedding: bytes
     role: str
     text: str
     image_caption: str | None
+    encoder_truncated: bool = False
 
 
 @dataclass(frozen=True)
