@@ -18,33 +18,11 @@ import diskcache
 import numpy as np
 
 from mnemos.encoder import Encoder
-from mnemos.rerank import Reranker
+from mnemos.rerank import Reranker, model_digest
 
-__all__ = ["PersistentEncoder", "PersistentReranker", "cached_bi_encoder", "model_identity"]
+__all__ = ["PersistentEncoder", "PersistentReranker", "cached_bi_encoder"]
 
 logger = logging.getLogger(__name__)
-
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "config.json")
-
-
-def model_identity(model_dir: str | Path) -> str:
-    """``"<directory name>@<sha1 of the weight and config files>"`` for a local model directory.
-
-    The weights decide the identity, not where they lie (no machine path ends up in a result).
-    Falls back to the resolved path alone when none of the usual files exist (e.g. a fake in tests).
-    """
-    path = Path(model_dir).resolve()
-    digest = hashlib.sha1()
-    found = False
-    for name in _WEIGHT_FILES:
-        file = path / name
-        if file.is_file():
-            found = True
-            with file.open("rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-    return f"{path.name}@{digest.hexdigest()[:16]}" if found else str(path)
-
 
 def _key(*parts: str) -> bytes:
     return hashlib.sha1("\x1f".join(parts).encode("utf-8")).digest()
@@ -85,7 +63,7 @@ class PersistentReranker:
     """A :class:`~mnemos.rerank.Reranker` whose scores persist in ``<cache_dir>/rerank_scores/``.
 
     Args:
-        model_key: identity of the model (see :func:`model_identity`).
+        model_key: identity of the model (:func:`mnemos.rerank.model_digest` of its directory).
         cache_path: the cache directory (shared by every model; each has a sub-directory).
         load: builds the real reranker on the first cache miss.
 
@@ -213,7 +191,7 @@ def cached_bi_encoder(
         raise ValueError("fp16 embedding needs a CUDA device; on the CPU use bf16 or fp32")
     config = json.loads((Path(encoder_path) / "config.json").read_text(encoding="utf-8"))
     return PersistentEncoder(
-        f"{model_identity(encoder_path)}|{resolved.value}", int(config["hidden_size"]), cache_path,
+        f"{model_digest(Path(encoder_path).resolve())}|{resolved.value}", int(config["hidden_size"]), cache_path,
         lambda: SentenceTransformerEncoder(encoder_path, device=device, precision=resolved), progress=progress,
         unread_of=TruncationCounter.for_model_dir(Path(encoder_path)).unread,
     )

@@ -80,10 +80,10 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
     Raises:
         ValueError: if a directory does not exist or names no training conversations.
     """
-    from bench.caches import PersistentReranker, model_identity
+    from bench.caches import PersistentReranker
     from bench.engine import FoldRerankers, RerankerFold
     from mnemos.precision import resolve_precision
-    from mnemos.rerank import CachedReranker, CrossEncoderReranker
+    from mnemos.rerank import CachedReranker, CrossEncoderReranker, model_digest
 
     computes_in = resolve_precision(precision, device)
     records, rerankers, loaders = [], {}, {}
@@ -96,7 +96,7 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
         if trained is None:
             raise ValueError(f"{path} has no {PROVENANCE_FILE}; give DIR=conv-a,conv-b")
         name = path.name or f"fold-{i}"
-        identity = model_identity(path)
+        identity = model_digest(path.resolve())
         records.append(RerankerFold(name, display_path(path), frozenset(trained), identity, provenance))
 
         def load(p: Path = path) -> CrossEncoderReranker:
