@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 DEFAULT_RESAMPLES = 10_000
-_CHUNK = 1_000  # resamples drawn at once: bounds memory at _CHUNK * n int64 indices
+_CHUNK = 1_000  # resamples drawn at once: bounds memory at _CHUNK * n values
 
 
 def _as_vector(values: np.ndarray | list[float], name: str) -> np.ndarray:
@@ -43,12 +43,10 @@ def bootstrap_ci(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` (shape ``(n,)``).
-
-    Draws ``n_resamples`` resamples of size ``n`` with replacement from a
-    ``numpy.random.default_rng(seed)`` stream and returns the ``(1-confidence)/2`` and
-    ``(1+confidence)/2`` quantiles of their means. ``n == 0`` gives ``(nan, nan)``; ``n == 1``
-    gives ``(x, x)``.
+    """Percentile bootstrap interval of the mean of ``values`` (shape ``(n,)``), by
+    ``scipy.stats.bootstrap`` (``method="percentile"``, resamples drawn from
+    ``numpy.random.default_rng(seed)``, ``_CHUNK`` at a time). ``n == 0`` gives ``(nan, nan)``;
+    ``n == 1`` gives ``(x, x)``.
 
     Raises:
         ValueError: if ``values`` is not 1-d, holds NaN, or ``confidence`` is not in (0, 1).
@@ -58,15 +56,12 @@ def bootstrap_ci(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if x.size == 0:
         return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_resamples, dtype=np.float64)
-    for start in range(0, n_resamples, _CHUNK):
-        stop = min(start + _CHUNK, n_resamples)
-        idx = rng.integers(0, x.size, size=(stop - start, x.size))
-        means[start:stop] = x[idx].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(means, [tail, 1.0 - tail])
-    return (float(lo), float(hi))
+    if x.size == 1 or np.all(x == x[0]):
+        return (float(x[0]), float(x[0]))
+    result = scipy_stats.bootstrap((x,), np.mean, n_resamples=n_resamples, confidence_level=confidence,
+                                   method="percentile", vectorized=True, batch=_CHUNK,
+                                   random_state=np.random.default_rng(seed))
+    return (float(result.confidence_interval.low), float(result.confidence_interval.high))
 
 
 def _mean_difference(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
