@@ -10,13 +10,12 @@ minimum and 5th percentile of the per-pool Spearman rho (``scipy.stats.spearmanr
 of pools at or above the bar, how often the top entry agrees, the largest absolute logit
 difference and the seconds per pool. Usage (a GPU for fp16)::
 
-    python -m bench.precision_check --reranker mnemos/shipped/reranker --locomo PATH \\
+    mnemos bench precision --reranker mnemos/shipped/reranker --locomo PATH \\
         --device cuda --precisions fp16,bf16 --questions 300 --out bench/results/precision.json
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shlex
@@ -26,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import numpy as np
 
 from bench.corpora import CorpusMode
@@ -35,7 +35,7 @@ from mnemos.encoder import Encoder
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import Reranker
 
-__all__ = ["AGREEMENT_BAR", "Pool", "PrecisionAgreement", "agreement", "main", "real_pools"]
+__all__ = ["AGREEMENT_BAR", "Pool", "PrecisionAgreement", "agreement", "precision", "real_pools"]
 
 AGREEMENT_BAR = 0.99
 """Per-pool Spearman rho a reduced precision must reach against fp32 (the issue's bar)."""
@@ -135,33 +135,40 @@ def run(reranker_dir: Path, pools: Sequence[Pool], *, precisions: Sequence[str],
             "precisions": [dataclasses.asdict(r) for r in records]}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line (module docstring); returns 0, or 1 when some precision misses the bar on a pool."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reranker", type=Path, required=True, help="a cross-encoder directory")
-    parser.add_argument("--locomo", type=Path, required=True, help="LoCoMo's locomo10.json")
-    parser.add_argument("--precisions", default="fp16,bf16", help="comma-separated, compared with fp32")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--questions", type=int, default=300, help="about this many pools (0: every question)")
-    parser.add_argument("--pool-size", type=int, default=30)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--out", type=Path, help="also write the JSON report here")
-    args = parser.parse_args(argv)
+@click.command("precision")
+@click.option("--reranker", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="A cross-encoder directory.")
+@click.option("--locomo", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="LoCoMo's locomo10.json.")
+@click.option("--precisions", default="fp16,bf16", show_default=True, help="Comma-separated, compared with fp32.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cuda", show_default=True)
+@click.option("--questions", type=click.IntRange(min=0), default=300, show_default=True,
+              help="About this many pools (0: every question).")
+@click.option("--pool-size", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--max-length", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the JSON report here.")
+def precision(reranker: Path, locomo: Path, precisions: str, device: str, questions: int, pool_size: int,
+              max_length: int, batch_size: int, out: Path | None) -> None:
+    """Rank agreement of reduced-precision cross-encoder scores with fp32 on real LoCoMo pools.
+
+    Prints the JSON report; exits 1 when some precision misses the bar on a pool (module docstring)."""
     from mnemos.encoder import SentenceTransformerEncoder, bundled_bi_encoder_path
 
-    encoder = SentenceTransformerEncoder(bundled_bi_encoder_path(), device=args.device)
-    pools = real_pools(load_locomo(args.locomo), encoder, questions=args.questions or None, pool_size=args.pool_size)
-    report = run(args.reranker, pools, precisions=[p for p in args.precisions.split(",") if p], device=args.device,
-                 max_length=args.max_length, batch_size=args.batch_size)
-    report = {"command": " ".join(["python -m bench.precision_check", *map(shlex.quote, argv or sys.argv[1:])]),
+    encoder = SentenceTransformerEncoder(bundled_bi_encoder_path(), device=device)
+    pools = real_pools(load_locomo(locomo), encoder, questions=questions or None, pool_size=pool_size)
+    report = run(reranker, pools, precisions=[p for p in precisions.split(",") if p], device=device,
+                 max_length=max_length, batch_size=batch_size)
+    report = {"command": " ".join(["mnemos bench precision", *map(shlex.quote, sys.argv[sys.argv.index("precision") + 1:]
+                                                                   if "precision" in sys.argv else [])]),
               **report}
     text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
-    return 0 if all(r["min_rho"] >= AGREEMENT_BAR for r in report["precisions"]) else 1
+    click.echo(text)
+    if out is not None:
+        out.write_text(text + "\n", encoding="utf-8")
+    sys.exit(0 if all(r["min_rho"] >= AGREEMENT_BAR for r in report["precisions"]) else 1)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    precision()
