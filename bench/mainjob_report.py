@@ -129,6 +129,19 @@ def cache_split(asked: Sequence[Asked]) -> dict[str, Any]:
             "cached_share": _round(len(cached) / known, 4) if known else None}
 
 
+def _query_block(record: ServiceRecord) -> dict[str, Any]:
+    """The payload's ``query`` block: client latency of the evaluation (all, new, cached) and the
+    burn-in, deep passes, and the worker's median seconds per stage."""
+    evaluation = [a.latency_s for a in record.asked if a.phase == "evaluation"]
+    burn_in = [a.latency_s for a in record.asked if a.phase == "burn-in"]
+    return {"n": len(evaluation), "p50_s": _round(percentile(evaluation, 50)),
+            "p95_s": _round(percentile(evaluation, 95)), "burn_in_n": len(burn_in),
+            "burn_in_p50_s": _round(percentile(burn_in, 50)),
+            **cache_split([a for a in record.asked if a.phase == "evaluation"]),
+            "deep_passes": sum(a.result.deep_pass for a in record.asked),
+            "worker_stage_p50_s": {phase: _stage_p50(record, phase) for phase in ("burn-in", "evaluation")}}
+
+
 def _stage_p50(record: ServiceRecord, phase: str) -> dict[str, float | None]:
     """Median seconds of each stage the query worker reported, over one phase's requests."""
     stages = [a.result.stage_seconds for a in record.asked if a.phase == phase]
@@ -169,9 +182,6 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
     headline = [r for r in rows if overall_question(r["category"])]
     service = _summary(headline, "", seed)
     in_process = _summary(headline, "in_process_", seed)
-    evaluation = [a.latency_s for a in record.asked if a.phase == "evaluation"]
-    split = cache_split([a for a in record.asked if a.phase == "evaluation"])
-    burn_in = [a.latency_s for a in record.asked if a.phase == "burn-in"]
     unequal = [r["key"] for r in rows if not r["equal_ndcg@10"]]
     errors = sorted({r["error"] for r in rows if r["error"]})
     pairs = sum(len(o.pool) for o in record.outcomes.values())
@@ -224,12 +234,7 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
         "tenants": record.tenants,
         "ingest": {"turns": record.ingest["turns"], "seconds": _round(record.ingest["ingest_seconds"], 2),
                    "turns_per_s": _round(record.ingest["ingest_turns_per_s"], 1)},
-        "query": {"n": len(evaluation), "p50_s": _round(percentile(evaluation, 50)),
-                  "p95_s": _round(percentile(evaluation, 95)), "burn_in_n": len(burn_in),
-                  "burn_in_p50_s": _round(percentile(burn_in, 50)),
-                  **split,
-                  "deep_passes": sum(a.result.deep_pass for a in record.asked),
-                  "worker_stage_p50_s": {phase: _stage_p50(record, phase) for phase in ("burn-in", "evaluation")}},
+        "query": _query_block(record),
         "rerank_cache": {"pairs_in_pools": pairs, "hits": record.rerank_cache_hits,
                          "scored_by_model": None if record.rerank_cache_hits is None
                          else pairs - int(record.rerank_cache_hits)},
