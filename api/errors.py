@@ -77,6 +77,15 @@ class ServiceUnavailable(MnemosClientError):
     """Raised when Redis cannot be reached or refuses a command; the cause is chained."""
 
 
+class ShardUnavailable(ServiceUnavailable):
+    """Raised when the Redis of one shard (of a deployment with more than one) cannot be reached or
+    refuses a command: only the tenants of ``shard`` are affected; the cause is chained."""
+
+    def __init__(self, shard: int, detail: str) -> None:
+        super().__init__(f"shard {shard} is unavailable: {detail}")
+        self.shard = shard
+
+
 class NoQueryWorker(ServiceUnavailable):
     """Raised by ``retrieve`` at once, before anything is enqueued, when no query worker of the
     client's queue has a live heartbeat (none runs, or all stopped longer ago than their TTL)."""
