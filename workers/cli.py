@@ -320,6 +320,8 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     from workers.supervisor import prepare, spawn_workers, stop_workers
 
     settings = _settings(ctx)
+    if settings.shard_map is not None:  # each shard on its own servers: its own workers and store
+        sys.exit(_sharded_demo(settings, spawn, wait_s))
     embedded = EmbeddedServices(settings) if spawn else None
     settings = prepare(settings, embedded) if spawn else settings
     children = spawn_workers(settings) if spawn else []
@@ -329,6 +331,28 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     finally:
         stop_workers(children)
     sys.exit(code)
+
+
+def _sharded_demo(settings: Settings, spawn: bool, wait_s: float) -> int:
+    """The demo with a shard map: each shard's database migrated and its workers started (metrics off:
+    one port per kind on this machine), each tenant's turns stored and asked on its shard's servers."""
+    from contextlib import ExitStack
+
+    from workers.demo import run_demo
+    from workers.migrate import migrate_shards
+    from workers.store import PostgresStore
+    from workers.supervisor import spawn_workers, stop_workers
+
+    shards = [settings.for_shard(s) for s in range(settings.shards)]
+    if spawn:
+        migrate_shards(settings, echo=click.echo)
+    children = [c for s in shards for c in spawn_workers(s.replace(metrics_enabled=False))] if spawn else []
+    try:
+        with ExitStack() as stack:
+            stores = [stack.enter_context(PostgresStore(s.database_url, s.db_app_role)) for s in shards]
+            return run_demo(_client(settings), stores, wait_s=wait_s, echo=click.echo)
+    finally:
+        stop_workers(children)
 
 
 COMMANDS_GROUP = "mnemos.commands"
