@@ -1,5 +1,5 @@
 """A small simulation of shard loads and of what moves when a shard is added (docs/scaling.md
-"Shards on their own servers: sizing and adding shards").
+"Sizing a shard, and how many" and "Adding shards: consistent hashing or a directory table").
 
     python -m bench.shard_sim [--tenants 100000] [--seed 0] [--json bench/results/shard_sim.json]
 
