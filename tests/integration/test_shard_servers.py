@@ -193,3 +193,31 @@ def test_migrate_names_the_unreachable_shard_and_the_ones_it_migrated(cluster: C
     lines.clear()
     assert migrate_shards(settings, [2], echo=lines.append) == [2]
     assert lines == [f"shard 2 ({urls[2]}): up to date"]
+
+
+def test_the_cli_migrates_checks_and_forgets_on_each_shard_s_servers(cluster: Cluster) -> None:
+    from click.testing import CliRunner
+
+    from workers.cli import cli
+
+    settings = cluster.settings
+    assert settings.shard_map is not None
+    env = {"MNEMOS_SHARDS": str(SHARDS), "MNEMOS_SHARD_MAP": settings.shard_map,
+           "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
+    migrated = CliRunner().invoke(cli, ["migrate"], env=env)
+    assert migrated.exit_code == 0, migrated.output
+    assert [line.split(" (", 1)[0] for line in migrated.output.splitlines()] == [f"shard {n}" for n in range(SHARDS)]
+    health = CliRunner().invoke(cli, ["health", "--no-models", "--all-shards"], env=env)
+    assert health.exit_code == 0, health.output
+    for shard, server in enumerate(cluster.servers):
+        assert f"ok   shard {shard} redis: redis://127.0.0.1:{server.port}/0" in health.output
+        assert f"ok   shard {shard} postgres: {cluster.database_urls[shard]}" in health.output
+    tenant = _tenants_by_shard(per_shard=1)[2][0]
+    forgot = CliRunner().invoke(cli, ["forget", "--tenant", tenant], env=env)
+    assert forgot.exit_code == 0, forgot.output
+    streams = [redis.Redis(port=s.port).xlen(settings.for_shard(n).turns_stream) for n, s in enumerate(cluster.servers)]
+    assert streams == [0, 0, 1]
+    repeated = json.loads(settings.shard_map)
+    repeated["1"]["redis_url"] = repeated["0"]["redis_url"]
+    refused = CliRunner().invoke(cli, ["health"], env={**env, "MNEMOS_SHARD_MAP": json.dumps(repeated)})
+    assert refused.exit_code == 2 and "shards 0 and 1 the same redis_url" in refused.output
