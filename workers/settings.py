@@ -338,8 +338,11 @@ def to_environment(settings: Settings) -> dict[str, str]:
 
 
 def child_environment(settings: Settings) -> dict[str, str]:
-    """This process's environment plus ``to_environment(settings)``: for worker subprocesses."""
-    return {**os.environ, **to_environment(settings)}
+    """This process's environment plus ``to_environment(settings)``: for worker subprocesses (with a
+    shard map, without this process's own URL variables: the child takes its shard's from the map)."""
+    own = to_environment(settings)
+    skip = {ENV_VARS["redis_url"], ENV_VARS["database_url"]} - set(own)
+    return {**{k: v for k, v in os.environ.items() if k not in skip}, **own}
 
 
 def prepare_offline_models() -> None:

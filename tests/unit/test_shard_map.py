@@ -78,3 +78,12 @@ def test_a_bad_map_is_refused_in_one_line(shard_map: object, shards: int, extra:
 def test_a_url_the_map_agrees_with_is_accepted() -> None:
     settings = Settings.from_env(_env(MAP, MNEMOS_SHARD="1", MNEMOS_REDIS_URL=MAP["1"]["redis_url"]))
     assert settings.redis_url == MAP["1"]["redis_url"]
+
+
+def test_a_child_of_another_shard_is_not_handed_this_process_s_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.settings import child_environment
+
+    monkeypatch.setenv("MNEMOS_REDIS_URL", MAP["0"]["redis_url"])  # agrees with shard 0's map entry
+    parent = Settings.from_env(_env(MAP, MNEMOS_REDIS_URL=MAP["0"]["redis_url"]))
+    child = Settings.from_env(child_environment(parent.for_shard(2)))
+    assert (child.shard, child.redis_url) == (2, MAP["2"]["redis_url"])
