@@ -284,12 +284,17 @@ class MnemosClient:
             if status in _TERMINAL_FAILURES:
                 result = job.latest_result()
                 detail = result.exc_string if result is not None and result.exc_string else status.value
-                raise RetrievalFailed(request.request_id, status.value, _last_line(detail))
+                raise RetrievalFailed(request.request_id, status.value, _last_line(detail), self._shard_named(request))
         status = self._status(job)
         if status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED):
             with contextlib.suppress(InvalidJobOperation, NoSuchJobError):
                 job.cancel()  # nobody will read its result any more
-        raise RetrievalTimeout(request.request_id, timeout_s, None if status is None else status.value)
+        raise RetrievalTimeout(request.request_id, timeout_s, None if status is None else status.value,
+                               self._shard_named(request))
+
+    def _shard_named(self, request: RetrievalRequest) -> int | None:
+        """The shard an error names: the request's, with more than one shard."""
+        return self.shard_of(request.tenant_id) if self.shards > 1 else None
 
     @staticmethod
     def _status(job: Job) -> JobStatus | None:
@@ -298,15 +303,14 @@ class MnemosClient:
         except (InvalidJobOperation, NoSuchJobError):
             return None
 
-    @staticmethod
-    def _from_result(request: RetrievalRequest, result: Result) -> RetrievalResult:
+    def _from_result(self, request: RetrievalRequest, result: Result) -> RetrievalResult:
         if result.type == Result.Type.SUCCESSFUL:
             answer = RetrievalResult.from_payload(result.return_value)  # type: ignore[arg-type]
             if (answer.tenant_id, answer.request_id) != (request.tenant_id, request.request_id):
                 raise RetrievalFailed(request.request_id, "mismatched", "the result belongs to another request")
             return answer
         detail = result.exc_string or result.type.name
-        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail))
+        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._shard_named(request))
 
 
 def job_id_for(tenant_id: str, request_id: str) -> str:

@@ -5,7 +5,9 @@ for three servers): ``migrate_shards`` migrates each; every tenant's turns are p
 from and answered on its shard's Redis and Postgres only, so no key or row of a tenant appears on
 another shard's servers; with one shard's Redis stopped, that shard's tenants get a fast
 :class:`ShardUnavailable` naming it while the other two shards still publish and answer. A shard
-whose Postgres cannot be reached fails ``migrate`` by name, after the others were migrated.
+whose Postgres cannot be reached fails ``migrate`` by name, after the others were migrated; with one
+shard's Postgres refusing connections, that shard's retrievals fail as :class:`RetrievalFailed`
+naming the shard, and the other shards answer.
 Skipped when ``redis-server`` is not installed.
 """
 
@@ -28,7 +30,7 @@ from psycopg import sql
 
 from api import sharding
 from api.client import MnemosClient
-from api.errors import ShardUnavailable
+from api.errors import RetrievalFailed, ShardUnavailable
 from api.validation import limits_of
 from bench.fault_servers import RedisServer, redis_binaries, spare_port
 from tests.integration.factories import conversation_turns, drain, ingest_worker, query_service
@@ -221,3 +223,38 @@ def test_the_cli_migrates_checks_and_forgets_on_each_shard_s_servers(cluster: Cl
     repeated["1"]["redis_url"] = repeated["0"]["redis_url"]
     refused = CliRunner().invoke(cli, ["health"], env={**env, "MNEMOS_SHARD_MAP": json.dumps(repeated)})
     assert refused.exit_code == 2 and "shards 0 and 1 the same redis_url" in refused.output
+
+
+def _refuse_connections(url: str, refuse: bool) -> None:
+    """Stand in for a Postgres server that is down: its database takes no connection (those open are ended)."""
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+            sql.Identifier(name), sql.SQL("false" if refuse else "true")))
+        if refuse:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+
+def test_one_shard_s_postgres_down_fails_only_its_retrievals_by_name(cluster: Cluster) -> None:
+    settings = cluster.settings.replace(retrieve_timeout_s=20.0)
+    migrate_shards(settings, echo=lambda _: None)
+    tenants = {shard: owned[0] for shard, owned in _tenants_by_shard(per_shard=1).items()}
+    client = _client(settings)
+    client.publish_turns([t for tenant in tenants.values() for t in conversation_turns(tenant, f"{tenant}-")])
+    with ExitStack() as stack:
+        services = {}
+        for shard in range(SHARDS):
+            own = settings.for_shard(shard)
+            store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role, timeout_s=1.0))
+            drain(ingest_worker(own, client.connections[shard], store), name=f"ingest-{shard}")
+            services[shard] = query_service(own, client.connections[shard], store)
+        _refuse_connections(cluster.database_urls[1], True)
+        try:
+            started = time.monotonic()
+            with pytest.raises(RetrievalFailed, match="on shard 1 failed") as caught:
+                _retrieve(client, tenants[1], services[1])
+            assert caught.value.shard == 1 and time.monotonic() - started < 10.0
+            for shard in (0, 2):
+                assert _retrieve(client, tenants[shard], services[shard])
+        finally:
+            _refuse_connections(cluster.database_urls[1], False)
