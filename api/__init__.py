@@ -10,6 +10,7 @@ from api.errors import (
     RetrievalFailed,
     RetrievalTimeout,
     ServiceUnavailable,
+    ShardUnavailable,
 )
 from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Hit, Outcome, PoolRow, RetrievalFilters, RetrievalRequest, RetrievalResult, Turn
@@ -35,5 +36,6 @@ __all__ = [
     "RetrievalResult",
     "RetrievalTimeout",
     "ServiceUnavailable",
+    "ShardUnavailable",
     "Turn",
 ]

@@ -14,6 +14,9 @@ request of the tenant under the same id is refused (:class:`RequestIdReused`) be
 
 With ``shards`` > 1 (docs/scaling.md) a tenant's turns, forgets and retrievals all go to its shard
 (:mod:`api.sharding`): the shard's turns stream and rq queue, served by that shard's workers only.
+Given one Redis client per shard (each shard on its own server), the client talks to a tenant's
+shard's Redis only, and a shard whose Redis fails raises :class:`ShardUnavailable` naming it, for
+that shard's tenants alone.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 from rq import Queue
@@ -43,6 +46,7 @@ from api.errors import (
     RetrievalFailed,
     RetrievalTimeout,
     ServiceUnavailable,
+    ShardUnavailable,
 )
 from api.forget import READD_FIELD, ForgetRequest, ForgetScope
 from api.heartbeats import WorkerBeat, worker_beats
@@ -60,7 +64,8 @@ class MnemosClient:
     """Client of one Mnemos deployment.
 
     Args:
-        connection: a redis-py client (``decode_responses=False``).
+        connection: a redis-py client (``decode_responses=False``), or one per shard, in shard order,
+            when each shard has its own Redis.
         stream_prefix: streams are ``<prefix>:turns`` and ``<prefix>:outcomes`` (with shards, each
             shard's own: :mod:`api.sharding`).
         queue_name: rq queue of the query workers (with shards, the base of each shard's queue name).
@@ -74,14 +79,19 @@ class MnemosClient:
         shards: how many shards the deployment routes tenants to (``MNEMOS_SHARDS``; 1: unsharded).
 
     Raises:
-        ValueError: if ``shards`` < 1.
+        ValueError: if ``shards`` < 1, or ``connection`` is a sequence not of ``shards`` clients.
     """
 
-    def __init__(self, connection: redis.Redis, *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",
+    def __init__(self, connection: redis.Redis | Sequence[redis.Redis], *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",
                  limits: Limits | None = None, retrieve_timeout_s: float = 30.0, job_timeout_s: int = 60,
                  result_ttl_s: int = 600, require_query_worker: bool = True,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC), shards: int = 1) -> None:
-        self.connection = connection
+        connections: list[redis.Redis] = (list(connection) if isinstance(connection, (list, tuple))
+                                          else [cast(redis.Redis, connection)] * shards)
+        if len(connections) != shards:
+            raise ValueError(f"one Redis client per shard: got {len(connections)} for {shards} shards")
+        self.connections = connections
+        self.connection = connections[0]  # unsharded: the only one; else see connection_of
         self.stream_prefix = stream_prefix
         self.require_query_worker = require_query_worker
         self.ring = sharding.ring(shards)
@@ -92,7 +102,7 @@ class MnemosClient:
         self.job_timeout_s = job_timeout_s
         self.result_ttl_s = result_ttl_s
         self.clock = clock
-        self.queues = [Queue(sharding.queue_name(queue_name, shard, shards), connection=connection,
+        self.queues = [Queue(sharding.queue_name(queue_name, shard, shards), connection=connections[shard],
                              serializer=JSONSerializer) for shard in range(shards)]
         self.queue = self.queues[0]  # unsharded: the only one; else see queue_of
 
@@ -109,6 +119,14 @@ class MnemosClient:
     def queue_of(self, tenant_id: str) -> Queue:
         """The rq queue of ``tenant_id``'s shard."""
         return self.queues[self.shard_of(tenant_id)]
+
+    def connection_of(self, tenant_id: str) -> redis.Redis:
+        """The Redis client of ``tenant_id``'s shard."""
+        return self.connections[self.shard_of(tenant_id)]
+
+    def _unavailable(self, shard: int, detail: str) -> ServiceUnavailable:
+        """The error of a failed Redis call: naming the shard when there is more than one."""
+        return ShardUnavailable(shard, detail) if self.shards > 1 else ServiceUnavailable(detail)
 
     # turns ----------------------------------------------------------------------------------
 
@@ -137,17 +155,26 @@ class MnemosClient:
                 raise InvalidInputError(exc.reason, f"turns[{index}].{exc.field}", exc.detail) from exc
         if not checked:
             return []
-        try:
-            pipe = self.connection.pipeline(transaction=False)
-            for turn in checked:
-                fields = turn.to_stream_fields()
-                if readd:
-                    fields[READD_FIELD] = "1"
-                pipe.xadd(self.turns_stream_of(turn.tenant_id), fields)  # type: ignore[arg-type]
-            ids = pipe.execute()
-        except redis.RedisError as exc:
-            raise ServiceUnavailable(f"cannot publish to {self.turns_stream_of(checked[0].tenant_id)}: {exc}") from exc
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+        by_shard: dict[int, list[int]] = {}  # shard -> indexes of its turns, in order
+        for index, turn in enumerate(checked):
+            by_shard.setdefault(self.shard_of(turn.tenant_id), []).append(index)
+        ids: list[str] = [""] * len(checked)
+        for shard, indexes in sorted(by_shard.items()):
+            stream = sharding.turns_stream(self.stream_prefix, shard, self.shards)
+            try:
+                pipe = self.connections[shard].pipeline(transaction=False)
+                for index in indexes:
+                    fields = checked[index].to_stream_fields()
+                    if readd:
+                        fields[READD_FIELD] = "1"
+                    pipe.xadd(stream, fields)  # type: ignore[arg-type]
+                for index, stream_id in zip(indexes, pipe.execute(), strict=True):
+                    ids[index] = _sid(stream_id)
+            except redis.RedisError as exc:
+                done = [s for s in sorted(by_shard) if s < shard]
+                sent = f" (the turns of shard(s) {', '.join(map(str, done))} were published)" if done else ""
+                raise self._unavailable(shard, f"cannot publish to {stream}: {exc}{sent}") from exc
+        return ids
 
     def forget(self, tenant_id: str, *, session_id: str | None = None,
                turn_ids: Iterable[str] | None = None) -> str:
@@ -172,9 +199,9 @@ class MnemosClient:
         request = ForgetRequest.parse(values, self.limits)
         stream = self.turns_stream_of(request.tenant_id)
         try:
-            stream_id = self.connection.xadd(stream, request.to_stream_fields())  # type: ignore[arg-type]
+            stream_id = self.connection_of(request.tenant_id).xadd(stream, request.to_stream_fields())  # type: ignore[arg-type]
         except redis.RedisError as exc:
-            raise ServiceUnavailable(f"cannot publish to {stream}: {exc}") from exc
+            raise self._unavailable(self.shard_of(request.tenant_id), f"cannot publish to {stream}: {exc}") from exc
         return _sid(stream_id)
 
     # retrieval ------------------------------------------------------------------------------
@@ -212,15 +239,16 @@ class MnemosClient:
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
         job_id = job_id_for(request.tenant_id, request.request_id)
         queue = self.queue_of(request.tenant_id)
+        connection = self.connection_of(request.tenant_id)
         try:
             if self.require_query_worker and not self.query_workers(request.tenant_id):
                 raise NoQueryWorker(queue.name, self.stream_prefix)
             claim_ttl_s = int(timeout) + 5 + self.job_timeout_s + self.result_ttl_s  # queued + running + kept
-            if not claim_request_id(self.connection, f"{self.stream_prefix}:request:{job_id}",
+            if not claim_request_id(connection, f"{self.stream_prefix}:request:{job_id}",
                                     request_digest(request), claim_ttl_s):
                 raise RequestIdReused(request.tenant_id, request.request_id)
             # results of an earlier job with this id (a retry) stay in its result stream: read after them
-            last = self.connection.xrevrange(Result.get_key(job_id), count=1)
+            last = connection.xrevrange(Result.get_key(job_id), count=1)
             after = _sid(last[0][0]) if last else "0-0"
             job = queue.enqueue(
                 RETRIEVAL_JOB, request.to_payload(), job_id=job_id,
@@ -229,13 +257,15 @@ class MnemosClient:
             )
             return self._wait(job, request, timeout, after=after)
         except redis.RedisError as exc:
-            raise ServiceUnavailable(f"retrieval {request.request_id}: {exc}") from exc
+            raise self._unavailable(self.shard_of(request.tenant_id), f"retrieval {request.request_id}: {exc}") from exc
 
     def query_workers(self, tenant_id: str | None = None) -> list[WorkerBeat]:
         """The query workers with a live heartbeat taking jobs from ``tenant_id``'s shard's queue, or
         (None) from any of this client's queues (redis.RedisError if Redis fails)."""
-        names = {self.queue_of(tenant_id).name} if tenant_id is not None else {q.name for q in self.queues}
-        return [b for b in worker_beats(self.connection, self.stream_prefix, "query")
+        queues = [self.queue_of(tenant_id)] if tenant_id is not None else self.queues
+        names = {q.name for q in queues}
+        connections = list({id(q.connection): q.connection for q in queues}.values())  # each Redis once
+        return [b for connection in connections for b in worker_beats(connection, self.stream_prefix, "query")
                 if b.live and b.info.get("queue") in names]
 
     def _wait(self, job: Job, request: RetrievalRequest, timeout_s: float, after: str = "0-0") -> RetrievalResult:
@@ -246,7 +276,7 @@ class MnemosClient:
             if remaining_ms <= 0:
                 break
             # block on the job's result stream, waking up at least every 500 ms to look at its status
-            if self.connection.xread({key: after}, count=1, block=min(remaining_ms, 500)):
+            if job.connection.xread({key: after}, count=1, block=min(remaining_ms, 500)):
                 result = job.latest_result()
                 if result is not None:
                     return self._from_result(request, result)
@@ -254,12 +284,17 @@ class MnemosClient:
             if status in _TERMINAL_FAILURES:
                 result = job.latest_result()
                 detail = result.exc_string if result is not None and result.exc_string else status.value
-                raise RetrievalFailed(request.request_id, status.value, _last_line(detail))
+                raise RetrievalFailed(request.request_id, status.value, _last_line(detail), self._shard_named(request))
         status = self._status(job)
         if status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED):
             with contextlib.suppress(InvalidJobOperation, NoSuchJobError):
                 job.cancel()  # nobody will read its result any more
-        raise RetrievalTimeout(request.request_id, timeout_s, None if status is None else status.value)
+        raise RetrievalTimeout(request.request_id, timeout_s, None if status is None else status.value,
+                               self._shard_named(request))
+
+    def _shard_named(self, request: RetrievalRequest) -> int | None:
+        """The shard an error names: the request's, with more than one shard."""
+        return self.shard_of(request.tenant_id) if self.shards > 1 else None
 
     @staticmethod
     def _status(job: Job) -> JobStatus | None:
@@ -268,15 +303,14 @@ class MnemosClient:
         except (InvalidJobOperation, NoSuchJobError):
             return None
 
-    @staticmethod
-    def _from_result(request: RetrievalRequest, result: Result) -> RetrievalResult:
+    def _from_result(self, request: RetrievalRequest, result: Result) -> RetrievalResult:
         if result.type == Result.Type.SUCCESSFUL:
             answer = RetrievalResult.from_payload(result.return_value)  # type: ignore[arg-type]
             if (answer.tenant_id, answer.request_id) != (request.tenant_id, request.request_id):
                 raise RetrievalFailed(request.request_id, "mismatched", "the result belongs to another request")
             return answer
         detail = result.exc_string or result.type.name
-        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail))
+        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._shard_named(request))
 
 
 def job_id_for(tenant_id: str, request_id: str) -> str:

@@ -77,6 +77,15 @@ class ServiceUnavailable(MnemosClientError):
     """Raised when Redis cannot be reached or refuses a command; the cause is chained."""
 
 
+class ShardUnavailable(ServiceUnavailable):
+    """Raised when the Redis of one shard (of a deployment with more than one) cannot be reached or
+    refuses a command: only the tenants of ``shard`` are affected; the cause is chained."""
+
+    def __init__(self, shard: int, detail: str) -> None:
+        super().__init__(f"shard {shard} is unavailable: {detail}")
+        self.shard = shard
+
+
 class NoQueryWorker(ServiceUnavailable):
     """Raised by ``retrieve`` at once, before anything is enqueued, when no query worker of the
     client's queue has a live heartbeat (none runs, or all stopped longer ago than their TTL)."""
@@ -94,19 +103,24 @@ class RetrievalTimeout(MnemosClientError, TimeoutError):
     The job is cancelled if it had not started, so it will not run after the caller gave up.
     """
 
-    def __init__(self, request_id: str, timeout_s: float, status: str | None) -> None:
+    def __init__(self, request_id: str, timeout_s: float, status: str | None, shard: int | None = None) -> None:
         # %g: a sub-second timeout reads as given ("0.05s"), never rounded to "0.0s"
-        super().__init__(f"retrieval {request_id} got no result within {timeout_s:g}s (job status {status})")
+        on = "" if shard is None else f" on shard {shard}"
+        super().__init__(f"retrieval {request_id}{on} got no result within {timeout_s:g}s (job status {status})")
         self.request_id = request_id
         self.timeout_s = timeout_s
         self.status = status
+        self.shard = shard  # None: an unsharded deployment
 
 
 class RetrievalFailed(MnemosClientError):
-    """Raised when the query worker ran the request and it failed (``detail`` has the last line)."""
+    """Raised when the query worker ran the request and it failed (``detail`` has the last line;
+    ``shard``, with more than one, the shard whose worker ran it: e.g. that shard's Postgres is down)."""
 
-    def __init__(self, request_id: str, status: str, detail: str) -> None:
-        super().__init__(f"retrieval {request_id} failed ({status}): {detail}")
+    def __init__(self, request_id: str, status: str, detail: str, shard: int | None = None) -> None:
+        on = "" if shard is None else f" on shard {shard}"
+        super().__init__(f"retrieval {request_id}{on} failed ({status}): {detail}")
         self.request_id = request_id
         self.status = status
         self.detail = detail
+        self.shard = shard  # None: an unsharded deployment

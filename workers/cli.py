@@ -119,12 +119,17 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 @cli.command()
+@click.option("--shard", "only_shard", type=int, default=None,
+              help="only this shard's database (default: every shard's, with MNEMOS_SHARD_MAP)")
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
-    """Create the database if needed and apply pending migrations."""
-    from workers.migrate import ensure_database, run_migrations
+def migrate(ctx: click.Context, only_shard: int | None) -> None:
+    """Create the database if needed and apply pending migrations (every shard's, or one)."""
+    from workers.migrate import ensure_database, migrate_shards, run_migrations
 
     settings = _settings(ctx)
+    if settings.shard_map is not None or only_shard is not None:
+        migrate_shards(settings, None if only_shard is None else [only_shard], echo=click.echo)
+        return
     ensure_database(settings.database_url)
     applied = run_migrations(settings.database_url)
     click.echo(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
@@ -172,7 +177,9 @@ def _client(settings: Settings):
     from api.validation import limits_of
     from workers.connections import redis_client
 
-    return MnemosClient(redis_client(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+    connections = ([redis_client(settings.for_shard(s)) for s in range(settings.shards)]
+                   if settings.shard_map is not None else redis_client(settings))  # each shard's own Redis
+    return MnemosClient(connections, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
                         job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
                         shards=settings.shards)
@@ -273,15 +280,20 @@ def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, a
               help="also load the configured models and compare the stored embeddings' version with theirs")
 @click.option("--require-worker", "require", multiple=True, type=click.Choice(["ingest", "query", "suppression"]),
               help="fail unless a worker of this kind has a live heartbeat (repeatable; default: report only)")
+@click.option("--shard", "shard", type=int, default=None, help="check this shard's servers (default: MNEMOS_SHARD)")
+@click.option("--all-shards", is_flag=True, help="check every shard's servers (models once)")
 @click.pass_context
-def health(ctx: click.Context, models: bool, require: tuple[str, ...]) -> None:
+def health(ctx: click.Context, models: bool, require: tuple[str, ...], shard: int | None, all_shards: bool) -> None:
     """Check Redis, Postgres (exists, migrated), stored embedding versions, the models, and list the
     workers seen by their heartbeats; exit code 0 when all are fine, else 2 or 1 as for every
-    command, with one ``Error:`` line on stderr."""
+    command, with one ``Error:`` line on stderr (one per failing shard with --all-shards)."""
     from workers.health import run_health
 
-    sys.exit(run_health(_settings(ctx), check_models=models, require=require, echo=click.echo,
-                        error=lambda line: click.echo(line, err=True)))
+    settings = _settings(ctx)
+    shards = range(settings.shards) if all_shards else [settings.shard if shard is None else shard]
+    codes = [run_health(settings.for_shard(s), check_models=models and n == 0, require=require, echo=click.echo,
+                        error=lambda line: click.echo(line, err=True)) for n, s in enumerate(shards)]
+    sys.exit(max(codes))
 
 
 @cli.command()
@@ -308,6 +320,8 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     from workers.supervisor import prepare, spawn_workers, stop_workers
 
     settings = _settings(ctx)
+    if settings.shard_map is not None:  # each shard on its own servers: its own workers and store
+        sys.exit(_sharded_demo(settings, spawn, wait_s))
     embedded = EmbeddedServices(settings) if spawn else None
     settings = prepare(settings, embedded) if spawn else settings
     children = spawn_workers(settings) if spawn else []
@@ -317,6 +331,28 @@ def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     finally:
         stop_workers(children)
     sys.exit(code)
+
+
+def _sharded_demo(settings: Settings, spawn: bool, wait_s: float) -> int:
+    """The demo with a shard map: each shard's database migrated and its workers started (metrics off:
+    one port per kind on this machine), each tenant's turns stored and asked on its shard's servers."""
+    from contextlib import ExitStack
+
+    from workers.demo import run_demo
+    from workers.migrate import migrate_shards
+    from workers.store import PostgresStore
+    from workers.supervisor import spawn_workers, stop_workers
+
+    shards = [settings.for_shard(s) for s in range(settings.shards)]
+    if spawn:
+        migrate_shards(settings, echo=click.echo)
+    children = [c for s in shards for c in spawn_workers(s.replace(metrics_enabled=False))] if spawn else []
+    try:
+        with ExitStack() as stack:
+            stores = [stack.enter_context(PostgresStore(s.database_url, s.db_app_role)) for s in shards]
+            return run_demo(_client(settings), stores, wait_s=wait_s, echo=click.echo)
+    finally:
+        stop_workers(children)
 
 
 COMMANDS_GROUP = "mnemos.commands"

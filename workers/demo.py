@@ -8,7 +8,7 @@ and prints the hits. Turn ids are fixed, so running the demo twice stores nothin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from api.client import MnemosClient
@@ -66,10 +66,12 @@ def stored_turns(store: Store, tenant_id: str) -> int:
         return tx.count_entries()
 
 
-def run_demo(client: MnemosClient, store: Store, *, wait_s: float = 60.0, k: int = 3,
+def run_demo(client: MnemosClient, store: Store | Sequence[Store], *, wait_s: float = 60.0, k: int = 3,
              echo: Callable[[str], None] = print) -> int:
     """Publish, wait until stored and a query worker is up, ask, print; returns an exit code (1 if
-    ingestion did not finish or no query worker came up within ``wait_s``)."""
+    ingestion did not finish or no query worker came up within ``wait_s``). ``store`` is the one
+    store, or each shard's (in shard order) when every shard has its own Postgres."""
+    stores = list(store) if isinstance(store, (list, tuple)) else [store] * client.shards
     turns = demo_turns()
     client.publish_turns(turns)
     expected: dict[str, int] = {}
@@ -77,12 +79,12 @@ def run_demo(client: MnemosClient, store: Store, *, wait_s: float = 60.0, k: int
         expected[str(turn["tenant_id"])] = expected.get(str(turn["tenant_id"]), 0) + 1
     echo(f"published {len(turns)} turns for {len(expected)} tenants; waiting for the ingest worker ...")
     deadline = time.monotonic() + wait_s
-    while any(stored_turns(store, t) < n for t, n in expected.items()):
+    while any(stored_turns(stores[client.shard_of(t)], t) < n for t, n in expected.items()):
         if time.monotonic() > deadline:
             echo("the turns were not stored in time: is an ingest worker running (`mnemos up`)?")
             return 1
         time.sleep(0.25)
-    while not client.query_workers():  # a query worker started with the demo may still be loading its models
+    while not all(client.query_workers(t) for t in expected):  # one started with the demo may still be loading
         if time.monotonic() > deadline:
             echo("no query worker has a live heartbeat: is one running (`mnemos up`)?")
             return 1

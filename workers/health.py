@@ -11,7 +11,9 @@ are reported, not required: by default the command stays usable as the probe of 
 (it passes while Redis and Postgres are fine, whatever else runs). ``require`` names worker kinds
 that must have a live heartbeat for the check to pass. Without models (``--no-models``, the pods'
 probe) the stored embedding versions are reported but not compared. Every printed URL and error
-has its password masked.
+has its password masked. With more than one shard, every line starts with the shard it checked
+(``shard 1 redis: ...``): the Redis and Postgres of ``settings.shard`` (``mnemos health --shard``,
+``--all-shards``), never a tenant.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
     ``error``; returns the exit code: 0, 1 or 2 (see the module docstring)."""
     secrets = secrets_of([settings.redis_url, settings.database_url])
     failures: list[tuple[int, str]] = []  # (exit code, "name: detail") in check order
+    label = f"shard {settings.shard} " if settings.shards > 1 else ""
 
     def report(name: str, passed: bool, detail: str, code: int = EXIT_FAILED) -> None:
-        line = redact(f"{name}: {' '.join(detail.split())}", secrets)
+        line = redact(f"{label}{name}: {' '.join(detail.split())}", secrets)
         echo(f"{'ok  ' if passed else 'FAIL'} {line}")
         if not passed:
             failures.append((code, line))

@@ -1,4 +1,6 @@
-"""``mnemos migrate``: apply ``migrations/NNNN_name.sql`` in order, exactly once each.
+"""``mnemos migrate``: apply ``migrations/NNNN_name.sql`` in order, exactly once each, on the
+database of every shard (:func:`migrate_shards`; one database unless ``MNEMOS_SHARD_MAP`` gives each
+shard its own).
 
 Applied versions are recorded in ``schema_migrations`` (version, name, sha256, applied_at). A
 session-level advisory lock serialises concurrent migrators (two pods starting at once), so each
@@ -13,13 +15,18 @@ import hashlib
 import importlib.resources
 import logging
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.errors import MigrationError
+import psycopg
+
+from workers.errors import MigrationError, WorkerError
+from workers.redaction import redact_url
+from workers.settings import Settings
 from workers.store.schema import ensure_database, migration_ledger
 
-__all__ = ["MIGRATIONS_DIR", "Migration", "discover", "ensure_database", "run_migrations"]
+__all__ = ["MIGRATIONS_DIR", "Migration", "discover", "ensure_database", "migrate_shards", "run_migrations"]
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +87,40 @@ def run_migrations(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[
             ledger.apply(migration.version, migration.name, migration.sha256, migration.sql_text())
             applied_now.append(migration.version)
     return applied_now
+
+
+def migrate_shards(settings: Settings, shards: Sequence[int] | None = None, *,
+                   echo: Callable[[str], None] = print, directory: Path = MIGRATIONS_DIR) -> list[int]:
+    """Create (if needed) and migrate the database of each of ``shards`` (default: every shard),
+    one line per shard with ``echo``; returns the shards migrated. Shards sharing one database (no
+    shard map) are migrated once. A shard that fails (unreachable, a failing file) does not stop the
+    others: each is independent and migrations are idempotent.
+
+    Raises MigrationError after the last shard when any failed, naming the failed and the done ones.
+    """
+    chosen = list(range(settings.shards)) if shards is None else list(shards)
+    done: list[int] = []
+    failed: list[str] = []
+    migrated: dict[str, str] = {}  # database URL -> what was applied there
+    for shard in chosen:
+        url = settings.servers_of(shard).database_url
+        where = f"shard {shard} ({redact_url(url)})"
+        if url in migrated:
+            echo(f"{where}: {migrated[url]} (the database of an earlier shard)")
+            done.append(shard)
+            continue
+        try:
+            ensure_database(url)
+            applied = run_migrations(url, directory)
+        except (WorkerError, psycopg.Error) as exc:
+            detail = " ".join(str(exc).split())
+            echo(f"{where}: FAILED: {detail}")
+            failed.append(f"shard {shard} ({detail})")
+            continue
+        migrated[url] = f"applied {', '.join(applied)}" if applied else "up to date"
+        echo(f"{where}: {migrated[url]}")
+        done.append(shard)
+    if failed:
+        raise MigrationError(f"migration failed on {'; '.join(failed)}; migrated: "
+                             f"{', '.join(f'shard {s}' for s in done) or 'none'}")
+    return done

@@ -19,6 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 from api import sharding
 from workers.errors import SettingsError
 from workers.redaction import redact_url
+from workers.server_urls import check_database_url, check_redis_url
+from workers.shard_map import ShardServers, map_text, parse_shard_map
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
@@ -47,6 +49,9 @@ class Settings:
     # ":{shard-<n>}") and a worker consumes only those of `shard`
     shards: int = 1
     shard: int = 0
+    # each shard's own Redis and Postgres (workers.shard_map): inline JSON/YAML or a file; None: every shard
+    # uses redis_url and database_url. With a map, redis_url and database_url are those of `shard`
+    shard_map: str | None = None
     # models
     bi_encoder: str = BUNDLED_BI_ENCODER  # "bundled", "fake" or a local sentence-transformers dir
     cross_encoder: str | None = SHIPPED_RERANKER  # "shipped", a local dir / name, "fake", or None ("none"): no rerank
@@ -202,11 +207,37 @@ class Settings:
                                 f"{self.max_cached_tenants}")
         if self.reindex_batch_size < 1:
             raise SettingsError(f"reindex_batch_size must be >= 1, got {self.reindex_batch_size}")
-        _check_redis_url(self.redis_url)
-        _check_database_url(self.database_url)
+        self._resolve_shard_map()
+        check_redis_url(self.redis_url)
+        check_database_url(self.database_url)
         self._check_operating_limits()
         if not self.stream_prefix or any(c.isspace() for c in self.stream_prefix):
             raise SettingsError(f"stream_prefix must be non-empty without spaces, got {self.stream_prefix!r}")
+
+    def _resolve_shard_map(self) -> None:
+        """With a map: read it once (its text replaces a file path), check every shard's URLs, and take
+        this shard's as redis_url and database_url. Without one: every shard has redis_url and database_url."""
+        if self.shard_map is None:
+            servers = tuple(ShardServers(s, self.redis_url, self.database_url) for s in range(self.shards))
+        else:
+            text = map_text(self.shard_map)
+            servers = parse_shard_map(text, self.shards)
+            object.__setattr__(self, "shard_map", text)
+            object.__setattr__(self, "redis_url", servers[self.shard].redis_url)
+            object.__setattr__(self, "database_url", servers[self.shard].database_url)
+        object.__setattr__(self, "_servers", servers)
+
+    def servers_of(self, shard: int) -> ShardServers:
+        """The Redis and Postgres URLs of ``shard`` (SettingsError outside 0 .. shards - 1)."""
+        servers: tuple[ShardServers, ...] = self.__dict__["_servers"]
+        if not 0 <= shard < len(servers):
+            raise SettingsError(f"shard must be within 0..{self.shards - 1}, got {shard}")
+        return servers[shard]
+
+    def for_shard(self, shard: int) -> Settings:
+        """These settings as a process serving ``shard`` sees them (its servers' URLs)."""
+        self.servers_of(shard)
+        return self.replace(shard=shard)
 
     def _check_operating_limits(self) -> None:
         """Socket timeout above every blocking read, TLS settings that fit the URL, positive timeouts."""
@@ -287,21 +318,31 @@ class Settings:
             if var not in env:
                 continue
             values[f.name] = _parse(f.name, str(f.type), env[var])
-        return cls(**values, from_environment=frozenset(values))
+        settings = cls(**values, from_environment=frozenset(values))
+        for name in ("redis_url", "database_url"):
+            if settings.shard_map is not None and name in values and values[name] != getattr(settings, name):
+                raise SettingsError(f"{ENV_VARS[name]} disagrees with MNEMOS_SHARD_MAP for MNEMOS_SHARD="
+                                    f"{settings.shard}: leave it unset and give the URLs in the map only")
+        return settings
 
 
 def to_environment(settings: Settings) -> dict[str, str]:
     """The ``MNEMOS_*`` variables that reproduce ``settings`` in a child process."""
     env: dict[str, str] = {}
     for name, var in ENV_VARS.items():
+        if settings.shard_map is not None and name in ("redis_url", "database_url"):
+            continue  # the map (passed on whole) gives every shard's URLs
         value = getattr(settings, name)
         env[var] = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return env
 
 
 def child_environment(settings: Settings) -> dict[str, str]:
-    """This process's environment plus ``to_environment(settings)``: for worker subprocesses."""
-    return {**os.environ, **to_environment(settings)}
+    """This process's environment plus ``to_environment(settings)``: for worker subprocesses (with a
+    shard map, without this process's own URL variables: the child takes its shard's from the map)."""
+    own = to_environment(settings)
+    skip = {ENV_VARS["redis_url"], ENV_VARS["database_url"]} - set(own)
+    return {**{k: v for k, v in os.environ.items() if k not in skip}, **own}
 
 
 def prepare_offline_models() -> None:
@@ -309,40 +350,6 @@ def prepare_offline_models() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _check_redis_url(url: str) -> None:
-    """Refuse a Redis URL redis-py cannot use (scheme, port), naming it with its password masked."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise SettingsError(f"MNEMOS_REDIS_URL={redact_url(url)!r} is not a Redis URL: it must start with "
-                            "redis://, rediss:// or unix://")
-    try:
-        parts.port  # noqa: B018 (parsing it is the check)
-    except ValueError:
-        raise SettingsError(f"MNEMOS_REDIS_URL={redact_url(url)!r} has a port that is not a number") from None
-
-
-def _check_database_url(url: str) -> None:
-    """Refuse a database URL libpq cannot parse: a URL with another scheme or a non-numeric port, or
-    text that is neither a URL nor ``key=value`` pairs (the message masks the password)."""
-    if "://" not in url:
-        if "=" not in url:
-            raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} is neither a postgresql:// URL nor "
-                                "key=value connection parameters")
-        return
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} must start with postgresql:// or postgres://")
-    if parts.netloc.count("@") > 1:  # libpq ends the password at the first '@' and prints the rest as the host
-        raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} has an '@' in its user or password: "
-                            "percent-encode it as %40")
-    hosts = parts.netloc.rsplit("@", 1)[-1]
-    for host in hosts.split(","):
-        tail = host.rsplit("]", 1)[-1]  # after an IPv6 literal
-        port = tail.rpartition(":")[2] if ":" in tail else ""
-        if port and not port.isdigit():
-            raise SettingsError(f"MNEMOS_DATABASE_URL={redact_url(url)!r} has a port that is not a number")
 
 
 def quiet_model_loading() -> None:

@@ -5,7 +5,9 @@ run with ``MNEMOS_SHARDS=N`` and ``MNEMOS_SHARD=n``, and every ScaledObject scal
 Deployment on the Redis key that shard's workers read, as the code names it: the expected names
 come from ``api.sharding`` (and rq's list prefix and the consumer groups of ``workers.ingest`` and
 ``workers.suppression``), and are checked again against ``Settings`` built from the environment the
-shard's pods get. ``test_the_checks_catch_a_miswired_shard`` shows that the checks fail on a broken
+shard's pods get. Every shard's workers, migration Job and KEDA TriggerAuthentication read the
+shard's own Secret ``mnemos-connections-shard-<n>`` (its Redis address and URLs), so each shard's
+triggers watch that shard's Redis. ``test_the_checks_catch_a_miswired_shard`` shows that the checks fail on a broken
 overlay. Rendering needs kustomize or kubectl (skipped otherwise, like test_k8s_build.py).
 """
 
@@ -110,7 +112,37 @@ def _shard_problems(docs: list[dict], shards: int) -> list[str]:
             for trigger in scaled[name]["spec"]["triggers"]:
                 if trigger["authenticationRef"]["name"] not in auths:
                     problems.append(f"{name} trigger {trigger['name']} uses a missing TriggerAuthentication")
-    return problems + _sharing_problems(docs)
+    return problems + _secret_problems(docs, shards) + _sharing_problems(docs)
+
+
+def _secret_names(node: object) -> set[str]:
+    """The names of every Secret ``node`` refers to (envFrom secretRef, env secretKeyRef, KEDA secretTargetRef)."""
+    if isinstance(node, list):
+        return set().union(*(_secret_names(v) for v in node)) if node else set()
+    if not isinstance(node, dict):
+        return set()
+    found = {node[k]["name"] for k in ("secretRef", "secretKeyRef") if isinstance(node.get(k), dict)}
+    found |= {ref["name"] for ref in node.get("secretTargetRef", [])}
+    return found.union(*(_secret_names(v) for v in node.values()))
+
+
+def _secret_problems(docs: list[dict], shards: int) -> list[str]:
+    """A shard's workers, migration Job or triggers reading another Secret than the shard's own."""
+    problems = []
+    auths = manifests.by_kind(docs, "TriggerAuthentication")
+    for kind in ("Deployment", "Job", "TriggerAuthentication"):
+        for name, doc in manifests.by_kind(docs, kind).items():
+            shard = doc["metadata"].get("labels", {}).get(SHARD_LABEL)
+            if _secret_names(doc) != {f"mnemos-connections-shard-{shard}"}:
+                problems.append(f"{kind} {name} (shard {shard}) reads the Secrets {sorted(_secret_names(doc))}")
+    for name, scaled in manifests.by_kind(docs, "ScaledObject").items():
+        for trigger in scaled["spec"]["triggers"]:
+            auth = auths.get(trigger["authenticationRef"]["name"], {})
+            if _secret_names(auth) != {f"mnemos-connections-shard-{name.rsplit('-', 1)[1]}"}:
+                problems.append(f"ScaledObject {name} reaches Redis through the Secrets {sorted(_secret_names(auth))}")
+    if len(manifests.by_kind(docs, "Job")) != shards:
+        problems.append(f"migration Jobs {sorted(manifests.by_kind(docs, 'Job'))}: not one per shard")
+    return problems
 
 
 def _sharing_problems(docs: list[dict]) -> list[str]:
@@ -188,7 +220,8 @@ def test_every_shard_key_carries_the_shards_hash_tag(sharded):
 
 
 def test_shared_objects_exist_once(sharded):
-    assert list(manifests.by_kind(sharded, "Job")) == ["mnemos-migrate-0.1.0"], "one migration for all shards"
+    assert sorted(manifests.by_kind(sharded, "Job")) == [f"mnemos-migrate-0.1.0-shard-{n}" for n in range(2)], \
+        "each shard migrates its own database"
     assert list(manifests.by_kind(sharded, "ServiceAccount")) == ["mnemos"]
     for deployment in manifests.by_kind(sharded, "Deployment").values():
         assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "mnemos"
@@ -222,8 +255,19 @@ def _shared_selector(docs: list[dict]) -> None:
         SHARD_LABEL)
 
 
+def _other_shard_s_redis(docs: list[dict]) -> None:
+    auth = manifests.by_kind(docs, "TriggerAuthentication")["mnemos-redis-shard-1"]
+    auth["spec"]["secretTargetRef"][0]["name"] = "mnemos-connections-shard-0"
+
+
+def _unsharded_secret(docs: list[dict]) -> None:
+    container = manifests.by_kind(docs, "Deployment")["mnemos-query-shard-1"]["spec"]["template"]["spec"]["containers"][0]
+    next(s for s in container["envFrom"] if "secretRef" in s)["secretRef"]["name"] = "mnemos-connections"
+
+
 @pytest.mark.parametrize("mutate", [_swap_query_lists, _retarget, _wrong_shard_setting, _unsharded_stream,
-                                    _shared_selector], ids=lambda f: f.__name__.strip("_"))
+                                    _shared_selector, _other_shard_s_redis, _unsharded_secret],
+                         ids=lambda f: f.__name__.strip("_"))
 def test_the_checks_catch_a_miswired_shard(sharded, mutate: Callable[[list[dict]], None]):
     docs = copy.deepcopy(sharded)
     mutate(docs)

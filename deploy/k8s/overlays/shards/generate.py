@@ -4,14 +4,17 @@
 
 writes under DIR (default: this directory, which holds the output for 2 shards):
 
-* ``shared/``: what all shards use once: ../../base without its workers (the ServiceAccount, the
-  settings ConfigMap, the migration Job);
+* ``shared/``: what all shards use once: ../../base without its workers and migration Job (the
+  ServiceAccount, the settings ConfigMap);
 * ``shard-<n>/`` for each shard ``n`` in ``0 .. N-1``: ../../base's workers (Deployments, metrics
   Services, PodDisruptionBudgets) and ../../components/keda's ScaledObjects and
   TriggerAuthentication, every name suffixed ``-shard-<n>``, the label ``mnemos/shard: "<n>"`` on
   every object and selector (so no Service, budget or spread constraint reaches another shard's
-  pods), ``MNEMOS_SHARDS=N`` and ``MNEMOS_SHARD=n`` in the shard's settings ConfigMap, and every
-  KEDA trigger rewritten to the shard's own stream or rq queue;
+  pods), ``MNEMOS_SHARDS=N`` and ``MNEMOS_SHARD=n`` in the shard's settings ConfigMap, every
+  KEDA trigger rewritten to the shard's own stream or rq queue, and every reference to the Secret
+  ``mnemos-connections`` (the workers' and the shard's migration Job's URLs, the TriggerAuthentication's
+  Redis address and password) rewritten to the shard's own Secret ``mnemos-connections-shard-<n>``:
+  each shard's workers and KEDA triggers reach that shard's Redis and Postgres only;
 * ``kustomization.yaml``, listing them.
 
 The names come from the code: a shard's streams and queue are what ``workers.settings.Settings``
@@ -41,6 +44,7 @@ from rq import Queue  # noqa: E402 (after the path)
 from workers.settings import Settings  # noqa: E402
 
 KUSTOMIZATION = "kustomization.yaml"
+SECRET = "mnemos-connections"
 SHARD_LABEL = "mnemos/shard"
 WORKER_COMPONENTS = "app.kubernetes.io/component in (ingest,query,suppression)"
 HEADER = ("# Written by deploy/k8s/overlays/shards/generate.py --shards {shards}: edit the generator and rerun it\n"
@@ -122,6 +126,49 @@ def trigger_patches(settings: Settings, shard: int, shards: int) -> list[dict]:
     return patches
 
 
+def shard_secret(shard: int) -> str:
+    """The Secret of shard ``shard``'s servers: the keys of ``mnemos-connections`` (deploy/README.md "Secrets")."""
+    return f"{SECRET}-shard-{shard}"
+
+
+def _secret_paths(node: object, path: str = "") -> list[str]:
+    """JSON-pointer paths of every ``secretRef``/``secretKeyRef``/``secretTargetRef`` name that is :data:`SECRET`."""
+    found = []
+    if isinstance(node, dict):
+        if node.get("name") == SECRET and (path.endswith(("/secretRef", "/secretKeyRef")) or "/secretTargetRef/" in path):
+            found.append(f"{path}/name")
+        for key, value in node.items():
+            found += _secret_paths(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _secret_paths(value, f"{path}/{index}")
+    return found
+
+
+def secret_patches(shard: int) -> list[dict]:
+    """One JSON patch per object of ../../base and ../../components/keda that names :data:`SECRET`:
+    test, then replace, each reference with :func:`shard_secret` (the Secret is the operator's, not
+    part of the build, so kustomize's nameSuffix leaves the references alone)."""
+    patches = []
+    for directory in (K8S / "base", K8S / "components" / "keda"):
+        spec = yaml.safe_load((directory / KUSTOMIZATION).read_text())
+        for entry in spec["resources"]:
+            for doc in yaml.safe_load_all((directory / entry).read_text()):
+                paths = _secret_paths(doc) if doc else []
+                if not paths:
+                    continue
+                ops = [op for path in paths for op in ({"op": "test", "path": path, "value": SECRET},
+                                                       {"op": "replace", "path": path, "value": shard_secret(shard)})]
+                group = doc["apiVersion"].rpartition("/")[0]
+                target: dict[str, str] = {"group": group} if group else {}
+                if doc["kind"] == "Job":  # named after the image tag by a replacement: select it by label
+                    target |= {"kind": "Job", "labelSelector": "app.kubernetes.io/component=migrate"}
+                else:
+                    target |= {"kind": doc["kind"], "name": doc["metadata"]["name"]}
+                patches.append({"target": target, "patch": _dump(ops)})
+    return patches
+
+
 def _delete(api_version: str, kind: str, target: dict) -> dict:
     """A patch deleting every object of ``kind`` that ``target`` selects (the patch's name is ignored)."""
     patch = {"$patch": "delete", "apiVersion": api_version, "kind": kind, "metadata": {"name": "selected"}}
@@ -133,11 +180,13 @@ def _relative(target: Path, directory: Path) -> str:
 
 
 def shared_kustomization(directory: Path) -> dict:
-    """../../base without the workers: the objects every shard uses once."""
+    """../../base without the workers and the migration Job (each shard migrates its own database):
+    the objects every shard uses once."""
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             "resources": [_relative(K8S / "base", directory)],
-            "patches": [_delete(version, kind, {"labelSelector": WORKER_COMPONENTS}) for version, kind in (
-                ("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))]}
+            "patches": [*(_delete(version, kind, {"labelSelector": WORKER_COMPONENTS}) for version, kind in (
+                ("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))),
+                _delete("batch/v1", "Job", {"labelSelector": "app.kubernetes.io/component=migrate"})]}
 
 
 def shard_kustomization(settings: Settings, shard: int, shards: int, directory: Path, database_index: str) -> dict:
@@ -155,8 +204,7 @@ def shard_kustomization(settings: Settings, shard: int, shards: int, directory: 
                 "config.kubernetes.io/local-config": "true"}}, "literals": [f"REDIS_DATABASE_INDEX={database_index}"]},
         ],
         "patches": [_delete("v1", "ServiceAccount", {"name": "mnemos"}),
-                    _delete("batch/v1", "Job", {"labelSelector": "app.kubernetes.io/component=migrate"}),
-                    *trigger_patches(settings, shard, shards)],
+                    *trigger_patches(settings, shard, shards), *secret_patches(shard)],
     }
 
 
