@@ -17,7 +17,7 @@ T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
 # the core's ranking is what a packet is selected from; the packet is built by the service
 RESULT_CORE_ONLY = {"outcome", "timings", "ranking"}
 RESULT_WIRE_ONLY = {"request_id", "tenant_id", "stage_seconds", "memory_version", "suppression_version", "packet",
-                    "v"}
+                    "rerank_pairs_scored", "rerank_pairs_cached", "v"}
 RENAMED = {"PoolRow": "PoolEntry"}
 
 
