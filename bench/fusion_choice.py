@@ -7,9 +7,10 @@ two candidate lists' min-max normalised scores. ``w`` is chosen the way :mod:`be
 chooses a feature's setting: each weight of the grid is run as a first-stage arm (no rerank, no
 suppression) and the one with the best mean NDCG@10 on the dev questions (categories 1-4),
 averaged over the corpus modes of the run, is kept (ties: the smaller weight). The test split
-(every labelled question outside the dev split) then compares ``hybrid_convex`` with ``hybrid_rrf``:
-both means with 95% bootstrap CIs, the paired difference with its CI and the two-sided paired
-permutation p (docs/architecture.md "Evaluation").
+(every labelled question of categories 1-4 outside the dev split) then compares ``hybrid_convex``
+with ``hybrid_rrf`` in NDCG@10, Recall@10 and Recall@30 (Recall@30 is what a rerank pool of 30 can
+hold): both means with 95% bootstrap CIs, the paired difference with its CI and the two-sided
+paired permutation p (docs/architecture.md "Evaluation").
 """
 
 from __future__ import annotations
@@ -92,17 +93,30 @@ def choose_convex_weight(engine: Engine, modes: Sequence[CorpusMode],
                         rule=RULE.format(grid=", ".join(f"{w:g}" for w in grid)))
 
 
-def _arm_block(values: np.ndarray, n_resamples: int, seed: int) -> dict[str, Any]:
-    ci = bootstrap_ci(values, n_resamples=n_resamples, seed=seed)
-    return {"ndcg@10": float(values.mean()) if values.size else None, "ci95": list(ci)}
+_METRICS = (("ndcg@10", "ndcg10"), ("recall@10", "recall10"), ("recall@30", "recall30"))
+"""(report name, :class:`~bench.engine.QuestionMetrics` attribute) of the metrics compared."""
+
+
+def _compare(convex: Mapping[str, QuestionMetrics], rrf: Mapping[str, QuestionMetrics], keys: Sequence[str],
+             attr: str, n_resamples: int, seed: int) -> dict[str, Any]:
+    """Each arm's mean of ``attr`` over ``keys`` with its bootstrap CI, and the paired comparison."""
+    a = np.asarray([getattr(convex[k], attr) for k in keys], dtype=np.float64)
+    b = np.asarray([getattr(rrf[k], attr) for k in keys], dtype=np.float64)
+    cmp = compare_paired(a, b, n_resamples=n_resamples, seed=seed)
+    out: dict[str, Any] = {}
+    for arm, values in ((CONVEX_ARM, a), (RRF_ARM, b)):
+        out[arm] = {"mean": float(values.mean()) if values.size else None,
+                    "ci95": list(bootstrap_ci(values, n_resamples=n_resamples, seed=seed))}
+    return {**out, "delta": cmp.delta, "delta_ci95": list(cmp.delta_ci95), "p": cmp.p_value}
 
 
 def fusion_json(choice: FusionChoice, metrics: Mapping[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]],
                 by_key: Mapping[str, BenchQuestion], *, n_resamples: int = DEFAULT_RESAMPLES,
                 seed: int = 0) -> dict[str, Any]:
     """The document's ``fusion`` block: the choice and, per corpus mode where both arms ran, the
-    test-split comparison (``hybrid_convex`` − ``hybrid_rrf``: NDCG@10 of each with CIs, the paired
-    delta with its CI, p and n). First-stage arms hold no state, so one protocol's metrics serve."""
+    test-split comparison: ``n`` and, for NDCG@10, Recall@10 and Recall@30, each arm's mean with its
+    CI and ``hybrid_convex`` − ``hybrid_rrf`` (delta, CI, p). First-stage arms hold no state, so one
+    protocol's metrics serve."""
     comparisons = []
     for mode in dict.fromkeys(m for m, _, _ in metrics):
         pairs = [(metrics.get((mode, p, CONVEX_ARM)), metrics.get((mode, p, RRF_ARM))) for p in Protocol]
@@ -110,12 +124,8 @@ def fusion_json(choice: FusionChoice, metrics: Mapping[tuple[CorpusMode, Protoco
         if convex is None or rrf is None:
             continue
         keys = sorted(k for k in convex if k in rrf and not by_key[k].dev and overall_question(by_key[k].category))
-        a = np.asarray([convex[k].ndcg10 for k in keys], dtype=np.float64)
-        b = np.asarray([rrf[k].ndcg10 for k in keys], dtype=np.float64)
-        cmp = compare_paired(a, b, n_resamples=n_resamples, seed=seed)
-        comparisons.append({"corpus": mode.value, "n": cmp.n, CONVEX_ARM: _arm_block(a, n_resamples, seed),
-                            RRF_ARM: _arm_block(b, n_resamples, seed), "delta": cmp.delta,
-                            "delta_ci95": list(cmp.delta_ci95), "p": cmp.p_value})
+        comparisons.append({"corpus": mode.value, "n": len(keys),
+                            **{name: _compare(convex, rrf, keys, attr, n_resamples, seed) for name, attr in _METRICS}})
     return {"arm": CONVEX_ARM, "weight": choice.weight, "rule": choice.rule, "dev_questions": choice.dev_questions,
             "grid": [dict(row) for row in choice.grid], "test_split": comparisons}
 
@@ -135,11 +145,15 @@ def fusion_lines(block: Mapping[str, Any] | None) -> list[str]:
         lines.append(f"| {row['weight']:g}{mark} | " + " | ".join(f"{row['dev_ndcg@10'][m]:.4f}" for m in modes)
                      + f" | {row['mean']:.4f} |")
     for item in block["test_split"]:
-        convex, rrf = item[CONVEX_ARM], item[RRF_ARM]
-        lines.append(
-            f"\nTest split ({item['corpus']}, n={item['n']}, questions never used to choose w): {CONVEX_ARM} "
-            f"{convex['ndcg@10']:.3f} [{convex['ci95'][0]:.3f}, {convex['ci95'][1]:.3f}], {RRF_ARM} "
-            f"{rrf['ndcg@10']:.3f} [{rrf['ci95'][0]:.3f}, {rrf['ci95'][1]:.3f}]; Δ NDCG@10 {item['delta']:+.4f} "
-            f"[{item['delta_ci95'][0]:+.4f}, {item['delta_ci95'][1]:+.4f}], paired permutation p={item['p']:.3f}"
-        )
+        lines += ["", f"Test split ({item['corpus']}, n={item['n']}, questions never used to choose w), "
+                      f"{CONVEX_ARM} against {RRF_ARM}:", "",
+                  f"| metric | {CONVEX_ARM} [95% CI] | {RRF_ARM} [95% CI] | Δ [95% CI] | paired permutation p |",
+                  "|---|---|---|---|---|"]
+        for name, _ in _METRICS:
+            m = item[name]
+            cells = [f"{m[arm]['mean']:.3f} [{m[arm]['ci95'][0]:.3f}, {m[arm]['ci95'][1]:.3f}]"
+                     for arm in (CONVEX_ARM, RRF_ARM)]
+            p = "<0.001" if m["p"] < 0.001 else f"{m['p']:.3f}"
+            lines.append(f"| {name} | {' | '.join(cells)} | {m['delta']:+.4f} [{m['delta_ci95'][0]:+.4f}, "
+                         f"{m['delta_ci95'][1]:+.4f}] | {p} |")
     return lines

@@ -78,15 +78,18 @@ def test_first_stage_arms_run_without_rerankers_and_report_the_choice(report) ->
     test = [q for q in questions if not q.dev and q.labelled and overall_question(q.category)]
     for item in fusion["test_split"]:
         assert item["n"] == len(test)
-        convex, rrf = item["hybrid_convex"]["ndcg@10"], item["hybrid_rrf"]["ndcg@10"]
-        assert item["delta"] == pytest.approx(convex - rrf) and 0.0 <= item["p"] <= 1.0
-        lo, hi = item["hybrid_convex"]["ci95"]
-        assert lo <= convex <= hi
+        for metric in ("ndcg@10", "recall@10", "recall@30"):
+            compared = item[metric]
+            convex, rrf = compared["hybrid_convex"]["mean"], compared["hybrid_rrf"]["mean"]
+            assert compared["delta"] == pytest.approx(convex - rrf) and 0.0 <= compared["p"] <= 1.0
+            lo, hi = compared["hybrid_convex"]["ci95"]
+            assert lo <= convex <= hi
     runs = {(r["corpus"], r["arm"]) for r in doc["runs"]}
     assert {("per_tenant", "hybrid_convex"), ("pooled", "hybrid_convex")} <= runs
     assert doc["cost"]["reranker_pairs"] == 0
     assert "`hybrid_convex` = BM25 and dense scores min-max normalised" in report.markdown
     assert "Test split (per_tenant" in report.markdown and "| hybrid_convex |" in report.markdown
+    assert "| recall@30 |" in report.markdown
 
 
 def test_the_convex_row_is_the_run_at_the_chosen_weight(report) -> None:
