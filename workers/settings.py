@@ -72,9 +72,10 @@ class Settings:
     deep_threshold: float | None = 0.0  # None disables the deep pass
     rrf_k: int = 60
     # rrf | convex: how the BM25 and dense candidates are fused (mnemos.fusion); convex_weight is BM25's
-    # share of the convex combination of min-max normalised scores (ignored by rrf; LoCoMo dev split)
+    # share of the convex combination of min-max normalised scores, ignored by rrf; 0.6 was the best
+    # weight on LoCoMo's dev split with the bundled bi-encoder (bench/results/fusion_locomo.md)
     fusion: str = "rrf"
-    convex_weight: float = 0.5
+    convex_weight: float = 0.6
     alpha: float = 0.3
     eta: float = 0.1
     update_rule: str = "rank_gap"  # rank_gap | uniform
