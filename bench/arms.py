@@ -33,12 +33,14 @@ from mnemos.features import (
     session_matches,
     temporal_adjustment,
 )
+from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig
 from mnemos.suppression import UpdateRule
 
 __all__ = [
     "ARM_NAMES",
     "BASELINE_ARM",
+    "CONVEX_ARM",
     "GAP_ARM",
     "FULL_ARM",
     "FEATURE_FUNCTIONS",
@@ -63,6 +65,9 @@ BASELINE_ARM = "hybrid_rerank"
 """The baseline of *Clustered Retrieval-Induced Forgetting* (§4.3): BM25 + dense, RRF, cross-encoder, no suppression."""
 GAP_ARM = "+clustered_rif_gap"
 """The baseline with clustered rank-gap suppression (Eq. 2), the paper's best arm."""
+CONVEX_ARM = "hybrid_convex"
+"""BM25 + dense fused by a convex combination of min-max normalised scores, no rerank; its weight is
+chosen per run on the dev split (:mod:`bench.fusion_choice`), the registered 0.5 is a placeholder."""
 FULL_ARM = "mnemos_full"
 """The best arm of this project: ``+clustered_rif_gap`` with the features its selection kept (:mod:`bench.selection`)."""
 
@@ -97,6 +102,7 @@ _ARMS: tuple[Arm, ...] = (
     Arm("bm25", RetrievalConfig(use_dense=False, rerank=False, suppression=False, deep_threshold=None)),
     Arm("dense", RetrievalConfig(use_bm25=False, rerank=False, suppression=False, deep_threshold=None)),
     Arm("hybrid_rrf", RetrievalConfig(rerank=False, suppression=False, deep_threshold=None)),
+    Arm(CONVEX_ARM, RetrievalConfig(fusion=Fusion.CONVEX, rerank=False, suppression=False, deep_threshold=None)),
     Arm("dense_rerank", RetrievalConfig(use_bm25=False, suppression=False, deep_threshold=None)),
     Arm(BASELINE_ARM, _SHALLOW),
     Arm(

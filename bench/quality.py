@@ -2,7 +2,8 @@
 
 :func:`run_quality` drives :class:`~bench.engine.Engine` (retrievals), :mod:`bench.selection`
 (``mnemos_full``), :mod:`bench.report` (CIs, p-values, tables) and returns the JSON document
-and the Markdown report. The order of work keeps the expensive part, cross-encoder scoring,
+and the Markdown report; :mod:`bench.fusion_choice` chooses ``hybrid_convex``'s weight on the dev
+split. The order of work keeps the expensive part, cross-encoder scoring,
 to one pass over each (query, text) pair: stateless fused arms first, then one rerank call
 per question over every fused candidate of both corpus modes (each retriever's top 30: any
 pool, suppressed or not, is cut from them), then the arms, which read those scores from the
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.arms import ARM_NAMES, BASELINE_ARM, FULL_ARM, GAP_ARM, Arm, arm_by_name
+from bench.arms import ARM_NAMES, BASELINE_ARM, CONVEX_ARM, FULL_ARM, GAP_ARM, Arm, arm_by_name
 from bench.corpora import CorpusMode
 from bench.datasets import Conversation
 from bench.engine import (
@@ -33,6 +34,7 @@ from bench.engine import (
     QuestionMetrics,
     prepare_questions,
 )
+from bench.fusion_choice import FusionChoice, choose_convex_weight, fusion_json
 from bench.quality_document import (
     DEEP_VARIANT,
     MetricsByRun,
@@ -147,7 +149,7 @@ def run_quality(
     by_key = {q.key: q for q in questions}
 
     # 1. stateless fused arms; 2. one rerank pass over every fused candidate; 3. suppression arms
-    results = _run_fused_arms(engine, arms, options)
+    results, fusion = _run_fused_arms(engine, arms, options)
     if rerank_needed:
         _prewarm(engine, options)
     baseline = _run_reranked_arms(engine, arms, options, results, rerank_needed)
@@ -173,9 +175,7 @@ def run_quality(
     no_evidence_json(runs, results, by_key, options.abstain_threshold)
     full_block = _full_arm_json(engine, options, selection, metrics, base_metrics, baseline, by_key)
     engine.seconds["statistics"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options)
-    engine.seconds["variants"] = time.perf_counter() - t0
 
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
@@ -185,6 +185,8 @@ def run_quality(
         "encoder": {"dim": encoder.dim, "identity": getattr(encoder, "model_key", type(encoder).__name__)},
         "settings": settings_json(options),
         "mnemos_full": full_block,
+        "fusion": fusion_json(fusion, metrics, by_key, n_resamples=options.n_resamples, seed=options.seed)
+        if fusion is not None else None,
         "cost": cost_json(rerankers, engine, time.perf_counter() - started),
         "runs": runs,
         "variants": variant_blocks,
@@ -198,15 +200,23 @@ def run_quality(
                          per_question=per_question)
 
 
-def _run_fused_arms(engine: Engine, arms: Sequence[Arm], options: QualityOptions) -> Results:
-    """Stage 1: the arms without a reranker (no state, so one run serves every protocol)."""
+def _run_fused_arms(engine: Engine, arms: Sequence[Arm],
+                    options: QualityOptions) -> tuple[Results, FusionChoice | None]:
+    """Stage 1: the arms without a reranker (no state, so one run serves every protocol), and the
+    choice of ``hybrid_convex``'s weight on the dev split (None when that arm is not run)."""
     results: Results = {}
+    choice = None
+    if CONVEX_ARM in options.arms:
+        t0 = time.perf_counter()
+        choice = choose_convex_weight(engine, options.modes)
+        engine.seconds["fusion_weight_choice"] = time.perf_counter() - t0
     for mode in options.modes:
         for arm in arms:
             if not arm.reranks:
+                run = choice.arm if choice is not None and arm.name == CONVEX_ARM else arm
                 for protocol in options.protocols:
-                    results[(mode, protocol, arm.name)] = engine.run_plain(mode, arm)
-    return results
+                    results[(mode, protocol, arm.name)] = engine.run_plain(mode, run)
+    return results, choice
 
 
 def _prewarm(engine: Engine, options: QualityOptions) -> None:
@@ -308,8 +318,11 @@ def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine
                   metrics: MetricsByRun,
                   selection: Selection, baseline: Mapping[CorpusMode, Mapping[str, PoolResult]],
                   options: QualityOptions) -> list[dict[str, Any]]:
-    """Each variant on its own engine (the main one when it changes nothing but timing), held-out."""
+    """Each variant on its own engine (the main one when it changes nothing but timing), held-out;
+    the seconds they took go to ``engine.seconds["variants"]``."""
+    t0 = time.perf_counter()
     if not variants:
+        engine.seconds["variants"] = 0.0
         return []
     main = {(mode, arm): values for (mode, protocol, arm), values in metrics.items() if protocol is Protocol.HELDOUT}
     pools = _timing_pools(engine, baseline)
@@ -326,6 +339,7 @@ def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine
         blocks.append(run_variant(variant, target, main, selection, abstain_threshold=options.abstain_threshold,
                                   n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools,
                                   modes=modes))
+    engine.seconds["variants"] = time.perf_counter() - t0
     return blocks
 
 

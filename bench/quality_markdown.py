@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.arms import BASELINE_ARM, FULL_ARM, GAP_ARM
+from bench.fusion_choice import fusion_lines
 from bench.published import published_lines
 from bench.selection import SUPPRESSION_OFF
 from bench.suppression_study import study_markdown
@@ -19,8 +20,10 @@ __all__ = ["quality_header", "variant_lines"]
 
 def quality_header(document: Mapping[str, Any]) -> list[str]:
     """Markdown lines before the tables: dataset, cost, rerankers, suppression settings, the
-    ``mnemos_full`` selection with its ablations, the variants, the suppression study and, where
-    the source published figures for the data set, ours beside them (:mod:`bench.published`)."""
+    ``mnemos_full`` selection with its ablations, the ``hybrid_convex`` weight choice with its
+    test-split comparison against ``hybrid_rrf`` (:mod:`bench.fusion_choice`), the variants, the
+    suppression study and, where the source published figures for the data set, ours beside them
+    (:mod:`bench.published`)."""
     d, cost = document["dataset"], document["cost"]
     lines = [f"# Retrieval quality on {d['name']}", ""]
     if document.get("command"):
@@ -85,6 +88,7 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
                 f"\nTest split ({item['corpus']}, {item['protocol']}, n={item['n']}): {FULL_ARM} − {GAP_ARM} "
                 f"NDCG@10 {item['delta']:+.4f} [{item['ci95'][0]:+.4f}, {item['ci95'][1]:+.4f}], p={item['p']:.3f}"
             )
+    lines += fusion_lines(document.get("fusion"))
     lines += variant_lines(document.get("variants") or [])
     if document.get("suppression_study"):
         lines += [""] + study_markdown(document["suppression_study"])

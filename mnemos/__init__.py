@@ -42,7 +42,7 @@ from mnemos.evaluation import (
 )
 from mnemos.features import Feature, FeatureSetting
 from mnemos.filters import EntryFilter
-from mnemos.fusion import reciprocal_rank_fusion
+from mnemos.fusion import Fusion, convex_fusion, reciprocal_rank_fusion
 from mnemos.packets import Omission, Packet, PacketConfig, build_packet, packet_from_index
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Entry, Hit, Outcome, PoolEntry, RetrievalResult, StageTimings, TurnFacts
@@ -91,6 +91,8 @@ __all__ = [
     "distinguishing_tokens",
     # fusion, suppression, rerank
     "reciprocal_rank_fusion",
+    "convex_fusion",
+    "Fusion",
     "UpdateRule",
     "UPDATE_RULES",
     "uniform_delta",

