@@ -67,6 +67,7 @@ class ServiceMetrics:
             self.ingest_rejected.labels(reason=reason.value)
         for status in JOB_STATUSES:
             self.query_jobs.labels(status=status)
+            self.query_catalog_jobs.labels(status=status)
 
     def _ingest_families(self, r: CollectorRegistry | None) -> None:
         """The ingest worker's families, registered in ``r`` (None: not registered)."""
@@ -124,6 +125,9 @@ class ServiceMetrics:
             "Retrieval jobs that left the queue unanswered: expired before a worker took them, or cancelled "
             "by a client that gave up waiting", registry=r)
         self._register_tenant_cache(r)
+        self.query_catalog_jobs = Counter(
+            "mnemos_query_catalog_jobs_total", "Catalog jobs (a tenant's sessions, or its turns by id; workers/catalog.py)",
+            ["status"], registry=r)
         self.query_jobs_recovered = Counter(
             "mnemos_query_jobs_recovered_total",
             "Retrieval jobs put back in the queue after a worker stopped between dequeuing and starting them",
@@ -249,6 +253,10 @@ class ServiceMetrics:
         self.query_pool_size.observe(pool_size)
         if deep_pass:
             self.query_deep_passes.inc()
+
+    def catalog_job(self, status: str) -> None:
+        """One catalog job ended with ``status`` (one of :data:`JOB_STATUSES`)."""
+        self.query_catalog_jobs.labels(status=status).inc()
 
     def query_rerank(self, *, cache_hits: int = 0, cache_misses: int = 0, pairs_truncated: int = 0,
                      queries_truncated: int = 0) -> None:

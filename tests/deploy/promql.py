@@ -53,6 +53,7 @@ CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_query_end_to_end_seconds": ("histogram", ()),
     "mnemos_query_jobs_expired_total": ("counter", ()),
     "mnemos_query_jobs_recovered_total": ("counter", ()),
+    "mnemos_query_catalog_jobs_total": ("counter", ("status",)),
     "mnemos_ingest_forget_events_total": ("counter", ()),
     "mnemos_ingest_forgotten_turns_total": ("counter", ()),
     "mnemos_ingest_turns_tombstoned_total": ("counter", ()),
