@@ -12,6 +12,11 @@ tenant's answer. A request id names one request: the first enqueue claims it for
 digest (``<prefix>:request:<job id>``, for as long as its job or result can exist) and a different
 request of the tenant under the same id is refused (:class:`RequestIdReused`) before it is sent.
 
+``sessions`` and ``turns`` read a tenant's stored sessions or turns through the same queue (a catalog
+job, :mod:`api.catalog`), and ``acknowledged`` tells when the ingest group committed a published turn
+or forget, so a caller can wait until the next retrieval sees it (the MCP server's remember and forget
+do, docs/architecture.md "Agents").
+
 With ``shards`` > 1 (docs/scaling.md) a tenant's turns, forgets and retrievals all go to its shard
 (:mod:`api.sharding`): the shard's turns stream and rq queue, served by that shard's workers only.
 """

@@ -54,6 +54,8 @@ CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_query_jobs_expired_total": ("counter", ()),
     "mnemos_query_jobs_recovered_total": ("counter", ()),
     "mnemos_query_catalog_jobs_total": ("counter", ("status",)),
+    "mnemos_mcp_tool_calls_total": ("counter", ("tool", "outcome")),
+    "mnemos_mcp_tool_seconds": ("histogram", ("tool",)),
     "mnemos_ingest_forget_events_total": ("counter", ()),
     "mnemos_ingest_forgotten_turns_total": ("counter", ()),
     "mnemos_ingest_turns_tombstoned_total": ("counter", ()),
