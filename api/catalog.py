@@ -86,11 +86,13 @@ class SessionSummary:
     turns: int
 
     def to_payload(self) -> dict[str, Any]:
+        """JSON fields (times ISO 8601)."""
         return {"session_id": self.session_id, "first_at": self.first_at.isoformat(),
                 "last_at": self.last_at.isoformat(), "turns": self.turns}
 
     @classmethod
     def from_payload(cls, value: Mapping[str, Any]) -> SessionSummary:
+        """Parse :meth:`to_payload`'s fields (raises KeyError, ValueError or InvalidInputError)."""
         return cls(str(value["session_id"]), check_zoned_time(value["first_at"], "first_at"),
                    check_zoned_time(value["last_at"], "last_at"), int(value["turns"]))
 
@@ -107,11 +109,13 @@ class TurnRecord:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
+        """JSON fields (``occurred_at`` ISO 8601)."""
         return {"turn_id": self.turn_id, "session_id": self.session_id, "role": self.role, "text": self.text,
                 "occurred_at": self.occurred_at.isoformat(), "metadata": dict(self.metadata)}
 
     @classmethod
     def from_payload(cls, value: Mapping[str, Any]) -> TurnRecord:
+        """Parse :meth:`to_payload`'s fields (raises KeyError, ValueError or InvalidInputError)."""
         return cls(str(value["turn_id"]), str(value["session_id"]), str(value["role"]), str(value["text"]),
                    check_zoned_time(value["occurred_at"], "occurred_at"), dict(value.get("metadata") or {}))
 

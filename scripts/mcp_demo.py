@@ -60,6 +60,7 @@ async def round_trip(settings: Settings, tenant: str) -> None:
 
 
 def main() -> int:
+    """Start what is needed, run :func:`round_trip` for a fresh tenant, stop what was started; the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-spawn", action="store_true", help="the workers already run (`mnemos up`)")
     spawn = not parser.parse_args().no_spawn

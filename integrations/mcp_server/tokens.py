@@ -109,6 +109,7 @@ class TenantTokenVerifier:
         self.table = table
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        """The access of ``token`` (its tenant as subject and client id), or None for an unknown token."""
         tenant = self.table.tenant_of(token)
         if tenant is None:
             return None
