@@ -6,7 +6,7 @@ LOCOMO_SHARED := ../shared/data/locomo/locomo10.json
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run demo test test-under-load lint reranker reranker-folds reranker-locomo check-data
+.PHONY: setup run demo mcp-demo test test-under-load lint reranker reranker-folds reranker-locomo check-data
 
 $(BIN)/mnemos: pyproject.toml constraints.txt scripts/setup.sh
 	bash scripts/setup.sh
@@ -55,6 +55,12 @@ reranker-locomo: check-data setup
 
 demo: setup
 	$(BIN)/mnemos demo
+
+# A remember/recall round trip through `mnemos mcp` (stdio) with the MCP SDK's own client (scripts/mcp_demo.py;
+# MCP_DEMO_ARGS=--no-spawn when `mnemos up` already runs the workers).
+MCP_DEMO_ARGS ?=
+mcp-demo: setup
+	$(BIN)/python scripts/mcp_demo.py $(MCP_DEMO_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -12,6 +12,11 @@ tenant's answer. A request id names one request: the first enqueue claims it for
 digest (``<prefix>:request:<job id>``, for as long as its job or result can exist) and a different
 request of the tenant under the same id is refused (:class:`RequestIdReused`) before it is sent.
 
+``sessions`` and ``turns`` read a tenant's stored sessions or turns through the same queue (a catalog
+job, :mod:`api.catalog`), and ``acknowledged`` tells when the ingest group committed a published turn
+or forget, so a caller can wait until the next retrieval sees it (the MCP server's remember and forget
+do, docs/architecture.md "Agents").
+
 With ``shards`` > 1 (docs/scaling.md) a tenant's turns, forgets and retrievals all go to its shard
 (:mod:`api.sharding`): the shard's turns stream and rq queue, served by that shard's workers only.
 Given one Redis client per shard (each shard on its own server), the client talks to a tenant's
@@ -28,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 from rq import Queue
@@ -38,6 +43,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from api import sharding
+from api.catalog import CATALOG_JOB, CatalogRequest, CatalogResult, SessionSummary, TurnRecord
 from api.errors import (
     InvalidInputError,
     NoQueryWorker,
@@ -57,6 +63,8 @@ log = logging.getLogger(__name__)
 
 RETRIEVAL_JOB = "workers.query.retrieval_job"  # resolved by the query worker, never imported here
 JOB_ID_PREFIX = "mnemos-"  # every retrieval's rq job id starts with it (job_id_for)
+INGEST_GROUP = "ingest"  # the turns stream's consumer group (workers.ingest.GROUP): it acknowledges after the commit
+T = TypeVar("T")
 _TERMINAL_FAILURES = {JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
 
 
@@ -255,9 +263,82 @@ class MnemosClient:
                 job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
                 failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5,  # backstop: never runs long after we gave up
             )
-            return self._wait(job, request, timeout, after=after)
+            return self._wait(job, request.request_id, timeout, lambda result: self._from_result(request, result),
+                              shard=self._shard_named(request.tenant_id),
+                              after=after)
         except redis.RedisError as exc:
             raise self._unavailable(self.shard_of(request.tenant_id), f"retrieval {request.request_id}: {exc}") from exc
+
+    # catalog and ingestion -----------------------------------------------------------------
+
+    def sessions(self, tenant_id: str, *, timeout_s: float | None = None) -> tuple[SessionSummary, ...]:
+        """The tenant's sessions (id, first and last turn time, stored turns), read by a query worker
+        from Postgres (:mod:`api.catalog`); an unknown tenant has none. Raises as :meth:`retrieve`."""
+        values = {"v": 1, "tenant_id": tenant_id, "kind": "sessions"}
+        return self._catalog(values, timeout_s).sessions
+
+    def turns(self, tenant_id: str, turn_ids: Iterable[str], *,
+              timeout_s: float | None = None) -> tuple[TurnRecord, ...]:
+        """The stored turns of ``tenant_id`` among ``turn_ids`` (unknown or forgotten ids are absent), in
+        the order asked. Raises as :meth:`retrieve` (InvalidInputError ``bad_id`` for an empty list)."""
+        values = {"v": 1, "tenant_id": tenant_id, "kind": "turns", "turn_ids": list(turn_ids)}
+        return self._catalog(values, timeout_s).turns
+
+    def _catalog(self, values: Mapping[str, Any], timeout_s: float | None) -> CatalogResult:
+        request = CatalogRequest.parse(values, self.limits)
+        timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
+        queue = self.queue_of(request.tenant_id)
+
+        def parse(result: Result) -> CatalogResult:
+            if result.type != Result.Type.SUCCESSFUL:
+                raise RetrievalFailed(request.request_id, result.type.name.lower(),
+                                      _last_line(result.exc_string or result.type.name))
+            answer = CatalogResult.from_payload(result.return_value)  # type: ignore[arg-type]
+            if (answer.tenant_id, answer.request_id) != (request.tenant_id, request.request_id):
+                raise RetrievalFailed(request.request_id, "mismatched", "the result belongs to another request")
+            return answer
+
+        try:
+            if self.require_query_worker and not self.query_workers(request.tenant_id):
+                raise NoQueryWorker(queue.name, self.stream_prefix)
+            job = queue.enqueue(CATALOG_JOB, request.to_payload(), job_id=job_id_for(request.tenant_id,
+                                                                                       request.request_id),
+                                job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
+                                failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5)
+            return self._wait(job, request.request_id, timeout, parse, shard=self._shard_named(request.tenant_id))
+        except redis.RedisError as exc:
+            raise self._unavailable(self.shard_of(request.tenant_id), f"catalog {request.request_id}: {exc}") from exc
+
+    def acknowledged(self, tenant_id: str, stream_id: str) -> bool:
+        """True once the ingest group has acknowledged message ``stream_id`` of ``tenant_id``'s turns
+        stream (a value :meth:`publish_turn` or :meth:`forget` returned): an ingest worker committed
+        it (stored the turn, applied the forget) or refused it as a dead letter, so the next retrieval
+        sees its effect. False while it waits or is being processed. Raises ServiceUnavailable."""
+        stream = self.turns_stream_of(tenant_id)
+        connection = self.connection_of(tenant_id)
+        try:
+            groups = connection.xinfo_groups(stream)
+            group = next((g for g in groups if _sid(g["name"]) == INGEST_GROUP), None)
+            if group is None or _id_key(_sid(group["last-delivered-id"])) < _id_key(stream_id):
+                return False
+            return not connection.xpending_range(stream, INGEST_GROUP, min=stream_id, max=stream_id, count=1)
+        except redis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return False
+            raise self._unavailable(self.shard_of(tenant_id), f"cannot read the ingest group of {stream}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise self._unavailable(self.shard_of(tenant_id), f"cannot read the ingest group of {stream}: {exc}") from exc
+
+    def wait_acknowledged(self, tenant_id: str, stream_id: str, timeout_s: float,
+                          poll_s: float = 0.01) -> bool:
+        """Poll :meth:`acknowledged` every ``poll_s`` seconds until it holds (True) or ``timeout_s``
+        passed (False). Raises ServiceUnavailable."""
+        deadline = time.monotonic() + timeout_s
+        while not self.acknowledged(tenant_id, stream_id):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
 
     def query_workers(self, tenant_id: str | None = None) -> list[WorkerBeat]:
         """The query workers with a live heartbeat taking jobs from ``tenant_id``'s shard's queue, or
@@ -268,7 +349,11 @@ class MnemosClient:
         return [b for connection in connections for b in worker_beats(connection, self.stream_prefix, "query")
                 if b.live and b.info.get("queue") in names]
 
-    def _wait(self, job: Job, request: RetrievalRequest, timeout_s: float, after: str = "0-0") -> RetrievalResult:
+    def _wait(self, job: Job, request_id: str, timeout_s: float, parse: Callable[[Result], T],
+              after: str = "0-0", shard: int | None = None) -> T:
+        """Block on the job's result stream until a result newer than ``after`` arrives (read by ``parse``),
+        the job fails (RetrievalFailed) or ``timeout_s`` passes (RetrievalTimeout; a job that had not
+        started is cancelled)."""
         deadline = time.monotonic() + timeout_s
         key = Result.get_key(job.id)
         while True:
@@ -279,22 +364,21 @@ class MnemosClient:
             if job.connection.xread({key: after}, count=1, block=min(remaining_ms, 500)):
                 result = job.latest_result()
                 if result is not None:
-                    return self._from_result(request, result)
+                    return parse(result)
             status = self._status(job)
             if status in _TERMINAL_FAILURES:
                 result = job.latest_result()
                 detail = result.exc_string if result is not None and result.exc_string else status.value
-                raise RetrievalFailed(request.request_id, status.value, _last_line(detail), self._shard_named(request))
+                raise RetrievalFailed(request_id, status.value, _last_line(detail), shard)
         status = self._status(job)
         if status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED):
             with contextlib.suppress(InvalidJobOperation, NoSuchJobError):
                 job.cancel()  # nobody will read its result any more
-        raise RetrievalTimeout(request.request_id, timeout_s, None if status is None else status.value,
-                               self._shard_named(request))
+        raise RetrievalTimeout(request_id, timeout_s, None if status is None else status.value, shard)
 
-    def _shard_named(self, request: RetrievalRequest) -> int | None:
-        """The shard an error names: the request's, with more than one shard."""
-        return self.shard_of(request.tenant_id) if self.shards > 1 else None
+    def _shard_named(self, tenant_id: str) -> int | None:
+        """The shard an error names: the tenant's, with more than one shard."""
+        return self.shard_of(tenant_id) if self.shards > 1 else None
 
     @staticmethod
     def _status(job: Job) -> JobStatus | None:
@@ -310,7 +394,7 @@ class MnemosClient:
                 raise RetrievalFailed(request.request_id, "mismatched", "the result belongs to another request")
             return answer
         detail = result.exc_string or result.type.name
-        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._shard_named(request))
+        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._shard_named(request.tenant_id))
 
 
 def job_id_for(tenant_id: str, request_id: str) -> str:
@@ -353,6 +437,12 @@ def claim_request_id(connection: redis.Redis, key: str, digest: str, ttl_s: int)
 def _sid(value: bytes | str | None) -> str:
     """A stream entry id as text (redis-py types ids as possibly None; a read entry always has one)."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _id_key(stream_id: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as a sortable pair."""
+    millis, _, seq = stream_id.partition("-")
+    return int(millis), int(seq or 0)
 
 
 def _last_line(text: str) -> str:

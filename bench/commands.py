@@ -1,7 +1,8 @@
 """The command groups the benchmark part adds to the ``mnemos`` CLI, as entry-point plugins.
 
 ``pyproject.toml`` declares them under the entry-point group ``mnemos.commands``
-(:data:`workers.cli.COMMANDS_GROUP`): ``bench`` (quality, service, speed, speed-report, scale, faults, packets, precision), ``reranker``
+(:data:`workers.cli.COMMANDS_GROUP`): ``bench`` (quality, service, speed, speed-report, scale, faults, packets,
+precision, mcp), ``reranker``
 (train, check) and ``data`` (fetch). The service CLI finds them through the installed
 distribution's metadata and never imports this package by name, so the service image, which
 installs neither extra, simply has no such commands.
@@ -21,6 +22,7 @@ from bench.cli import bench  # noqa: E402 (after the extra check, on purpose)
 from bench.faults import faults  # noqa: E402
 from bench.fetch import data  # noqa: E402
 from bench.mainjob import service  # noqa: E402
+from bench.mcp_latency import mcp_latency  # noqa: E402
 from bench.packets_cli import packets  # noqa: E402
 from bench.precision_check import precision  # noqa: E402
 from bench.reranker_cli import reranker  # noqa: E402
@@ -36,3 +38,4 @@ bench.add_command(scale, "scale")
 bench.add_command(faults, "faults")
 bench.add_command(packets, "packets")
 bench.add_command(precision, "precision")
+bench.add_command(mcp_latency, "mcp")

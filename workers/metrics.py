@@ -33,23 +33,26 @@ _POOL_BUCKETS = (0, 5, 10, 20, 30, 50, 75, 100, 150, 200)
 
 
 WORKERS = ("ingest", "query", "suppression")
+MCP = "mcp"  # the `mnemos mcp` server (integrations/mcp_server): a process with metrics, not a stream worker
+MCP_TOOLS = ("remember", "recall", "forget", "list_sessions")  # tool label values; any other name counts as "unknown"
+MCP_OUTCOMES = ("ok", "tool_error")  # a tool result, or a tool error (bad arguments, a service that failed)
 
 
 class ServiceMetrics:
     """The metrics of the three workers, registered in ``registry`` (a fresh one by default).
 
-    With ``worker`` set (one of :data:`WORKERS`), only that worker's families plus the shared ones
+    With ``worker`` set (one of :data:`WORKERS`, or :data:`MCP`), only that worker's families plus the shared ones
     (streams, queue, worker up, dead letters) are registered, so its ``/metrics`` lists no other
     worker's families at zero; the others still exist as unregistered objects, so every observer
     works in every process. Without it (tests, the deploy checks) all families are registered.
 
     Raises:
-        ValueError: if ``worker`` is not None and not one of :data:`WORKERS`.
+        ValueError: if ``worker`` is not None and not one of :data:`WORKERS` or :data:`MCP`.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, worker: str | None = None) -> None:
-        if worker is not None and worker not in WORKERS:
-            raise ValueError(f"worker must be one of {WORKERS} or None, got {worker!r}")
+        if worker is not None and worker not in (*WORKERS, MCP):
+            raise ValueError(f"worker must be one of {(*WORKERS, MCP)} or None, got {worker!r}")
         self.registry = registry if registry is not None else CollectorRegistry()
         shared = self.registry
 
@@ -59,6 +62,7 @@ class ServiceMetrics:
         self._ingest_families(own("ingest"))
         self._query_families(own("query"))
         self._suppression_families(own("suppression"))
+        self._mcp_families(own(MCP))
         self._shared_families(shared)
         # every label value a rule or dashboard divides by or alerts on exists at 0 from the start: a
         # labelled counter first created at 1 reads as no increase, so the first event would not alert
@@ -67,6 +71,7 @@ class ServiceMetrics:
             self.ingest_rejected.labels(reason=reason.value)
         for status in JOB_STATUSES:
             self.query_jobs.labels(status=status)
+            self.query_catalog_jobs.labels(status=status)
 
     def _ingest_families(self, r: CollectorRegistry | None) -> None:
         """The ingest worker's families, registered in ``r`` (None: not registered)."""
@@ -124,6 +129,9 @@ class ServiceMetrics:
             "Retrieval jobs that left the queue unanswered: expired before a worker took them, or cancelled "
             "by a client that gave up waiting", registry=r)
         self._register_tenant_cache(r)
+        self.query_catalog_jobs = Counter(
+            "mnemos_query_catalog_jobs_total", "Catalog jobs (a tenant's sessions, or its turns by id; workers/catalog.py)",
+            ["status"], registry=r)
         self.query_jobs_recovered = Counter(
             "mnemos_query_jobs_recovered_total",
             "Retrieval jobs put back in the queue after a worker stopped between dequeuing and starting them",
@@ -142,6 +150,20 @@ class ServiceMetrics:
         self.suppression_apply_seconds = Histogram(
             "mnemos_suppression_apply_seconds", "Seconds per outcome transaction", buckets=_FAST_BUCKETS,
             registry=r)
+
+    def _mcp_families(self, r: CollectorRegistry | None) -> None:
+        """The MCP server's families (``mnemos mcp``), registered in ``r`` (None: not registered); every
+        (tool, outcome) pair exists at 0 from the start."""
+        self.mcp_tool_calls = Counter(
+            "mnemos_mcp_tool_calls_total", "MCP tool calls by tool and outcome (ok, or a tool error the model reads)",
+            ["tool", "outcome"], registry=r)
+        self.mcp_tool_seconds = Histogram(
+            "mnemos_mcp_tool_seconds", "Seconds per MCP tool call, as the server handled it (arguments to result)",
+            ["tool"], buckets=_WAIT_BUCKETS, registry=r)
+        for tool in (*MCP_TOOLS, "unknown"):
+            self.mcp_tool_seconds.labels(tool=tool)
+            for outcome in MCP_OUTCOMES:
+                self.mcp_tool_calls.labels(tool=tool, outcome=outcome)
 
     def _shared_families(self, r: CollectorRegistry) -> None:
         """The families of every worker (streams, queue, up, dead letters, heartbeat, refusals)."""
@@ -250,6 +272,10 @@ class ServiceMetrics:
         if deep_pass:
             self.query_deep_passes.inc()
 
+    def catalog_job(self, status: str) -> None:
+        """One catalog job ended with ``status`` (one of :data:`JOB_STATUSES`)."""
+        self.query_catalog_jobs.labels(status=status).inc()
+
     def query_rerank(self, *, cache_hits: int = 0, cache_misses: int = 0, pairs_truncated: int = 0,
                      queries_truncated: int = 0) -> None:
         """One retrieval's reranking counts: pairs answered by the cache or not, pairs truncated."""
@@ -296,6 +322,13 @@ class ServiceMetrics:
     def jobs_recovered(self, n: int = 1) -> None:
         if n:
             self.query_jobs_recovered.inc(n)
+
+    def mcp_tool_call(self, tool: str, *, ok: bool, seconds: float) -> None:
+        """One MCP tool call (a name outside :data:`MCP_TOOLS` counts as ``unknown``): its outcome and
+        its seconds."""
+        label = tool if tool in MCP_TOOLS else "unknown"
+        self.mcp_tool_calls.labels(tool=label, outcome="ok" if ok else "tool_error").inc()
+        self.mcp_tool_seconds.labels(tool=label).observe(max(0.0, seconds))
 
     def heartbeat(self, worker: str, unix_s: float) -> None:
         self.worker_heartbeat.labels(worker=worker).set(unix_s)

@@ -288,16 +288,23 @@ class QueryService:
         assert np.isfinite(vector).all()
 
 
+def bound_service(job: str = "retrieval_job") -> QueryService:
+    """The :class:`QueryService` of the :class:`QueryWorker` running the current job (``job`` names the
+    job function for the error). Raises OutsideQueryWorkerError when none is bound (e.g. a forking rq
+    worker picked the job up)."""
+    service = _SERVICE.get()
+    if service is None:
+        raise OutsideQueryWorkerError(f"{job} must run in a mnemos query worker (SimpleWorker)")
+    return service
+
+
 def retrieval_job(payload: dict[str, Any]) -> dict[str, Any]:
     """The rq job function (``workers.query.retrieval_job``): runs inside a :class:`QueryWorker`.
 
     Raises OutsideQueryWorkerError when no service is bound (e.g. a forking rq worker picked it up),
     InvalidInputError for an invalid payload.
     """
-    service = _SERVICE.get()
-    if service is None:
-        raise OutsideQueryWorkerError("retrieval_job must run in a mnemos query worker (SimpleWorker)")
-    return service.handle_payload(payload)
+    return bound_service().handle_payload(payload)
 
 
 PUBSUB_POLL_S = 0.5  # read timeout of rq's command-channel thread: bounds how long a stopping worker joins it

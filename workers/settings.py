@@ -157,6 +157,17 @@ class Settings:
     redis_ca_file: str | None = None
     db_statement_timeout_s: float | None = 30.0
     intermediate_grace_s: float = 5.0
+    # `mnemos mcp` (integrations/mcp_server; docs/architecture.md "Agents"): the tenant of a stdio server;
+    # the bearer tokens of an HTTP server (a JSON object token -> tenant, in a file and/or here), where it
+    # listens (loopback unless told otherwise) and serves its metrics; how long remember and forget wait
+    # for the ingest worker's commit, so the next recall sees them (0: return at once)
+    mcp_tenant: str | None = None
+    mcp_tokens_file: str | None = None
+    mcp_tokens: str | None = None
+    mcp_host: str = "127.0.0.1"
+    mcp_port: int = 8765
+    mcp_metrics_port: int = 9104
+    mcp_ingest_wait_s: float = 10.0
     # bookkeeping, not a knob: names of the fields that from_env found in the environment
     from_environment: frozenset[str] = frozenset()
 
@@ -276,6 +287,11 @@ class Settings:
             raise SettingsError(f"db_statement_timeout_s must be positive or none, got {self.db_statement_timeout_s}")
         if not (math.isfinite(self.intermediate_grace_s) and self.intermediate_grace_s > 0):
             raise SettingsError(f"intermediate_grace_s must be positive, got {self.intermediate_grace_s}")
+        if not (math.isfinite(self.mcp_ingest_wait_s) and self.mcp_ingest_wait_s >= 0):
+            raise SettingsError(f"mcp_ingest_wait_s must be a number of seconds >= 0, got {self.mcp_ingest_wait_s}")
+        for name in ("mcp_port", "mcp_metrics_port"):
+            if not 0 < getattr(self, name) < 65536:
+                raise SettingsError(f"{name} must be a TCP port (1..65535), got {getattr(self, name)}")
 
     # derived names -------------------------------------------------------------------------
     @property

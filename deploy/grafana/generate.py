@@ -122,6 +122,15 @@ OVERVIEW = Dashboard(
             Panel("Retrieval queue", "rq jobs waiting for a query worker.",
                   (Query(f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),), width=8),
         )),
+        Row("Agents (mnemos mcp)", (
+            Panel("MCP tool calls", "Tool calls per second of the MCP servers, by tool and outcome (ok, or a tool "
+                  "error the model reads: bad arguments, a timeout, Redis down, no memories).",
+                  (Query(rate("mnemos_mcp_tool_calls_total", by="tool, outcome"), "{{tool}} {{outcome}}"),),
+                  unit="reqps"),
+            Panel("MCP tool time", "Seconds per MCP tool call as the server handled it (p50, p95, per tool).",
+                  (Query(quantile(0.5, "mnemos_mcp_tool_seconds", by="tool"), "{{tool}} p50"),
+                   Query(quantile(0.95, "mnemos_mcp_tool_seconds", by="tool"), "{{tool}} p95")), unit="s"),
+        )),
         Row("Errors", (
             Panel("Failed retrievals", "Retrieval jobs per second that ended with status error.",
                   (Query(rate("mnemos_query_jobs_total", selector=ERROR), "errors"),), unit="reqps",
@@ -244,6 +253,12 @@ QUERY = Dashboard(
                   (Query(rate("mnemos_query_deep_passes_total"), "deep passes"),), unit="reqps", width=8),
             Panel("Index refreshes", "Tenant indexes rebuilt or extended from Postgres per second.",
                   (Query(rate("mnemos_query_index_refreshes_total"), "refreshes"),), unit="reqps", width=8),
+        )),
+        Row("Catalog reads", (
+            Panel("Catalog jobs", "Catalog jobs per second (a tenant's sessions, or its turns by id: the MCP "
+                  "server's list_sessions and forget, the LangGraph store's get and search), by status.",
+                  (Query(rate("mnemos_query_catalog_jobs_total", by="status"), "{{status}}"),), unit="reqps",
+                  width=24),
         )),
         Row("Reranker", (
             Panel("Rerank cache", "(query, turn) pairs per second scored from the query worker's cache (hits) "

@@ -163,7 +163,8 @@ def test_the_tenant_scope_ends_with_its_transaction(populated: Settings) -> None
 
 # --- metric labels --------------------------------------------------------------------------------
 
-ALLOWED_LABELS = {"reason", "status", "stage", "stream", "group", "queue", "worker", "le"}  # le: histogram buckets
+ALLOWED_LABELS = {"reason", "status", "stage", "stream", "group", "queue", "worker", "le",  # le: histogram buckets
+                  "tool", "outcome"}  # the MCP server's tool calls: its four tool names (or unknown), ok / tool_error
 
 
 def test_tenant_ids_and_text_never_appear_in_metric_labels(populated: Settings, redis_client, store: PostgresStore) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from api.schemas import Hit, RetrievalResult
 from workers.demo import format_result
-from workers.metrics import WORKERS, ServiceMetrics, serve
+from workers.metrics import MCP, WORKERS, ServiceMetrics, serve
 
 WHEN = datetime(2024, 4, 2, 18, 0, tzinfo=UTC)
 
@@ -50,7 +50,7 @@ def _families(metrics: ServiceMetrics) -> set[str]:
 
 def test_each_worker_registers_its_own_families_and_the_shared_ones() -> None:
     everything = _families(ServiceMetrics())
-    per_worker = {kind: _families(ServiceMetrics(worker=kind)) for kind in WORKERS}
+    per_worker = {kind: _families(ServiceMetrics(worker=kind)) for kind in (*WORKERS, MCP)}
     shared = {"mnemos_stream_length", "mnemos_stream_pending", "mnemos_stream_lag", "mnemos_queue_length",
               "mnemos_worker_up", "mnemos_dead_letters", "mnemos_worker_heartbeat_timestamp_seconds",
               "mnemos_embedding_version_refusals"}

@@ -132,7 +132,8 @@ def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Red
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w2").work(burst=True)
     client = client_for(settings, redis_client)
     with pytest.raises(RetrievalFailed, match="unsupported_version"):
-        client._wait(job, RetrievalRequest("a", "q", request_id=job.id), 2.0)
+        request = RetrievalRequest("a", "q", request_id=job.id)
+        client._wait(job, request.request_id, 2.0, lambda result: client._from_result(request, result))
 
 
 def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings, redis_client: redis.Redis,

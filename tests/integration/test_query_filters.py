@@ -132,7 +132,8 @@ def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settin
     job = queue.enqueue("workers.query.retrieval_job", raw, **JOB_TTLS)
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-bad").work(burst=True)
     with pytest.raises(RetrievalFailed, match="bad_filter"):
-        client._wait(job, RetrievalRequest("alice", "cat", request_id=job.id), 2.0)
+        request = RetrievalRequest("alice", "cat", request_id=job.id)
+        client._wait(job, request.request_id, 2.0, lambda result: client._from_result(request, result))
     assert service.metrics.query_jobs.labels(status="error")._value.get() == 1
 
 

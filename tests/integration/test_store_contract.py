@@ -182,3 +182,19 @@ def test_reindex_stages_then_swaps_every_embedding(any_store: Store) -> None:
     with any_store.tenant("alice") as tx:
         assert {len(r.embedding) for r in tx.entries_after(0)} == {4 * 8}
         assert tx.count_unstaged(2, 8) == (3, 3)  # the staging was cleared by the swap
+
+
+def test_session_summaries_count_every_stored_turn_of_the_tenant(any_store: Store) -> None:
+    ids = _seed(any_store, "alice", ["t1", "t2"])
+    _seed(any_store, "bob", ["b1"])
+    with any_store.tenant("alice") as tx:
+        (alias,) = tx.allocate_entry_ids(1)
+        extra = NewEntry(alias, "t3", "s0", "user", "text of t3", T0 - timedelta(hours=1), _vector(alias), ids[0],
+                         {}, False, f"{alias}-0")
+        tx.insert_entries([extra])
+    with any_store.tenant("alice", snapshot=True) as tx:
+        rows = tx.session_summaries()
+    assert [(r.session_id, r.turns) for r in rows] == [("s0", 1), ("s1", 2)]
+    assert rows[1].first_at == T0 + timedelta(minutes=ids[0]) and rows[1].last_at == T0 + timedelta(minutes=ids[1])
+    with any_store.tenant("nobody", snapshot=True) as tx:
+        assert tx.session_summaries() == []

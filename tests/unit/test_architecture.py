@@ -60,6 +60,21 @@ def test_the_client_does_not_import_the_service_or_the_core() -> None:
     assert _offenders("api", {"workers", "mnemos"}) == []
 
 
+@pytest.mark.parametrize("package", ["mnemos", "workers", "api", "bench"])
+def test_nothing_of_the_project_imports_the_integrations(package: str) -> None:
+    assert _offenders(package, {"integrations"}) == []
+
+
+def test_the_integrations_reach_the_workers_only_through_the_client() -> None:
+    """integrations/ use the client (api) and the core never; of the service, the MCP command reads its
+    settings and serves metrics like a worker, the LangChain adapters nothing (docs/architecture.md "Agents")."""
+    assert _offenders("integrations", {"mnemos", "bench", "tests"}) == []
+    allowed = {"workers.settings", "workers.errors", "workers.metrics", "workers.connections"}
+    used = {name for path in _modules("integrations") for _, name in _imported(path) if name.startswith("workers")}
+    assert used <= allowed, used - allowed
+    assert _offenders("integrations/langchain", {"workers"}) == []
+
+
 # A string constant is SQL when, after leading whitespace, it opens like a statement: a keyword
 # followed by what only SQL puts after it (so "Create the database" or "Select a model" in a help
 # text is not SQL, while "SELECT 1", "UPDATE t SET", "DROP DATABASE {}" and "SET ROLE {}" are).

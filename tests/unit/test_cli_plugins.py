@@ -1,7 +1,9 @@
 """The service CLI finds the benchmark's command groups as entry-point plugins, never by import.
 
-``pyproject.toml`` declares ``bench``, ``reranker`` and ``data`` under ``mnemos.commands``;
-:func:`workers.cli.register_plugins` adds what loads and leaves out a group whose extra is missing.
+``pyproject.toml`` declares ``bench``, ``reranker`` and ``data`` (the benchmark part) and ``mcp`` (the
+agents' MCP server, integrations/) under ``mnemos.commands``; :func:`workers.cli.register_plugins` adds
+what loads and leaves out a group whose extra is missing. ``mnemos mcp`` loads without its extra and
+says which one is missing when run.
 """
 
 from __future__ import annotations
@@ -39,15 +41,15 @@ def _service_group() -> click.Group:
     return root
 
 
-def test_pyproject_declares_the_benchmark_groups() -> None:
-    assert {point.name for point in _declared()} == {"bench", "reranker", "data"}
-    for point in _declared():
-        assert point.value.startswith("bench.commands:"), point
+def test_pyproject_declares_the_benchmark_groups_and_the_mcp_command() -> None:
+    assert {point.name: point.value for point in _declared()} == {
+        "bench": "bench.commands:bench", "reranker": "bench.commands:reranker", "data": "bench.commands:data",
+        "mcp": "integrations.mcp_server.command:mcp"}
 
 
 def test_declared_groups_load_and_register() -> None:
     root = _service_group()
-    assert sorted(register_plugins(root, _declared())) == ["bench", "data", "reranker"]
+    assert sorted(register_plugins(root, _declared())) == ["bench", "data", "mcp", "reranker"]
     assert {"quality", "service", "speed", "faults"} <= set(root.commands["bench"].commands)  # type: ignore[attr-defined]
     assert {"train", "check"} <= set(root.commands["reranker"].commands)  # type: ignore[attr-defined]
     out = CliRunner().invoke(root, ["bench", "faults", "--help"])
@@ -58,8 +60,8 @@ def test_a_missing_bench_extra_leaves_the_groups_out(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(bench.extras.EXTRA_MODULES, "bench", ("matplotlib", "mnemos_no_such_module"))
     monkeypatch.delitem(sys.modules, "bench.commands", raising=False)
     root = _service_group()
-    assert register_plugins(root, _declared()) == []
-    assert set(root.commands) == {"migrate"}
+    assert register_plugins(root, _declared()) == ["mcp"]  # not part of the benchmark
+    assert set(root.commands) == {"migrate", "mcp"}
     out = CliRunner().invoke(root, ["bench", "quality", "--help"])
     assert out.exit_code == 2 and "No such command 'bench'" in out.output
 
@@ -94,3 +96,15 @@ def test_extras_hold_what_only_the_benchmark_and_training_import() -> None:
         for module in modules:
             assert module not in core, f"{module} is a core dependency but only the {extra} extra needs it"
     assert "pydantic" not in core
+
+
+def test_mcp_without_its_extra_says_which_install_brings_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from integrations.mcp_server.command import require_sdk
+    from workers.errors import SettingsError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("mcp") else real(name, *a))
+    with pytest.raises(SettingsError, match=r"'mcp' extra .*mnemos\[mcp\]"):
+        require_sdk()

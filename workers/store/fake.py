@@ -31,6 +31,7 @@ from workers.store.rows import (
     LedgerRow,
     NewEntry,
     SchemaState,
+    SessionRow,
     StagedEmbedding,
     StagingRow,
     StoredTurn,
@@ -209,6 +210,13 @@ class FakeTenantSession(FakeForget):
         wanted = set(turn_ids)
         return [StoredTurn(e.turn_id, e.session_id, e.role, e.text, e.occurred_at, dict(e.metadata))
                 for _, e in self._entries() if e.turn_id in wanted]
+
+    def session_summaries(self) -> list[SessionRow]:
+        times: dict[str, list[datetime]] = {}
+        for _, e in self._entries():
+            times.setdefault(e.session_id, []).append(e.occurred_at)
+        rows = [SessionRow(s, min(t), max(t), len(t)) for s, t in times.items()]
+        return sorted(rows, key=lambda r: (r.first_at, r.session_id))
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:
         return [CanonicalRow(i, e.embedding, e.role, e.text, e.metadata.get("image_caption"), e.encoder_truncated)

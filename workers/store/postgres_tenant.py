@@ -23,6 +23,7 @@ from workers.store.rows import (
     EntryRow,
     LedgerRow,
     NewEntry,
+    SessionRow,
     StagedEmbedding,
     StagingRow,
     StoredTurn,
@@ -104,6 +105,11 @@ class PostgresTenantSession(PostgresForget):
     def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
         return self._rows(StoredTurn, "SELECT turn_id, session_id, role, text, occurred_at, metadata FROM entries"
                           " WHERE tenant_id = %s AND turn_id = ANY(%s)", (self._tenant_id, list(turn_ids)))
+
+    def session_summaries(self) -> list[SessionRow]:
+        return self._rows(SessionRow, "SELECT session_id, min(occurred_at) AS first_at, max(occurred_at) AS last_at,"
+                          " count(*) AS turns FROM entries WHERE tenant_id = %s GROUP BY session_id"
+                          " ORDER BY first_at, session_id", (self._tenant_id,))
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:
         return self._rows(CanonicalRow, "SELECT entry_id, embedding, role, text,"

@@ -28,6 +28,7 @@ from workers.store.rows import (
     LedgerRow,
     NewEntry,
     SchemaState,
+    SessionRow,
     StagedEmbedding,
     StagingRow,
     StoredTurn,
@@ -75,6 +76,11 @@ class TenantSession(Protocol):
 
     def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
         """The stored turns among ``turn_ids`` (any order)."""
+        ...
+
+    def session_summaries(self) -> list[SessionRow]:
+        """Every session of the tenant with its first and last turn time and its stored turns, by
+        first turn time, then session id (the catalog's ``sessions``, :mod:`workers.catalog`)."""
         ...
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:

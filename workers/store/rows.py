@@ -77,6 +77,17 @@ class TenantVersionRow:
 
 
 @dataclass(frozen=True)
+class SessionRow:
+    """One session of a tenant: its first and last stored turn's ``occurred_at`` and how many stored
+    turns (canonical entries and aliases) it has."""
+
+    session_id: str
+    first_at: datetime
+    last_at: datetime
+    turns: int
+
+
+@dataclass(frozen=True)
 class StoredTurn:
     """The content of a stored turn, compared with a redelivered one (idempotency by turn id);
     ``metadata`` is the stored JSON object (``{}`` when the turn had none)."""

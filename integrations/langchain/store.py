@@ -1,0 +1,189 @@
+"""``MnemosStore``: a LangGraph ``BaseStore`` whose items are one tenant's conversation turns.
+
+The mapping (the tenant is the constructor's, never an operation's):
+
+* a namespace is a session: ``("memories", "chat-7")`` is session ``memories.chat-7`` (LangGraph forbids
+  ``.`` inside a label, so the join is unambiguous), and an item's key lives inside it: turn id
+  ``memories.chat-7..<key>`` (a session holds no ``..``, so two (namespace, key) pairs never share a
+  turn id);
+* ``put`` publishes the item as a turn: ``value[text_key]`` (a string) is the text, ``value["speaker"]``
+  the speaker (default ``user``), ``value["timestamp"]`` (ISO 8601 with a zone) when it was said
+  (default now), every other field its metadata (a JSON object of at most ``MNEMOS_MAX_METADATA_BYTES``).
+  Putting an existing key again forgets the old turn and re-adds the new one (Mnemos never edits a
+  stored turn in place); ``put(..., None)`` and ``delete`` forget it. Each waits up to
+  ``ingest_wait_s`` for the ingest worker's commit, so the next ``get`` or ``search`` sees it;
+* ``get`` reads the stored turn back (catalog read through the queue) as the value it was put with;
+* ``search(prefix, query=...)`` is a Mnemos retrieval limited to the sessions under the prefix, best
+  first, with the reranker's score; its items carry text, speaker and timestamp (a retrieval returns no
+  metadata: ``get`` the item for its other fields).
+
+What Mnemos cannot honour raises ``NotImplementedError`` with the reason instead of guessing: a value
+without a string text field (arbitrary JSON documents are not turns), a search without ``query`` (Mnemos
+ranks by relevance, it has no listing of items), a ``filter`` on anything but ``speaker``, and
+``list_namespaces`` with ``prefix``/``suffix`` conditions or ``max_depth``. TTLs are not supported
+(``supports_ttl`` is False, so LangGraph refuses a ``ttl`` itself); ``index`` is ignored: every turn's
+text is indexed, for BM25 and dense retrieval alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    Item,
+    ListNamespacesOp,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+)
+
+from api.catalog import TurnRecord
+from api.client import MnemosClient
+
+KEY_SEPARATOR = ".."
+_RESERVED = ("speaker", "timestamp")
+
+
+def session_of(namespace: tuple[str, ...]) -> str:
+    """The session id of a namespace (labels joined by ``.``)."""
+    return ".".join(namespace)
+
+
+def turn_id_of(namespace: tuple[str, ...], key: str) -> str:
+    """The turn id of an item: its session, ``..``, its key."""
+    return f"{session_of(namespace)}{KEY_SEPARATOR}{key}"
+
+
+def item_address(session_id: str, turn_id: str) -> tuple[tuple[str, ...], str]:
+    """(namespace, key) of a stored turn; a turn not put through the store keeps its turn id as key."""
+    prefix = session_id + KEY_SEPARATOR
+    key = turn_id[len(prefix):] if turn_id.startswith(prefix) else turn_id
+    return tuple(session_id.split(".")), key
+
+
+class MnemosStore(BaseStore):
+    """One tenant's memory as a LangGraph store (the module docstring has the mapping and the limits).
+
+    Args:
+        client: the deployment's client.
+        tenant_id: the tenant every operation acts for.
+        text_key: the value field that holds an item's text.
+        default_speaker: the speaker of an item without ``speaker``.
+        ingest_wait_s: how long put and delete wait for the ingest worker's commit (0: not at all).
+    """
+
+    supports_ttl = False
+
+    def __init__(self, client: MnemosClient, tenant_id: str, *, text_key: str = "text", default_speaker: str = "user",
+                 ingest_wait_s: float = 10.0) -> None:
+        self.client = client
+        self.tenant_id = tenant_id
+        self.text_key = text_key
+        self.default_speaker = default_speaker
+        self.ingest_wait_s = ingest_wait_s
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run ``ops`` in order (each its own call through the client)."""
+        results: list[Result] = []
+        for op in ops:
+            if isinstance(op, GetOp):
+                results.append(self._get(op))
+            elif isinstance(op, SearchOp):
+                results.append(self._search(op))
+            elif isinstance(op, PutOp):
+                self._put(op)
+                results.append(None)
+            elif isinstance(op, ListNamespacesOp):
+                results.append(self._list_namespaces(op))
+            else:
+                raise NotImplementedError(f"MnemosStore does not know the operation {type(op).__name__}")
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """:meth:`batch` in a worker thread (the client is synchronous)."""
+        return await asyncio.to_thread(self.batch, list(ops))
+
+    # operations -------------------------------------------------------------------------------
+
+    def _get(self, op: GetOp) -> Item | None:
+        turns = self.client.turns(self.tenant_id, [turn_id_of(op.namespace, op.key)])
+        if not turns:
+            return None
+        namespace, key = item_address(turns[0].session_id, turns[0].turn_id)
+        return Item(value=self._value(turns[0]), key=key, namespace=namespace, created_at=turns[0].occurred_at,
+                    updated_at=turns[0].occurred_at)
+
+    def _put(self, op: PutOp) -> None:
+        turn_id = turn_id_of(op.namespace, op.key)
+        exists = bool(self.client.turns(self.tenant_id, [turn_id]))
+        if op.value is None:
+            if exists:
+                self._wait(self.client.forget(self.tenant_id, turn_ids=[turn_id]))
+            return
+        text = op.value.get(self.text_key)
+        if not isinstance(text, str):
+            raise NotImplementedError(f"MnemosStore stores conversation turns: a value needs a string {self.text_key!r} "
+                                      "field (arbitrary JSON documents are not memories Mnemos can rank)")
+        metadata = {k: v for k, v in op.value.items() if k not in (self.text_key, *_RESERVED)}
+        turn: dict[str, Any] = {"tenant_id": self.tenant_id, "session_id": session_of(op.namespace),
+                                "turn_id": turn_id, "text": text,
+                                "role": op.value.get("speaker", self.default_speaker),
+                                "occurred_at": op.value.get("timestamp", datetime.now(UTC).isoformat())}
+        if metadata:
+            turn["metadata"] = metadata
+        checked = self.client.make_turn(turn)  # refused before anything is forgotten
+        if exists:
+            self.client.forget(self.tenant_id, turn_ids=[turn_id])
+        self._wait(self.client.publish_turns([checked], readd=exists)[0])
+
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        if op.query is None:
+            raise NotImplementedError("MnemosStore searches by relevance: pass query=...; Mnemos has no listing of "
+                                      "items without a query")
+        filters: dict[str, Any] = {}
+        for name, wanted in (op.filter or {}).items():
+            if name != "speaker" or not isinstance(wanted, str):
+                raise NotImplementedError(f"MnemosStore filters on speaker (a string) only, not {name!r}: Mnemos "
+                                          "keeps other value fields as metadata it does not index")
+            filters["roles"] = [wanted]
+        if op.namespace_prefix:
+            prefix = session_of(op.namespace_prefix)
+            sessions = [s.session_id for s in self.client.sessions(self.tenant_id)
+                        if s.session_id == prefix or s.session_id.startswith(prefix + ".")]
+            if not sessions:
+                return []
+            filters["session_ids"] = sessions
+        k = min(op.limit + op.offset, self.client.limits.max_k)
+        result = self.client.retrieve(self.tenant_id, op.query, k=k, filters=filters or None)
+        items = []
+        for hit in result.hits[op.offset:]:
+            namespace, key = item_address(hit.session_id, hit.turn_id)
+            record = TurnRecord(hit.turn_id, hit.session_id, hit.role, hit.text, hit.occurred_at)
+            items.append(SearchItem(namespace, key, self._value(record), hit.occurred_at, hit.occurred_at,
+                                    score=hit.score))
+        return items
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        if op.match_conditions or op.max_depth is not None:
+            raise NotImplementedError("MnemosStore lists every namespace (session) of its tenant; prefix/suffix "
+                                      "conditions and max_depth are not supported")
+        sessions = [tuple(s.session_id.split(".")) for s in self.client.sessions(self.tenant_id)]
+        return sorted(sessions)[op.offset:op.offset + op.limit]
+
+    # helpers ----------------------------------------------------------------------------------
+
+    def _value(self, turn: TurnRecord) -> dict[str, Any]:
+        """An item's value from its stored turn: text, speaker, timestamp and the metadata fields."""
+        return {**dict(turn.metadata), self.text_key: turn.text, "speaker": turn.role,
+                "timestamp": turn.occurred_at.astimezone(UTC).isoformat()}
+
+    def _wait(self, stream_id: str) -> None:
+        if self.ingest_wait_s > 0:
+            self.client.wait_acknowledged(self.tenant_id, stream_id, self.ingest_wait_s)
