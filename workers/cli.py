@@ -175,11 +175,9 @@ def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> Non
 def _client(settings: Settings):
     from api.client import MnemosClient
     from api.validation import limits_of
-    from workers.connections import redis_client
+    from workers.connections import client_connections
 
-    connections = ([redis_client(settings.for_shard(s)) for s in range(settings.shards)]
-                   if settings.shard_map is not None else redis_client(settings))  # each shard's own Redis
-    return MnemosClient(connections, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+    return MnemosClient(client_connections(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
                         job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
                         shards=settings.shards)

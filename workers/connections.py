@@ -21,4 +21,12 @@ def redis_client(settings: Settings, **overrides: object) -> redis.Redis:
     return redis.Redis.from_url(settings.redis_url, **options)  # type: ignore[arg-type]
 
 
-__all__ = ["redis_client"]
+__all__ = ["client_connections", "redis_client"]
+
+
+def client_connections(settings: Settings) -> redis.Redis | list[redis.Redis]:
+    """What a :class:`api.client.MnemosClient` is built on: with a shard map, one Redis client per
+    shard, each on that shard's own server (index = shard); else the one Redis client."""
+    if settings.shard_map is None:
+        return redis_client(settings)
+    return [redis_client(settings.for_shard(shard)) for shard in range(settings.shards)]

@@ -60,10 +60,10 @@ def run_mcp(settings: Settings, *, transport: str) -> int:
     from integrations.mcp_server.server import build_server, fixed_tenant, token_tenant
     from integrations.mcp_server.tokens import TenantTokenVerifier, TokenTable
     from integrations.mcp_server.tools import MemoryTools
-    from workers.connections import redis_client
+    from workers.connections import client_connections
     from workers.metrics import MCP, ServiceMetrics, serve
 
-    client = MnemosClient(redis_client(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+    client = MnemosClient(client_connections(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                           limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
                           job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
                           shards=settings.shards)

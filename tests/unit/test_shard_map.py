@@ -87,3 +87,14 @@ def test_a_child_of_another_shard_is_not_handed_this_process_s_url(monkeypatch: 
     parent = Settings.from_env(_env(MAP, MNEMOS_REDIS_URL=MAP["0"]["redis_url"]))
     child = Settings.from_env(child_environment(parent.for_shard(2)))
     assert (child.shard, child.redis_url) == (2, MAP["2"]["redis_url"])
+
+
+def test_every_client_gets_one_redis_per_shard_from_the_map() -> None:
+    # the CLI's client and the MCP server's build on the same connections: each shard's own server
+    from workers.connections import client_connections
+
+    connections = client_connections(Settings.from_env(_env(MAP)))
+    assert isinstance(connections, list)
+    assert [c.connection_pool.connection_kwargs["port"] for c in connections] == [7000, 7001, 7002]
+    single = client_connections(Settings.from_env({}))
+    assert not isinstance(single, list)
