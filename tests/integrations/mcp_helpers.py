@@ -58,3 +58,22 @@ def turn_ids(recalled: dict[str, Any]) -> list[str]:
 
 def texts(recalled: dict[str, Any]) -> list[str]:
     return [hit["text"] for hit in recalled["hits"]]
+
+
+async def recall_when_back(client: Client, deadline_s: float = 60.0, **arguments: Any) -> tuple[dict[str, Any], int]:
+    """Call ``recall`` until a query worker answers it (a restarted worker loads its models and the
+    tenant's index first, which on a busy machine can outlast a short retrieve timeout): its
+    structured result and how many calls timed out before. Any other tool error fails the test, and
+    so does no answer within ``deadline_s``."""
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    timeouts = 0
+    while True:
+        result = await client.call_tool("recall", arguments)
+        if not result.is_error:
+            assert isinstance(result.structured_content, dict)
+            return result.structured_content, timeouts
+        assert "did not answer within" in text_of(result), text_of(result)
+        timeouts += 1
+        assert time.monotonic() < deadline, f"no query worker answered recall within {deadline_s:g} s"
