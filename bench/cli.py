@@ -69,13 +69,14 @@ def display_path(path: Path) -> str:
 
 
 def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int,
-               precision: str = "auto", device: str = "cpu"):
+               precision: str = "auto", device: str = "cpu", windows: int = 1):
     """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.folds.FoldRerankers` (None for
     no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
     timing). The cross-encoders run on ``device`` (a torch device string, ``cpu`` or ``cuda``) in
     ``precision`` (``auto`` resolved as the query worker resolves ``MNEMOS_RERANK_PRECISION``:
     :func:`mnemos.precision.resolve_precision`). Scores are cached per model identity, ``max_length``
-    and resolved precision (not per device: fp32 logits agree across devices to rounding).
+    and resolved precision (not per device: fp32 logits agree across devices to rounding), and
+    ``windows`` above 1 (a long turn read in windows, its best kept).
 
     Raises:
         ValueError: if a directory does not exist or names no training conversations.
@@ -101,9 +102,10 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
 
         def load(p: Path = path) -> CrossEncoderReranker:
             return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size, device=device,
-                                        precision=computes_in)
+                                        precision=computes_in, windows=windows)
 
-        persistent = PersistentReranker(f"{identity}|max_length={max_length}|{computes_in.value}",
+        window_key = f"|windows={windows}" if windows > 1 else ""
+        persistent = PersistentReranker(f"{identity}|max_length={max_length}|{computes_in.value}{window_key}",
                                         cache_dir / "rerank_scores", load)
         rerankers[name] = CachedReranker(persistent, max_entries=None)
         loaders[name] = load
@@ -179,7 +181,8 @@ class QualityCommand:
             batch_size: of the cross-encoders. rerank_precision / encoder_precision: what the
             cross-encoders / the bi-encoder compute in (``auto`` as the workers resolve it).
             bi_encoder: directory (None: the bundled model). device: where both encoders run
-            (``cpu``, ``cuda``, or ``auto``: a GPU when torch sees one).
+            (``cpu``, ``cuda``, or ``auto``: a GPU when torch sees one). rerank_windows: windows a long
+            turn is read in by the cross-encoders (as ``MNEMOS_RERANK_WINDOWS``).
         variants / compare_rerankers: ablation names and reranker variant specs (:func:`build_variants`).
         command: the command line, recorded in the report.
     """
@@ -214,6 +217,7 @@ class QualityCommand:
     encoder_precision: str = "auto"
     bi_encoder: Path | None = None
     device: str = "cpu"
+    rerank_windows: int = 1
     variants: tuple[str, ...] = ()
     compare_rerankers: tuple[str, ...] = ()
     command: str = "mnemos bench quality"
@@ -270,7 +274,8 @@ def run_quality_command(request: QualityCommand) -> int:
     try:
         router, loaders = load_folds(list(request.folds), cache_dir=request.cache_dir,
                                      max_length=request.max_length, batch_size=request.batch_size,
-                                     precision=request.rerank_precision, device=device)
+                                     precision=request.rerank_precision, device=device,
+                                     windows=request.rerank_windows)
         variant_list = build_variants(list(request.variants), list(request.compare_rerankers),
                                       cache_dir=request.cache_dir, max_length=request.max_length,
                                       batch_size=request.batch_size, main_loaders=loaders, main_router=router,
@@ -432,6 +437,8 @@ def bench() -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the bi-encoder and the cross-encoders run (auto: a GPU when torch sees one).")
+@click.option("--rerank-windows", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Windows a turn longer than the pair's room is read in, best kept (MNEMOS_RERANK_WINDOWS).")
 @click.option("--bi-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")
 @click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANT_NAMES),
@@ -459,6 +466,7 @@ def quality(**kwargs: Any) -> None:
         full_features=kwargs["full_features"], threads=kwargs["threads"], max_length=kwargs["max_length"],
         batch_size=kwargs["batch_size"], rerank_precision=kwargs["rerank_precision"], bi_encoder=kwargs["bi_encoder"],
         encoder_precision=kwargs["encoder_precision"], device=kwargs["device"],
+        rerank_windows=kwargs["rerank_windows"],
         command=command,
         only_conversations=tuple(_split(kwargs["conversations"])), variants=tuple(kwargs["variants"]),
         compare_rerankers=tuple(kwargs["compare_rerankers"]), suppression_study=kwargs["suppression_study"],

@@ -24,7 +24,7 @@ import numpy as np
 
 from mnemos.errors import ModelLoadError
 from mnemos.precision import Precision, resolve_precision, torch_dtype
-from mnemos.rerank_pairs import PaddedBatch, cut_lengths, length_sorted_batches, pad_batch
+from mnemos.rerank_pairs import PaddedBatch, cut_lengths, length_sorted_batches, pad_batch, window_starts
 from mnemos.tokenizer import tokenize
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,9 @@ class CrossEncoderReranker:
     Each pool is tokenized with the model's own tokenizer: the query once, every text without
     special tokens. Pairs longer than ``max_length`` lose tokens of the text, never of the query,
     unless the query alone would crowd the text out (:func:`mnemos.rerank_pairs.cut_lengths`).
+    With ``windows`` > 1 a text that does not fit is read in up to that many windows of the room
+    left beside the query (:func:`mnemos.rerank_pairs.window_starts`), each window is scored as a
+    pair, and the text's score is its best window's (docs/reranker.md "Long turns").
     Pairs are sorted by token length and batched so a batch pads little; scores come back in the
     caller's order. Counters: ``pairs_truncated`` (pairs that lost any token) and
     ``queries_truncated`` (pairs whose query lost tokens, the last resort).
@@ -105,18 +108,24 @@ class CrossEncoderReranker:
         device: torch device string.
         precision: :class:`RerankPrecision` (or its value) the model computes in; ``auto`` is
             resolved for ``device`` by :func:`resolve_precision` (the attribute holds the result).
+        windows: windows a long text is read in (1: its first tokens only).
 
     Attributes:
-        model_version: ``"<model digest>|max_length=<n>|<precision>|<truncation scheme>"``: every
-            input that changes a score; :class:`CachedReranker` keys its entries with it.
+        model_version: ``"<model digest>|max_length=<n>|<precision>|<truncation scheme>"`` (and
+            ``|windows=<n>`` when above 1): every input that changes a score; :class:`CachedReranker`
+            keys its entries with it.
 
     Raises:
         ModelLoadError: if the model cannot be loaded, or its tokenizer is not a fast (``tokenizers``) one.
-        ValueError: for an unknown precision, ``fp16`` on a CPU device, or a ``max_length`` too small.
+        ValueError: for an unknown precision, ``fp16`` on a CPU device, a ``max_length`` too small or
+            ``windows`` < 1.
     """
 
     def __init__(self, model_name_or_path: str | Path, max_length: int = 128, batch_size: int = 32,
-                 device: str = "cpu", precision: RerankPrecision | str = RerankPrecision.FP32) -> None:
+                 device: str = "cpu", precision: RerankPrecision | str = RerankPrecision.FP32,
+                 windows: int = 1) -> None:
+        if windows < 1:
+            raise ValueError(f"windows must be >= 1, got {windows}")
         precision = resolve_precision(precision, device)
         if precision is RerankPrecision.FP16 and device.startswith("cpu"):
             raise ValueError("fp16 reranking needs a CUDA device; use bf16 or fp32 on a CPU")
@@ -131,8 +140,9 @@ class CrossEncoderReranker:
         self.batch_size = batch_size
         self.precision = precision
         self.device = device
+        self.windows = windows
         self.model_version = (f"{model_digest(model_name_or_path)}|max_length={max_length}|{precision.value}"
-                              f"|{TRUNCATION_SCHEME}")
+                              f"|{TRUNCATION_SCHEME}" + (f"|windows={windows}" if windows > 1 else ""))
         self.pairs_truncated = 0
         self.queries_truncated = 0
         logger.info("loaded cross-encoder %s (max_length %d, %s on %s)", self.model_name_or_path, max_length,
@@ -147,33 +157,52 @@ class CrossEncoderReranker:
         """``(len(texts),)`` float32 logits in the order of ``texts``; ``[]`` without calling the model."""
         if len(texts) == 0:
             return np.zeros(0, dtype=np.float32)
-        sequences, type_ids = self._encode_pairs(query, texts)
-        out = np.zeros(len(texts), dtype=np.float32)
+        sequences, type_ids, owners = self._encode_pairs(query, texts)
+        logits = np.zeros(len(sequences), dtype=np.float32)
         for rows in length_sorted_batches([len(s) for s in sequences], self.batch_size):
             batch = pad_batch([sequences[i] for i in rows], [type_ids[i] for i in rows], self._pad_id)
-            out[rows] = self._forward(batch)
+            logits[rows] = self._forward(batch)
+        out = np.full(len(texts), -np.inf, dtype=np.float32)
+        np.maximum.at(out, np.asarray(owners, dtype=np.int64), logits)  # a text's best window
         return out
 
-    def _encode_pairs(self, query: str, texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]]]:
-        """Each pair's token ids with special tokens and its token type ids, cut to ``max_length``."""
+    def _encode_pairs(self, query: str, texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """Each pair's token ids with special tokens, its token type ids and the index of its text
+        (several pairs per text when a long text is read in windows), cut to ``max_length``."""
         tokenizer = self._tokenizer
         query_enc = tokenizer.encode(query, add_special_tokens=False)
         budget = self.max_length - self._special
-        sequences, type_ids = [], []
-        for text_enc in tokenizer.encode_batch(list(texts), add_special_tokens=False):
+        sequences, type_ids, owners = [], [], []
+        for owner, (text, text_enc) in enumerate(zip(texts, tokenizer.encode_batch(list(texts), add_special_tokens=False),
+                                                     strict=True)):
             cut = cut_lengths(len(query_enc.ids), len(text_enc.ids), budget)
-            q, t = query_enc, text_enc
+            q = query_enc
             if cut.query_cut:
                 q = tokenizer.encode(query, add_special_tokens=False)
                 q.truncate(cut.query_kept)
                 self.queries_truncated += 1
-            if cut.turn_cut:
-                t.truncate(cut.turn_kept)
             self.pairs_truncated += int(cut.truncated)
-            pair = tokenizer.post_process(q, t, add_special_tokens=True)
-            sequences.append(pair.ids)
-            type_ids.append(pair.type_ids)
-        return sequences, type_ids
+            for t in self._windows_of(text, text_enc, cut.turn_kept):
+                pair = tokenizer.post_process(q, t, add_special_tokens=True)
+                sequences.append(pair.ids)
+                type_ids.append(pair.type_ids)
+                owners.append(owner)
+        return sequences, type_ids, owners
+
+    def _windows_of(self, text: str, encoding: Any, kept: int) -> list[Any]:
+        """The encodings a text is read in: itself cut to ``kept`` tokens, or with ``windows`` > 1
+        one per window start, each re-encoded from its character span and cut to ``kept``."""
+        starts = window_starts(len(encoding.ids), kept, self.windows) if kept < len(encoding.ids) else [0]
+        if starts == [0]:
+            encoding.truncate(kept)
+            return [encoding]
+        offsets, out = encoding.offsets, []
+        for start in starts:
+            end = min(start + kept, len(offsets)) - 1
+            window = self._tokenizer.encode(text[offsets[start][0]:offsets[end][1]], add_special_tokens=False)
+            window.truncate(kept)
+            out.append(window)
+        return out
 
     def _forward(self, batch: PaddedBatch) -> np.ndarray:
         """``(n_pairs,)`` float32 logits of one padded batch."""

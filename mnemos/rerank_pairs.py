@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PairCut", "PaddedBatch", "cut_lengths", "length_sorted_batches", "pad_batch"]
+__all__ = ["PairCut", "PaddedBatch", "cut_lengths", "length_sorted_batches", "pad_batch", "window_starts"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,25 @@ def cut_lengths(query_len: int, turn_len: int, budget: int) -> PairCut:
     turn_kept = max(budget - query_len, turn_floor)
     query_kept = min(query_len, budget - turn_kept)
     return PairCut(query_kept, turn_kept, turn_kept < turn_len, query_kept < query_len)
+
+
+def window_starts(turn_len: int, kept: int, windows: int) -> list[int]:
+    """First token of each window of ``kept`` tokens that together read a ``turn_len``-token turn
+    with at most ``windows`` windows, evenly spaced from the turn's start to its end (the last ends
+    at the turn's last token), overlapping where ``windows * kept`` exceeds the turn. ``[0]`` when
+    the turn fits (or ``windows`` is 1: today's cut, the first ``kept`` tokens). The reranker
+    scores every window and keeps the best (docs/reranker.md "Long turns").
+
+    Raises:
+        ValueError: if ``kept`` < 1, ``windows`` < 1 or ``turn_len`` < 0.
+    """
+    if kept < 1 or windows < 1 or turn_len < 0:
+        raise ValueError(f"need kept >= 1, windows >= 1 and turn_len >= 0, got {kept}, {windows}, {turn_len}")
+    if turn_len <= kept or windows == 1:
+        return [0]
+    last = turn_len - kept
+    count = min(windows, last + 1)  # never more windows than distinct starts
+    return sorted({round(i * last / (count - 1)) for i in range(count)})
 
 
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -208,7 +208,8 @@ def load_reranker(settings: Settings) -> Reranker | None:
     try:
         model = CrossEncoderReranker(location, max_length=settings.rerank_max_length,
                                      batch_size=settings.rerank_batch_size, device=device,
-                                     precision=resolve_precision(settings.rerank_precision, device))
+                                     precision=resolve_precision(settings.rerank_precision, device),
+                                     windows=settings.rerank_windows)
     except ModelLoadError as exc:
         raise ModelSetupError(str(exc)) from exc
     warn_restricted_licence(location)

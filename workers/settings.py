@@ -65,6 +65,7 @@ class Settings:
     # None leaves BLAS at its own default.
     blas_threads: int | None = 1
     rerank_max_length: int = 128
+    rerank_windows: int = 1  # a turn longer than the pair's room is read in up to this many windows, best kept
     # auto | fp32 | fp16 | bf16: what the cross-encoder and the bi-encoder compute in; fp16 needs a GPU
     # (refused on a CPU); auto is bf16 on a CPU with native bfloat16, else fp32 (mnemos.precision)
     rerank_precision: str = "auto"
@@ -204,7 +205,8 @@ class Settings:
         if self.blas_threads is not None and self.blas_threads < 1:
             raise SettingsError(f"blas_threads must be >= 1 or none, got {self.blas_threads}")
         for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",
-                     "ingest_batch_size", "outcome_batch_size", "max_k", "default_k", "max_text_bytes"):
+                     "ingest_batch_size", "outcome_batch_size", "max_k", "default_k", "max_text_bytes",
+                     "rerank_windows"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.session_top < 1 or self.temporal_slack_days < 0:

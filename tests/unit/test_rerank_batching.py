@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mnemos.rerank import CachedReranker, CrossEncoderReranker, RerankPrecision, model_digest
+from mnemos.rerank_pairs import window_starts
 from tests.unit.tiny_cross_encoder import build_tiny_cross_encoder
 
 QUERY = "where does my dog sleep at night"
@@ -125,3 +126,29 @@ def test_an_auto_reranker_reports_the_format_it_computes_in(model_dir, monkeypat
     monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: False)
     reranker = CrossEncoderReranker(model_dir, max_length=64, precision="auto")
     assert reranker.precision is RerankPrecision.FP32 and "|fp32|" in reranker.model_version
+
+
+def test_a_long_turn_read_in_windows_scores_as_its_best_window(model_dir):
+    words = " ".join(f"word{i}" for i in range(120))  # far more tokens than one 32-token pair holds
+    short = "a short turn"
+    plain = CrossEncoderReranker(model_dir, max_length=32, batch_size=4)
+    windowed = CrossEncoderReranker(model_dir, max_length=32, batch_size=4, windows=3)
+    scores = windowed.score("which word", [short, words])
+    # the short turn fits: scored once, as without windows
+    assert scores[0] == pytest.approx(plain.score("which word", [short])[0], abs=1e-5)
+    # the long turn: the best of three windows, each scored as its own (fitting) text
+    encoding = windowed._tokenizer.encode(words, add_special_tokens=False)
+    query_len = len(windowed._tokenizer.encode("which word", add_special_tokens=False).ids)
+    kept = 32 - windowed._special - query_len
+    starts = window_starts(len(encoding.ids), kept, 3)
+    assert len(starts) == 3 and starts[0] == 0 and starts[-1] + kept == len(encoding.ids)
+    spans = [words[encoding.offsets[s][0]:encoding.offsets[s + kept - 1][1]] for s in starts]
+    assert scores[1] == pytest.approx(float(plain.score("which word", spans).max()), abs=1e-5)
+    assert scores[1] >= plain.score("which word", [words])[0] - 1e-5  # the first window is one of them
+
+
+def test_windows_are_part_of_the_model_version_and_must_be_positive(model_dir):
+    assert "windows" not in CrossEncoderReranker(model_dir, max_length=32).model_version
+    assert CrossEncoderReranker(model_dir, max_length=32, windows=3).model_version.endswith("|windows=3")
+    with pytest.raises(ValueError, match="windows"):
+        CrossEncoderReranker(model_dir, max_length=32, windows=0)

@@ -59,3 +59,15 @@ def test_pad_batch_pads_right_with_a_mask():
         pad_batch([[1, 2]], [[0]], pad_id=0)
     with pytest.raises(ValueError):
         pad_batch([], [], pad_id=0)
+
+
+def test_window_starts_cover_a_long_turn_from_its_start_to_its_end() -> None:
+    from mnemos.rerank_pairs import window_starts
+
+    assert window_starts(40, 50, 3) == [0]  # fits: one window
+    assert window_starts(300, 100, 1) == [0]  # one window: today's cut
+    assert window_starts(300, 100, 3) == [0, 100, 200]  # no overlap needed
+    assert window_starts(100, 50, 3) == [0, 25, 50]  # overlapping, the last ends at the turn's end
+    assert window_starts(101, 100, 4) == [0, 1]  # never more windows than distinct starts
+    with pytest.raises(ValueError):
+        window_starts(10, 0, 2)
