@@ -117,7 +117,7 @@ VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
 
 def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,
                    batch_size: int, main_loaders: dict, main_router=None, precision: str = "auto",
-                   device: str = "cpu") -> list:
+                   device: str = "cpu", windows: int = 1) -> list:
     """Ablations by name (:data:`VARIANT_NAMES`) and reranker variants from
     ``NAME=DIR[,DIR...][@MAX_LENGTH][:PRECISION]`` specs (each DIR a fold, as ``--reranker-fold``;
     :func:`bench.variants.parse_reranker_spec`), as :class:`bench.variants.Variant` values.
@@ -149,7 +149,7 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
         label, dirs, length_value, variant_precision = parse_reranker_spec(spec, max_length=max_length,
                                                                            precision=precision)
         router, loaders = load_folds(dirs, cache_dir=cache_dir, max_length=length_value, batch_size=batch_size,
-                                     precision=variant_precision, device=device)
+                                     precision=variant_precision, device=device, windows=windows)
         details = reranker_details(router, length_value, variant_precision)
         out.append(Variant(label, f"rerankers {','.join(dirs)} at max_length {length_value}, "
                                   f"{details['precision'] if details else variant_precision}", {},
@@ -217,7 +217,7 @@ class QualityCommand:
     encoder_precision: str = "auto"
     bi_encoder: Path | None = None
     device: str = "cpu"
-    rerank_windows: int = 1
+    rerank_windows: int = 4
     variants: tuple[str, ...] = ()
     compare_rerankers: tuple[str, ...] = ()
     command: str = "mnemos bench quality"
@@ -279,7 +279,8 @@ def run_quality_command(request: QualityCommand) -> int:
         variant_list = build_variants(list(request.variants), list(request.compare_rerankers),
                                       cache_dir=request.cache_dir, max_length=request.max_length,
                                       batch_size=request.batch_size, main_loaders=loaders, main_router=router,
-                                      precision=request.rerank_precision, device=device)
+                                      precision=request.rerank_precision, device=device,
+                                      windows=request.rerank_windows)
     except (OSError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
@@ -437,7 +438,7 @@ def bench() -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the bi-encoder and the cross-encoders run (auto: a GPU when torch sees one).")
-@click.option("--rerank-windows", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--rerank-windows", type=click.IntRange(min=1), default=4, show_default=True,
               help="Windows a turn longer than the pair's room is read in, best kept (MNEMOS_RERANK_WINDOWS).")
 @click.option("--bi-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Bi-encoder directory (default: the bundled all-MiniLM-L6-v2).")

@@ -65,7 +65,8 @@ class Settings:
     # None leaves BLAS at its own default.
     blas_threads: int | None = 1
     rerank_max_length: int = 128
-    rerank_windows: int = 1  # a turn longer than the pair's room is read in up to this many windows, best kept
+    # a turn longer than the pair's room is read in up to this many windows, best kept (docs/reranker.md "Long turns")
+    rerank_windows: int = 4
     # auto | fp32 | fp16 | bf16: what the cross-encoder and the bi-encoder compute in; fp16 needs a GPU
     # (refused on a CPU); auto is bf16 on a CPU with native bfloat16, else fp32 (mnemos.precision)
     rerank_precision: str = "auto"
