@@ -132,12 +132,13 @@ def cache_split(asked: Sequence[Asked]) -> dict[str, Any]:
 def _query_block(record: ServiceRecord) -> dict[str, Any]:
     """The payload's ``query`` block: client latency of the evaluation (all, new, cached) and the
     burn-in, deep passes, and the worker's median seconds per stage."""
-    evaluation = [a.latency_s for a in record.asked if a.phase == "evaluation"]
+    asked = [a for a in record.asked if a.phase == "evaluation"]
+    evaluation = [a.latency_s for a in asked]
     burn_in = [a.latency_s for a in record.asked if a.phase == "burn-in"]
     return {"n": len(evaluation), "p50_s": _round(percentile(evaluation, 50)),
             "p95_s": _round(percentile(evaluation, 95)), "burn_in_n": len(burn_in),
             "burn_in_p50_s": _round(percentile(burn_in, 50)),
-            **cache_split([a for a in record.asked if a.phase == "evaluation"]),
+            **cache_split(asked),
             "deep_passes": sum(a.result.deep_pass for a in record.asked),
             "worker_stage_p50_s": {phase: _stage_p50(record, phase) for phase in ("burn-in", "evaluation")}}
 
