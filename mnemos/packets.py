@@ -45,7 +45,7 @@ import numpy as np
 
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
 from mnemos.filters import EntryFilter
-from mnemos.fusion import reciprocal_rank_fusion
+from mnemos.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
 from mnemos.rendering import render_turn
 from mnemos.supersession import SupersessionTable
 from mnemos.tenant_index import TenantIndex
@@ -405,10 +405,12 @@ def candidates_from_index(index: TenantIndex, ranking: Sequence[tuple[int, float
 
 
 def hidden_candidates(index: TenantIndex, query: str, query_embedding: np.ndarray | None,
-                      entry_filter: EntryFilter | None, *, depth: int, limit: int) -> list[Omitted]:
+                      entry_filter: EntryFilter | None, *, depth: int, limit: int,
+                      rrf_k: int = DEFAULT_RRF_K) -> list[Omitted]:
     """The best ``limit`` entries the unfiltered retrievers (BM25 and, with an embedding, dense,
-    ``depth`` deep, fused by RRF) rank that ``entry_filter`` keeps out: ``not_visible_at_as_of``
-    when its ``as_of`` alone hides every turn of the entry, else ``filtered``. ``[]`` without a
+    ``depth`` deep, fused by RRF with ``rrf_k``, the retrieval's own) rank that ``entry_filter``
+    keeps out: ``not_visible_at_as_of`` when its ``as_of`` alone hides every turn of the entry, else
+    ``filtered``. ``[]`` without a
     restricting filter. No score: they were never reranked."""
     if entry_filter is None or entry_filter.is_open or limit <= 0:
         return []
@@ -420,7 +422,7 @@ def hidden_candidates(index: TenantIndex, query: str, query_embedding: np.ndarra
     visible = (None if entry_filter.as_of is None
                else set(index.allowed_entries(EntryFilter(as_of=entry_filter.as_of)).tolist()))
     out = []
-    for entry_id, _ in reciprocal_rank_fusion(lists):
+    for entry_id, _ in reciprocal_rank_fusion(lists, k=rrf_k):
         if entry_id in allowed:
             continue
         reason = Omission.NOT_VISIBLE if visible is not None and entry_id not in visible else Omission.FILTERED

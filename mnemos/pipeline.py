@@ -311,7 +311,7 @@ def retrieve(
 
     outcome, final_order = _outcome(index, reranked, cluster, outcome_id, q_vec)
     ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch,
-                       {entry.entry_id: entry.initial_rank for entry in outcome.pool})
+                       {entry.entry_id: entry.initial_rank for entry in outcome.pool}, rrf_k=config.rrf_k)
     hits = _hits(index, ranked[:k])
     return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked)
 
@@ -466,11 +466,13 @@ def _features(
     reference_time: datetime | None,
     watch: _Stopwatch,
     initial_ranks: dict[int, int] | None = None,
+    *,
+    rrf_k: int,
 ) -> list[tuple[int, float]]:
     """Stage 6, features: ``(entry_id, score)`` of the reranked pool ``order``, best first: the
     logits as they are without ``settings``, else adjusted by them and stably re-sorted.
     ``initial_ranks`` (entry id -> 1-based suppressed fused rank, the outcome's ``initial_rank``)
-    feed the first-stage feature."""
+    feed the first-stage feature; the session ranking fuses with the retrieval's ``rrf_k``."""
     initial_ranks = initial_ranks or {}
     if not settings:
         return [(eid, scores[eid]) for eid in order]
@@ -478,7 +480,7 @@ def _features(
     wanted = {s.feature for s in settings}
     sessions = tuple(index.entry(eid).session_id for eid in order)
     context = QueryContext(
-        session_ranking=index.sessions.rank(query, q_vec) if Feature.SESSION in wanted else (),
+        session_ranking=index.sessions.rank(query, q_vec, rrf_k=rrf_k) if Feature.SESSION in wanted else (),
         time_spans=parse_time_expressions(query, reference_time) if Feature.TEMPORAL in wanted else (),
     )
     view = PoolView(

@@ -1,7 +1,7 @@
 """Session-level retrieval of one tenant: which conversation sessions a query is about.
 
 The session-level retriever of the "session-utterance" baseline of *AssoMem* (§4.2): a session is the
-transcript of its turns. Sessions are ranked by reciprocal rank fusion (k = 60) of
+transcript of its turns. Sessions are ranked by reciprocal rank fusion (the retrieval's ``rrf_k``, 60 by default) of
 
 * BM25 over session transcripts (the turns' texts joined by spaces, same tokenizer as the
   turn-level index; only sessions with a positive score), and
@@ -39,16 +39,14 @@ class SessionIndex:
 
     Args:
         dim: embedding dimension of the turn vectors (384 for all-MiniLM-L6-v2).
-        rrf_k: RRF constant of the fusion (60).
         vocabulary: the term -> id dict of the transcripts' BM25 index, shared with the tenant's
             turn index so that :meth:`add` can take the turns' own term counts.
     """
 
-    def __init__(self, dim: int, rrf_k: int = DEFAULT_RRF_K, vocabulary: dict[str, int] | None = None) -> None:
+    def __init__(self, dim: int, vocabulary: dict[str, int] | None = None) -> None:
         if dim < 1:
             raise InvalidParameterError(f"dim must be >= 1, got {dim}")
         self.dim = dim
-        self.rrf_k = rrf_k
         self._numbers: dict[str, int] = {}
         self._ids: list[str] = []
         self._bm25 = BM25Index(vocabulary=vocabulary)
@@ -155,8 +153,9 @@ class SessionIndex:
         """
         return self._dates[self._numbers[session_id]]
 
-    def rank(self, query: str, query_embedding: np.ndarray | None) -> tuple[str, ...]:
-        """Session ids, best first: RRF of the BM25 ranking and the centroid-cosine ranking.
+    def rank(self, query: str, query_embedding: np.ndarray | None, *, rrf_k: int = DEFAULT_RRF_K) -> tuple[str, ...]:
+        """Session ids, best first: RRF (constant ``rrf_k``, the retrieval's own) of the BM25 ranking
+        and the centroid-cosine ranking.
 
         ``query_embedding`` is the ``(dim,)`` (or ``(1, dim)``) float32 unit query vector; with
         None only BM25 ranks, so only sessions sharing a token with the query are returned.
@@ -177,5 +176,5 @@ class SessionIndex:
                 raise DimensionMismatchError("query embedding", (self.dim,), tuple(vector.shape))
             cosines = self._refresh_centroids() @ vector
             lists.append([int(i) for i in np.argsort(-cosines, kind="stable")])
-        fused = reciprocal_rank_fusion(lists, k=self.rrf_k)
+        fused = reciprocal_rank_fusion(lists, k=rrf_k)
         return tuple(self._ids[i] for i, _ in fused)

@@ -111,7 +111,7 @@ def build_packet(index: TenantIndex, request: schemas.RetrievalRequest, query_ve
     assert request.budget_tokens is not None
     config = packet_config(settings, reranked=core.pool_size > 0)
     hidden = hidden_candidates(index, request.query, query_vector, entry_filter(request),
-                               depth=settings.n_candidates, limit=config.hidden_reported)
+                               depth=settings.n_candidates, limit=config.hidden_reported, rrf_k=settings.rrf_k)
     packet = packet_from_index(index, core.ranking, request.budget_tokens, count_tokens, config,
                                as_of=request.as_of, hidden=hidden)
     return packet_message(packet)
