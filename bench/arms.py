@@ -35,7 +35,7 @@ from mnemos.features import (
 )
 from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig
-from mnemos.suppression import UpdateRule
+from mnemos.suppression import DEFAULT_ETA, UpdateRule
 
 __all__ = [
     "ARM_NAMES",
@@ -74,13 +74,15 @@ FULL_ARM = "mnemos_full"
 
 @dataclass(frozen=True)
 class SuppressionSpec:
-    """How an arm keeps suppression state: the update rule and whether it is cue-dependent.
+    """How an arm keeps suppression state: the update rule, whether it is cue-dependent, and the
+    learning rate its outcomes are applied with.
 
     ``clustered`` False is global RIF (one cluster, K = 1); True uses k-means query clusters.
     """
 
     rule: UpdateRule
     clustered: bool
+    eta: float = DEFAULT_ETA
 
 
 @dataclass(frozen=True)
@@ -107,22 +109,22 @@ _ARMS: tuple[Arm, ...] = (
     Arm(BASELINE_ARM, _SHALLOW),
     Arm(
         "+global_rif",
-        RetrievalConfig(deep_threshold=None, update_rule=UpdateRule.RANK_GAP),
+        RetrievalConfig(deep_threshold=None),
         SuppressionSpec(UpdateRule.RANK_GAP, clustered=False),
     ),
     Arm(
         "+clustered_rif_uniform",
-        RetrievalConfig(deep_threshold=None, update_rule=UpdateRule.UNIFORM),
+        RetrievalConfig(deep_threshold=None),
         SuppressionSpec(UpdateRule.UNIFORM, clustered=True),
     ),
     Arm(
         "+clustered_rif_gap",
-        RetrievalConfig(deep_threshold=None, update_rule=UpdateRule.RANK_GAP),
+        RetrievalConfig(deep_threshold=None),
         SuppressionSpec(UpdateRule.RANK_GAP, clustered=True),
     ),
     Arm(
         "mnemos_full",
-        RetrievalConfig(deep_threshold=None, update_rule=UpdateRule.RANK_GAP),
+        RetrievalConfig(deep_threshold=None),
         SuppressionSpec(UpdateRule.RANK_GAP, clustered=True),
     ),
 )
@@ -130,7 +132,7 @@ ARM_NAMES: tuple[str, ...] = tuple(a.name for a in _ARMS)
 """Every arm, in report order."""
 SUPPRESSION_ARMS: tuple[str, ...] = tuple(a.name for a in _ARMS if a.suppression is not None)
 
-DEEP_CONFIG = RetrievalConfig(deep_threshold=0.0, deep_pool_size=100, update_rule=UpdateRule.RANK_GAP)
+DEEP_CONFIG = RetrievalConfig(deep_threshold=0.0, deep_pool_size=100)
 """``+clustered_rif_gap`` with the adaptive deep pass (pool 30, deep 100). The threshold 0 logits is
 a fallback: the engine uses each reranker fold's calibrated threshold from its provenance."""
 

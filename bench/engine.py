@@ -324,7 +324,7 @@ class Engine:
             )
             clusters.observe(vector)
             if cluster is not None and result.outcome is not None:
-                table.apply(outcome_deltas(result.outcome, arm.suppression.rule, arm.config.eta))
+                table.apply(outcome_deltas(result.outcome, arm.suppression.rule, arm.suppression.eta))
             advance(1)
         out = {}
         for q in evaluate:

@@ -134,14 +134,16 @@ def dataset_json(dataset: Mapping[str, Any], conversations: Sequence[Conversatio
 
 def settings_json(options: QualityOptions) -> dict[str, Any]:
     """The options, the suppression settings of the arms and the rules of K and of the splits."""
-    gap = arm_by_name(GAP_ARM).config
+    gap_arm = arm_by_name(GAP_ARM)
+    gap = gap_arm.config
+    assert gap_arm.suppression is not None
     return {
         **{k: v for k, v in asdict(options).items() if k not in ("arms", "modes", "protocols")},
         "arms": list(options.arms),
         "corpus_modes": [m.value for m in options.modes],
         "protocols": [p.value for p in options.protocols],
         "alpha": gap.alpha,
-        "eta": gap.eta,
+        "eta": gap_arm.suppression.eta,
         "suppression_threshold": gap.suppression_threshold,
         "pool_size": gap.pool_size,
         "n_candidates": gap.n_candidates,

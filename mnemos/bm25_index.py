@@ -38,9 +38,6 @@ from mnemos.tokenizer import tokenize
 
 logger = logging.getLogger(__name__)
 
-BM25_METHOD = "lucene"
-"""Scoring variant: Lucene's non-negative IDF (see module docstring)."""
-
 PAIR_BYTES = 16
 """Estimated bytes per distinct (document, term) pair: its term id and count (``int32`` each) and
 its entry of the score matrix (float32 value, ``int32`` row index)."""

@@ -46,7 +46,7 @@ from mnemos.filters import EntryFilter
 from mnemos.fusion import DEFAULT_CONVEX_WEIGHT, Fusion, ScoredList, fuse
 from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
 from mnemos.rerank import Reranker
-from mnemos.suppression import SuppressionTable, UpdateRule
+from mnemos.suppression import SuppressionTable
 from mnemos.tenant_index import TenantIndex
 
 
@@ -68,8 +68,8 @@ class RetrievalConfig:
         convex_weight: BM25's share of the convex fusion, in [0, 1]; ignored by RRF.
         use_bm25 / use_dense: retriever arms; at least one must be on.
         rerank: rerank the pool (needs a reranker); off gives the fused order and no outcome.
-        alpha: suppression strength (0.3). eta: suppression learning rate (0.1), used by the
-            consumer of the outcome. update_rule: Eq. 1 or Eq. 2 (rank-gap, the default).
+        alpha: suppression strength (0.3). The update rule and its learning rate belong to whoever
+            applies the outcome (:data:`mnemos.suppression.DEFAULT_ETA`, ``DEFAULT_UPDATE_RULE``).
         suppression_threshold: evidence threshold tau; the penalty is ``alpha * max(0, s - tau)``,
             so a score starts to count only after demotions worth more than tau have accumulated
             (0 is the paper's rule; docs/architecture.md "Suppression").
@@ -90,8 +90,6 @@ class RetrievalConfig:
     use_dense: bool = True
     rerank: bool = True
     alpha: float = 0.3
-    eta: float = 0.1
-    update_rule: UpdateRule = UpdateRule.RANK_GAP
     suppression: bool = True
     suppression_threshold: float = 0.5
     features: tuple[FeatureSetting, ...] = ()
@@ -111,11 +109,10 @@ class RetrievalConfig:
             raise InvalidParameterError(f"convex_weight must be in [0, 1], got {self.convex_weight}")
         if not (self.use_bm25 or self.use_dense):
             raise InvalidParameterError("at least one of use_bm25 and use_dense must be on")
-        if self.alpha < 0 or self.eta < 0:
-            raise InvalidParameterError(f"alpha and eta must be >= 0, got {self.alpha}, {self.eta}")
+        if self.alpha < 0:
+            raise InvalidParameterError(f"alpha must be >= 0, got {self.alpha}")
         if not self.suppression_threshold >= 0 or not math.isfinite(self.suppression_threshold):
             raise InvalidParameterError(f"suppression_threshold must be a finite number >= 0, got {self.suppression_threshold}")
-        object.__setattr__(self, "update_rule", UpdateRule(self.update_rule))
         features = tuple(self.features)
         if not all(isinstance(f, FeatureSetting) for f in features):
             raise InvalidParameterError(f"features must be FeatureSetting values, got {features!r}")

@@ -119,11 +119,10 @@ class Outcome:
 class StageTimings:
     """Seconds spent per retrieval stage, measured with the clock handed to the pipeline.
 
-    ``refresh`` is filled by the service (index refresh happens outside the pure core);
     ``features`` is the post-rerank feature step (session ranking, time expressions, re-sort).
+    The service times the index refresh itself (it happens outside the pure core).
     """
 
-    refresh: float = 0.0
     bm25: float = 0.0
     dense: float = 0.0
     fusion: float = 0.0

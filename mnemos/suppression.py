@@ -40,6 +40,16 @@ class UpdateRule(StrEnum):
     """Eq. 2: only entries that dropped in rank, weighted by the size of the drop."""
 
 
+DEFAULT_UPDATE_RULE = UpdateRule.RANK_GAP
+"""The update rule of the service and of the paper's best arm (Eq. 2)."""
+DEFAULT_ETA = 0.1
+"""Learning rate eta of the update rules (§4.3 of the paper)."""
+DEFAULT_CLUSTERS_K = 30
+"""Query clusters K (§4.3: K = 30 at 500 queries; 1 is global suppression)."""
+DEFAULT_BOOTSTRAP_FACTOR = 10
+"""Clusters are fitted after ``DEFAULT_BOOTSTRAP_FACTOR * K`` query embeddings, then frozen."""
+
+
 def _sigmoid(x: float) -> float:
     """Numerically stable logistic function."""
     if x >= 0:
@@ -160,7 +170,8 @@ class QueryClusters:
         centroids: ``(k, dim)`` float32 unit rows, or None before bootstrap (and for k == 1).
     """
 
-    def __init__(self, k: int = 30, bootstrap_factor: int = 10, seed: int = 0, n_init: int = 10) -> None:
+    def __init__(self, k: int = DEFAULT_CLUSTERS_K, bootstrap_factor: int = DEFAULT_BOOTSTRAP_FACTOR, seed: int = 0,
+                 n_init: int = 10) -> None:
         if k < 1:
             raise InvalidParameterError(f"k must be >= 1, got {k}")
         if bootstrap_factor < 1:
@@ -240,7 +251,8 @@ class QueryClusters:
         return int(np.argmax(self.centroids @ vec))
 
     @classmethod
-    def from_centroids(cls, centroids: np.ndarray, bootstrap_factor: int = 10, seed: int = 0) -> QueryClusters:
+    def from_centroids(cls, centroids: np.ndarray, bootstrap_factor: int = DEFAULT_BOOTSTRAP_FACTOR,
+                       seed: int = 0) -> QueryClusters:
         """Frozen clusters from stored ``(k, dim)`` centroids (rows are re-normalised).
 
         Raises:

@@ -61,7 +61,7 @@ from mnemos.fusion import Fusion
 from mnemos.packets import token_counter
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import CachedReranker, Reranker
-from mnemos.suppression import SuppressionTable, UpdateRule
+from mnemos.suppression import SuppressionTable
 from workers.errors import EmbeddingVersionError, OutsideQueryWorkerError
 from workers.heartbeats import Heartbeat
 from workers.intermediate import sweep
@@ -128,8 +128,7 @@ def retrieval_config(settings: Settings, *, rerank: bool) -> RetrievalConfig:
     return RetrievalConfig(
         n_candidates=settings.n_candidates, pool_size=settings.pool_size, deep_pool_size=settings.deep_pool_size,
         deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, fusion=Fusion(settings.fusion),
-        convex_weight=settings.convex_weight, rerank=rerank, alpha=settings.alpha,
-        eta=settings.eta, update_rule=UpdateRule(settings.update_rule), suppression=settings.suppression,
+        convex_weight=settings.convex_weight, rerank=rerank, alpha=settings.alpha, suppression=settings.suppression,
         suppression_threshold=settings.suppression_threshold,
         features=feature_settings(settings))
 

@@ -12,7 +12,7 @@ from bench.replay import ReplayRequest, SuppressionReplica, recompute_sample, re
 from mnemos.encoder import HashingEncoder
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import FakeReranker
-from mnemos.suppression import QueryClusters, SuppressionTable, UpdateRule, outcome_deltas
+from mnemos.suppression import DEFAULT_ETA, QueryClusters, SuppressionTable, UpdateRule, outcome_deltas
 from tests.unit.test_bench_synthetic import synthetic_conversations
 
 LAG = 2  # outcomes the "service" has not applied yet when it answers the next request
@@ -33,7 +33,7 @@ def service_run():
     for i in range(30):
         while len(pending) > LAG:
             outcome = pending.pop(0)
-            table.apply(outcome_deltas(outcome, UpdateRule.RANK_GAP, config.eta))
+            table.apply(outcome_deltas(outcome, UpdateRule.RANK_GAP, DEFAULT_ETA))
             if not clusters.frozen and clusters.observe(np.asarray(outcome.query_embedding, dtype=np.float32)):
                 clusters = QueryClusters.from_centroids(clusters.centroids)
             ledger.append(outcome.outcome_id)
@@ -52,7 +52,7 @@ def service_run():
 
 def _replay(service_run, requests=None, ledger=None):
     tenant, encoder, config, recorded, recorded_ledger, _ = service_run
-    replica = SuppressionReplica(2, 2, UpdateRule.RANK_GAP, config.eta)
+    replica = SuppressionReplica(2, 2, UpdateRule.RANK_GAP, DEFAULT_ETA)
     out = replay_tenant(tenant, recorded if requests is None else requests,
                         recorded_ledger if ledger is None else ledger, config=config, replica=replica,
                         query_vector=lambda text: encoder.encode([text])[0])
