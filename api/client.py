@@ -214,10 +214,11 @@ class MnemosClient:
 
     # retrieval ------------------------------------------------------------------------------
 
-    def retrieve(self, tenant_id: str, query: str, k: int = 10, *, as_of: datetime | str | None = None,
+    def retrieve(self, tenant_id: str, query: str, k: int | None = None, *, as_of: datetime | str | None = None,
                  filters: Mapping[str, Any] | None = None, request_id: str | None = None,
                  timeout_s: float | None = None, budget_tokens: int | None = None) -> RetrievalResult:
-        """Ask the query workers; returns the typed result.
+        """Ask the query workers for the ``k`` best memories (default: the limits' ``default_k``, which a
+        client built from the settings takes from ``MNEMOS_DEFAULT_K``); returns the typed result.
 
         ``as_of`` (a zone-aware datetime or ISO 8601 string) is the knowledge time: only turns that
         occurred at or before it can come back, and relative times in the query ("last week") are
@@ -234,7 +235,8 @@ class MnemosClient:
         heartbeat; RetrievalFailed when the job failed; RetrievalTimeout when no result arrived
         within ``timeout_s`` (default ``retrieve_timeout_s``); ServiceUnavailable when Redis fails.
         """
-        payload: dict[str, Any] = {"v": 1, "tenant_id": tenant_id, "query": query, "k": k}
+        payload: dict[str, Any] = {"v": 1, "tenant_id": tenant_id, "query": query,
+                                   "k": self.limits.default_k if k is None else k}
         if request_id is not None:
             payload["request_id"] = request_id
         if as_of is not None:

@@ -24,6 +24,7 @@ from typing import Any
 from api.errors import InvalidInputError, Reason
 from api.packets import Packet
 from api.validation import (
+    DEFAULT_K,
     IMAGE_CAPTION_KEY,
     SCHEMA_VERSION,
     Limits,
@@ -215,7 +216,7 @@ class RetrievalRequest:
 
     tenant_id: str
     query: str
-    k: int = 10
+    k: int = DEFAULT_K
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     v: int = SCHEMA_VERSION
     as_of: datetime | None = None
@@ -228,6 +229,7 @@ class RetrievalRequest:
 
         ``as_of``: ISO 8601 with a zone (or a zone-aware datetime); missing or null means none.
         ``filters``: a JSON object (see :class:`RetrievalFilters`); missing, null or ``{}`` means none.
+        ``k``: missing means ``limits.default_k`` (in a query worker, its ``MNEMOS_DEFAULT_K``).
         """
         request_id = values.get("request_id")
         if request_id is None:  # an explicit "" is refused below, not silently replaced
@@ -235,7 +237,7 @@ class RetrievalRequest:
         tenant_id = check_id(values.get("tenant_id"), "tenant_id", limits)
         query = check_text(values.get("query"), "query", limits.max_query_bytes, Reason.EMPTY_QUERY,
                            Reason.QUERY_TOO_LARGE)
-        k = check_k(values.get("k", 10), limits)
+        k = check_k(values.get("k", limits.default_k), limits)
         request_id = check_id(request_id, "request_id", limits)
         version = check_version(values.get("v"))
         raw_as_of, raw_filters = values.get("as_of"), values.get("filters")

@@ -19,6 +19,10 @@ from api.errors import InvalidInputError, Reason
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
+DEFAULT_K = 10
+"""Hits a retrieval request gets when it names no ``k`` (``MNEMOS_DEFAULT_K`` overrides it per deployment)."""
+MAX_K = 100
+"""The largest ``k`` a retrieval request may name (``MNEMOS_MAX_K`` overrides it per deployment)."""
 _ALLOWED_TEXT_CONTROLS = frozenset("\t\n\r")
 BIDI_REORDERING = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 """Bidirectional embeddings, overrides and isolates (LRE, RLE, PDF, LRO, RLO, LRI, RLI, FSI, PDI):
@@ -34,7 +38,9 @@ class Limits:
     """Input limits (bytes are UTF-8 bytes; ``max_future_skew_s`` tolerates clock drift).
 
     ``max_filter_values`` bounds each list of a retrieval request's ``filters`` (session ids, roles);
-    ``max_budget_tokens`` a request's evidence packet budget.
+    ``max_budget_tokens`` a request's evidence packet budget. ``default_k`` is not a limit but the
+    ``k`` of a request that names none, carried here so the workers and a client of a deployment
+    fill it in alike.
     """
 
     max_text_bytes: int = 32 * 1024
@@ -42,7 +48,8 @@ class Limits:
     max_id_chars: int = 256
     max_metadata_bytes: int = 8 * 1024
     max_future_skew_s: float = 86_400.0
-    max_k: int = 100
+    max_k: int = MAX_K
+    default_k: int = DEFAULT_K
     max_filter_values: int = 1024
     max_budget_tokens: int = 32_768
 
@@ -63,6 +70,8 @@ class LimitSettings(Protocol):
     def max_future_skew_s(self) -> float: ...
     @property
     def max_k(self) -> int: ...
+    @property
+    def default_k(self) -> int: ...
 
 
 def limits_of(settings: LimitSettings) -> Limits:
@@ -71,7 +80,7 @@ def limits_of(settings: LimitSettings) -> Limits:
     ``max_filter_values`` keeps its default."""
     return Limits(max_text_bytes=settings.max_text_bytes, max_query_bytes=settings.max_query_bytes,
                   max_id_chars=settings.max_id_chars, max_metadata_bytes=settings.max_metadata_bytes,
-                  max_future_skew_s=settings.max_future_skew_s, max_k=settings.max_k)
+                  max_future_skew_s=settings.max_future_skew_s, max_k=settings.max_k, default_k=settings.default_k)
 
 
 def text_fields(raw: Mapping[Any, Any]) -> dict[str, Any]:

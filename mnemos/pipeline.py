@@ -43,7 +43,7 @@ from mnemos.features import (
     parse_time_expressions,
 )
 from mnemos.filters import EntryFilter
-from mnemos.fusion import DEFAULT_CONVEX_WEIGHT, Fusion, ScoredList, fuse
+from mnemos.fusion import DEFAULT_CONVEX_WEIGHT, DEFAULT_RRF_K, Fusion, ScoredList, fuse
 from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
 from mnemos.rerank import Reranker
 from mnemos.suppression import SuppressionTable
@@ -83,7 +83,7 @@ class RetrievalConfig:
     pool_size: int = 30
     deep_pool_size: int = 100
     deep_threshold: float | None = 0.0
-    rrf_k: int = 60
+    rrf_k: int = DEFAULT_RRF_K
     fusion: Fusion = Fusion.RRF
     convex_weight: float = DEFAULT_CONVEX_WEIGHT
     use_bm25: bool = True
@@ -209,7 +209,7 @@ def retrieve(
     query: str,
     query_embedding: np.ndarray | None,
     *,
-    k: int = 10,
+    k: int,
     config: RetrievalConfig | None = None,
     reranker: Reranker | None = None,
     suppression: SuppressionTable | None = None,
@@ -230,7 +230,8 @@ def retrieve(
         query: the query text; BM25 tokenizes it, the reranker reads it.
         query_embedding: ``(dim,)`` (or ``(1, dim)``) float32 unit vector of the query; may be
             None only when ``config.use_dense`` is False.
-        k: number of hits wanted (>= 1). With reranking, hits come from the pool, so at most
+        k: number of hits wanted (>= 1; no default here: the service takes a request's, else
+            ``MNEMOS_DEFAULT_K``). With reranking, hits come from the pool, so at most
             the pool's size; without, from the fused candidates. ``config.for_k(k)`` raises the
             depths so that ``min(k, allowed entries)`` hits come back (the query worker uses it).
         config: pipeline knobs (default :class:`RetrievalConfig`).

@@ -238,7 +238,7 @@ def forget(ctx: click.Context, tenant: str, session_id: str | None, turn_ids: tu
 
 @cli.command()
 @click.option("--tenant", required=True)
-@click.option("-k", "--k", "k", default=10, show_default=True)
+@click.option("-k", "--k", "k", type=int, default=None, help="hits to return (default: MNEMOS_DEFAULT_K)")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="seconds (default: settings)")
 @click.option("--json", "as_json", is_flag=True, help="print the raw result")
 @click.option("--as-of", "as_of", default=None, help="knowledge time, ISO 8601 with zone: only turns that occurred by then")
@@ -249,7 +249,7 @@ def forget(ctx: click.Context, tenant: str, session_id: str | None, turn_ids: tu
               help="also build an evidence packet of at most this many cross-encoder tokens")
 @click.argument("question")
 @click.pass_context
-def retrieve(ctx: click.Context, tenant: str, k: int, timeout_s: float | None, as_json: bool, as_of: str | None,
+def retrieve(ctx: click.Context, tenant: str, k: int | None, timeout_s: float | None, as_json: bool, as_of: str | None,
              sessions: tuple[str, ...], roles: tuple[str, ...], occurred_after: str | None,
              budget_tokens: int | None, question: str) -> None:
     """Ask one question through the query workers and print the hits (and, with --budget, the

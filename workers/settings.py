@@ -3,8 +3,12 @@
 ``Settings.from_env()`` is the only function in the project that reads ``os.environ``.
 Every knob has a default and an environment variable (``ENV_VARS`` maps field -> variable);
 workers, the client and the tests receive a ``Settings`` value and never look elsewhere.
-Defaults come from §4.3-§4.4 of *Clustered Retrieval-Induced Forgetting* (alpha 0.3, eta 0.1,
-K 30, pool 30, deep pool 100; docs/architecture.md "Retrieval" and "Suppression").
+A knob the core or the client also has takes its default from there, never a second literal
+(``rrf_k = RetrievalConfig.rrf_k``, ``max_k = Limits.max_k``; docs/architecture.md "Modules"): the
+retrieval and suppression defaults are those of §4.3-§4.4 of *Clustered Retrieval-Induced
+Forgetting* (alpha 0.3, eta 0.1, K 30, pool 30, deep pool 100; docs/architecture.md "Retrieval"
+and "Suppression"). The knobs only the service has (feature weights, ports, timeouts) are declared
+here.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ from dataclasses import dataclass, fields
 from urllib.parse import parse_qs, urlsplit
 
 from api import sharding
+from api.validation import DEFAULT_K, Limits
+from mnemos.dedupe import DEFAULT_THRESHOLD as DEFAULT_DEDUPE_THRESHOLD
+from mnemos.packets import PacketConfig
+from mnemos.pipeline import RetrievalConfig
+from mnemos.suppression import DEFAULT_BOOTSTRAP_FACTOR, DEFAULT_CLUSTERS_K, DEFAULT_ETA, DEFAULT_UPDATE_RULE
 from workers.errors import SettingsError
 from workers.redaction import redact_url
 from workers.server_urls import check_database_url, check_redis_url
@@ -73,23 +82,24 @@ class Settings:
     encoder_precision: str = "auto"
     fake_encoder_dim: int = 64
     # retrieval (docs/architecture.md "Retrieval"; Clustered Retrieval-Induced Forgetting §3, §4.3)
-    n_candidates: int = 30
-    pool_size: int = 30
-    deep_pool_size: int = 100
-    deep_threshold: float | None = 0.0  # None disables the deep pass
-    rrf_k: int = 60
+    n_candidates: int = RetrievalConfig.n_candidates
+    pool_size: int = RetrievalConfig.pool_size
+    deep_pool_size: int = RetrievalConfig.deep_pool_size
+    deep_threshold: float | None = RetrievalConfig.deep_threshold  # None disables the deep pass
+    rrf_k: int = RetrievalConfig.rrf_k  # also the session ranking's and a packet's hidden candidates'
     # rrf | convex: how the BM25 and dense candidates are fused (mnemos.fusion); convex_weight is BM25's
     # share of the convex combination of min-max normalised scores, ignored by rrf; 0.6 was the best
     # weight on LoCoMo's dev split with the bundled bi-encoder (bench/results/fusion_locomo.md)
-    fusion: str = "rrf"
-    convex_weight: float = 0.6
-    alpha: float = 0.3
-    eta: float = 0.1
-    update_rule: str = "rank_gap"  # rank_gap | uniform
-    suppression: bool = True
-    suppression_threshold: float = 0.5  # evidence threshold tau: penalty alpha * max(0, s - tau); LoCoMo dev split
-    clusters_k: int = 30
-    bootstrap_factor: int = 10  # k-means after bootstrap_factor * clusters_k queries
+    fusion: str = RetrievalConfig.fusion.value
+    convex_weight: float = 0.6  # the service's own choice; the core's 0.5 is the bench's placeholder
+    alpha: float = RetrievalConfig.alpha
+    eta: float = DEFAULT_ETA
+    update_rule: str = DEFAULT_UPDATE_RULE.value  # rank_gap | uniform
+    suppression: bool = RetrievalConfig.suppression
+    # evidence threshold tau: penalty alpha * max(0, s - tau); LoCoMo dev split
+    suppression_threshold: float = RetrievalConfig.suppression_threshold
+    clusters_k: int = DEFAULT_CLUSTERS_K
+    bootstrap_factor: int = DEFAULT_BOOTSTRAP_FACTOR  # k-means after bootstrap_factor * clusters_k queries
     # post-rerank features (AssoMem §4.2 / §3.2.3; mnemos.features); weights in logit units of the
     # configured cross-encoder, 0 = off. The LoCoMo bench's dev-split selection kept session(top=1,
     # weight=2) and temporal(slack_days=31, weight=2) for the LoCoMo-trained reranker the package
@@ -101,15 +111,15 @@ class Settings:
     # first-stage evidence in the final score (mnemos.features.first_stage_adjustment): weight of the
     # z-scored fused rank in standard deviations of the pool's logits; 0 = off (docs/reranker.md).
     first_stage_weight: float = 1.0
-    dedupe_threshold: float = 0.95
-    default_k: int = 10
-    max_k: int = 100
-    # input limits
-    max_text_bytes: int = 32 * 1024
-    max_query_bytes: int = 4 * 1024
-    max_id_chars: int = 256
-    max_metadata_bytes: int = 8 * 1024
-    max_future_skew_s: float = 86_400.0
+    dedupe_threshold: float = DEFAULT_DEDUPE_THRESHOLD
+    default_k: int = DEFAULT_K  # the k of a request that names none (the client's and the query worker's)
+    max_k: int = Limits.max_k
+    # input limits (api.validation.Limits, which the client and the workers check alike)
+    max_text_bytes: int = Limits.max_text_bytes
+    max_query_bytes: int = Limits.max_query_bytes
+    max_id_chars: int = Limits.max_id_chars
+    max_metadata_bytes: int = Limits.max_metadata_bytes
+    max_future_skew_s: float = Limits.max_future_skew_s
     # stream consumers
     ingest_batch_size: int = 64
     outcome_batch_size: int = 64
@@ -137,10 +147,10 @@ class Settings:
     # evidence packets (docs/architecture.md "Evidence packets"): MMR weight of relevance against
     # redundancy, cosine at which a candidate repeats a kept item, most of the budget one session may use,
     # r of value / tokens ** r (0: relevance alone); defaults chosen on LoCoMo's dev half (bench packets)
-    packet_mmr_lambda: float = 1.0
-    packet_redundancy_threshold: float = 0.9
-    packet_session_share: float = 0.75
-    packet_token_exponent: float = 0.0
+    packet_mmr_lambda: float = PacketConfig.mmr_lambda
+    packet_redundancy_threshold: float = PacketConfig.redundancy_threshold
+    packet_session_share: float = PacketConfig.session_share
+    packet_token_exponent: float = PacketConfig.token_exponent
     # liveness: each worker's loop refreshes a Redis record with this TTL every ttl/3 seconds (plus the
     # longest legitimate batch or job while it works on one); `mnemos retrieve` and `health` read them
     heartbeat_ttl_s: float = 30.0

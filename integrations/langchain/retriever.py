@@ -12,6 +12,7 @@ from pydantic import ConfigDict
 
 from api.client import MnemosClient
 from api.schemas import Hit
+from api.validation import DEFAULT_K
 
 _PER_CALL = frozenset({"k", "as_of", "filters"})
 
@@ -41,7 +42,7 @@ class MnemosRetriever(BaseRetriever):
 
     client: MnemosClient
     tenant_id: str
-    k: int = 10
+    k: int = DEFAULT_K
     as_of: datetime | str | None = None
     filters: dict[str, Any] | None = None
     timeout_s: float | None = None

@@ -26,6 +26,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
+from api.validation import MAX_K
 from integrations.mcp_server.tools import (
     ForgetResult,
     MemoryTools,
@@ -91,7 +92,7 @@ def tool_metrics(metrics: ServiceMetrics) -> ServerMiddleware[Any]:
 
 def build_server(tools: MemoryTools, tenancy: Tenancy, *, metrics: ServiceMetrics | None = None,
                  token_verifier: TokenVerifier | None = None, server_url: str | None = None,
-                 max_k: int = 100) -> MCPServer:
+                 max_k: int = MAX_K) -> MCPServer:
     """The MCP server of ``tools``, acting for the tenant ``tenancy`` gives each call.
 
     With ``token_verifier`` (the HTTP transport) every request needs a bearer token it accepts;

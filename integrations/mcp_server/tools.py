@@ -30,6 +30,7 @@ from api.errors import (
     ServiceUnavailable,
 )
 from api.packets import Packet
+from api.validation import DEFAULT_K
 
 DEFAULT_SPEAKER = "user"
 _ARGUMENTS = {"role": "speaker", "occurred_at": "timestamp", "filters.session_ids": "session_id",
@@ -143,7 +144,7 @@ class MemoryTools:
         clock: the time a remember without ``timestamp`` is stamped with.
     """
 
-    def __init__(self, client: MnemosClient, *, ingest_wait_s: float = 10.0, default_k: int = 10,
+    def __init__(self, client: MnemosClient, *, ingest_wait_s: float = 10.0, default_k: int = DEFAULT_K,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.client = client
         self.ingest_wait_s = ingest_wait_s

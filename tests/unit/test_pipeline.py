@@ -35,6 +35,7 @@ def _q(encoder, text):
 
 def _run(index, encoder, query, **kwargs):
     kwargs.setdefault("outcome_id", "o1")
+    kwargs.setdefault("k", 10)
     return retrieve(index, query, _q(encoder, query), **kwargs)
 
 
@@ -189,7 +190,7 @@ def test_deep_pass_on_small_tenant_makes_no_empty_rerank_call(index, encoder):
 @pytest.mark.parametrize("query", ["", "   ", "\n\t"])
 def test_empty_query_raises(index, encoder, query):
     with pytest.raises(EmptyQueryError):
-        retrieve(index, query, _q(encoder, "x"), reranker=FakeReranker(), outcome_id="o")
+        retrieve(index, query, _q(encoder, "x"), k=10, reranker=FakeReranker(), outcome_id="o")
 
 
 def test_punctuation_query_uses_dense_only(index, encoder):
@@ -246,9 +247,9 @@ def test_bad_arguments(index, encoder):
     with pytest.raises(InvalidParameterError):
         _run(index, encoder, "dog", k=0)
     with pytest.raises(DimensionMismatchError):
-        retrieve(index, "dog", np.ones(3, np.float32), outcome_id="o")
+        retrieve(index, "dog", np.ones(3, np.float32), k=10, outcome_id="o")
     with pytest.raises(DimensionMismatchError):
-        retrieve(index, "dog", None, outcome_id="o")
+        retrieve(index, "dog", None, k=10, outcome_id="o")
     with pytest.raises(InvalidParameterError):
         RetrievalConfig(pool_size=0)
 

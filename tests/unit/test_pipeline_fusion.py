@@ -26,6 +26,7 @@ def _lists(index, encoder, query, depth):
 
 
 def _run(index, encoder, query, **kwargs):
+    kwargs.setdefault("k", 10)
     return retrieve(index, query, encoder.encode([query])[0], outcome_id="o", **kwargs)
 
 

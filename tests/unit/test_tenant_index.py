@@ -115,7 +115,7 @@ def test_alias_texts_must_match_turn_ids_and_a_refusal_changes_nothing(encoder):
 def test_empty_tenant_retrieval_has_no_hits_and_no_rerank_call(encoder):
     index = TenantIndex("empty", encoder.dim)
     reranker = FakeReranker()
-    result = retrieve(index, "anything", encoder.encode(["anything"])[0], config=RetrievalConfig(),
+    result = retrieve(index, "anything", encoder.encode(["anything"])[0], k=10, config=RetrievalConfig(),
                       reranker=reranker, outcome_id="o")
     assert result.hits == () and result.outcome is None and reranker.calls == []
 
