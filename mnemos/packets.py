@@ -410,8 +410,7 @@ def hidden_candidates(index: TenantIndex, query: str, query_embedding: np.ndarra
     """The best ``limit`` entries the unfiltered retrievers (BM25 and, with an embedding, dense,
     ``depth`` deep, fused by RRF with ``rrf_k``, the retrieval's own) rank that ``entry_filter``
     keeps out: ``not_visible_at_as_of`` when its ``as_of`` alone hides every turn of the entry, else
-    ``filtered``. ``[]`` without a
-    restricting filter. No score: they were never reranked."""
+    ``filtered``. ``[]`` without a restricting filter. No score: they were never reranked."""
     if entry_filter is None or entry_filter.is_open or limit <= 0:
         return []
     lists = [[eid for eid, _ in index.bm25.search(query, depth, None)]]
