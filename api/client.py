@@ -65,6 +65,17 @@ RETRIEVAL_JOB = "workers.query.retrieval_job"  # resolved by the query worker, n
 JOB_ID_PREFIX = "mnemos-"  # every retrieval's rq job id starts with it (job_id_for)
 INGEST_GROUP = "ingest"  # the turns stream's consumer group (workers.ingest.GROUP): it acknowledges after the commit
 T = TypeVar("T")
+
+
+class _LimitsDefaultK:
+    """The ``k`` of a retrieval that names none: the client's ``limits.default_k`` (an explicit None is
+    still refused as not an integer)."""
+
+    def __repr__(self) -> str:
+        return "limits.default_k"
+
+
+LIMITS_DEFAULT_K: Any = _LimitsDefaultK()
 _TERMINAL_FAILURES = {JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
 
 
@@ -214,7 +225,7 @@ class MnemosClient:
 
     # retrieval ------------------------------------------------------------------------------
 
-    def retrieve(self, tenant_id: str, query: str, k: int | None = None, *, as_of: datetime | str | None = None,
+    def retrieve(self, tenant_id: str, query: str, k: int = LIMITS_DEFAULT_K, *, as_of: datetime | str | None = None,
                  filters: Mapping[str, Any] | None = None, request_id: str | None = None,
                  timeout_s: float | None = None, budget_tokens: int | None = None) -> RetrievalResult:
         """Ask the query workers for the ``k`` best memories (default: the limits' ``default_k``, which a
@@ -236,7 +247,7 @@ class MnemosClient:
         within ``timeout_s`` (default ``retrieve_timeout_s``); ServiceUnavailable when Redis fails.
         """
         payload: dict[str, Any] = {"v": 1, "tenant_id": tenant_id, "query": query,
-                                   "k": self.limits.default_k if k is None else k}
+                                   "k": self.limits.default_k if k is LIMITS_DEFAULT_K else k}
         if request_id is not None:
             payload["request_id"] = request_id
         if as_of is not None:

@@ -266,8 +266,8 @@ def retrieve(ctx: click.Context, tenant: str, k: int | None, timeout_s: float | 
         filters["occurred_after"] = occurred_after
     client = _client(_settings(ctx))
     try:
-        result = client.retrieve(tenant, question, k=k, timeout_s=timeout_s, as_of=as_of, filters=filters or None,
-                                 budget_tokens=budget_tokens)
+        result = client.retrieve(tenant, question, k=client.limits.default_k if k is None else k, timeout_s=timeout_s,
+                                 as_of=as_of, filters=filters or None, budget_tokens=budget_tokens)
     except MnemosClientError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(result.to_payload(), indent=2) if as_json else format_result(tenant, question, result))

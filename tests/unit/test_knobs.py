@@ -185,9 +185,9 @@ def test_the_client_fills_in_its_limits_default_k(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(api.client.RetrievalRequest, "parse", staticmethod(parse))
     client = MnemosClient(redis.Redis(), limits=limits_of(Settings(default_k=7)))
-    for k, sent in ((None, 7), (3, 3)):
+    for kwargs, sent in (({}, 7), ({"k": 3}, 3), ({"k": None}, None)):  # an explicit None is refused by parse
         with pytest.raises(_Sent) as caught:
-            client.retrieve("t", "q", k=k)
+            client.retrieve("t", "q", **kwargs)
         assert caught.value.args[0]["k"] == sent
     with pytest.raises(_Sent) as caught:
         MnemosClient(redis.Redis()).retrieve("t", "q")
