@@ -21,8 +21,10 @@ With ``MNEMOS_SHARD_MAP`` every shard has its own Redis and Postgres. :func:`mov
 6. **flip**: no marker on the target, the target's number on the source (and on the ring's home
    shard, when that is a third shard). Held clients go on to the target.
 
-A failure before step 3 commits removes the freeze: the tenant serves from the source as before. A
-failure after it leaves the tenant frozen and is resumed by running the same move again: it finds
+A failure before step 3 commits removes the freeze (unless the move was itself a resumed one): the
+tenant serves from the source as before, and the messages its source workers left pending meanwhile
+are claimed again after ``MNEMOS_CLAIM_IDLE_MS``. A failure after it leaves the tenant frozen and is
+resumed by running the same move again: it finds
 the freeze, rebuilds the id map by turn id when the copy is already on the target, and finishes
 steps 4 to 6. One move of a tenant at a time.
 """
@@ -139,7 +141,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
             delete_tenant(a, tenant_id)
         _flip(connections, settings, tenant_id, source, target)
     except Exception as exc:
-        if not copied:
+        if not copied and not resumed:  # a resumed move may have its copy on the target: it stays frozen
             connections[source].hdel(src_key, tenant_id)
             raise TenantMoveError(f"moving tenant {tenant_id!r} failed before its rows were copied ({exc}); it is "
                                   f"served by shard {source} as before") from exc
