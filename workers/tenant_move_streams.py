@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import redis
 
@@ -55,7 +56,7 @@ class StreamMove:
     deleted: int  # deleted from the source's stream (every entry of the tenant)
 
 
-def _text(value: bytes | str) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -63,7 +64,8 @@ def tenant_entries(connection: redis.Redis, stream: str, tenant_id: str) -> Iter
     """Every entry of ``stream`` whose ``tenant_id`` field is ``tenant_id``, in stream order."""
     start = "-"
     while True:
-        chunk = connection.xrange(stream, min=start, max="+", count=SCAN_COUNT)
+        chunk: list[tuple[bytes, dict[bytes, bytes]]] = cast(Any, connection.xrange(stream, min=start, max="+",
+                                                                                    count=SCAN_COUNT)) or []
         for raw_id, fields in chunk:
             if _text(fields.get(b"tenant_id", b"")) == tenant_id:
                 yield _text(raw_id), fields
