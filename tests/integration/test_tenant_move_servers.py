@@ -5,7 +5,8 @@ Two throwaway ``redis-server`` processes and two Postgres databases, an ingest w
 running in a thread. Tenant T (ring shard 0) has stored turns, an alias, a forgotten turn (a
 tombstone), suppression scores and a ledger row on shard 0, and tenant V on shard 1 holds the same
 entry ids there, so T's ids must be renumbered. A thread keeps publishing T's turns through the
-client while :func:`workers.tenant_move.move_tenant` moves T to shard 1; then every published turn
+client while :func:`workers.tenant_move.move_tenant` moves T to shard 1, and shard 0's ingest worker
+holds some of T's turns, read and waiting for T's lock, when the move begins; then every published turn
 is stored on shard 1 exactly once, nothing of T is left in shard 0's database or streams, its alias,
 scores, ledger and tombstone point at its new ids, a retrieval through the client is answered by
 shard 1, and tenant U, also on shard 0, is untouched. ``mnemos reshard move`` then takes T home.
@@ -18,6 +19,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,8 @@ from workers.connections import redis_client
 from workers.migrate import migrate_shards
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.tenant_move import move_tenant
+from workers.store.rows import TenantLock
+from workers.tenant_move import MoveReport, move_tenant
 
 pytestmark = pytest.mark.integration
 SHARDS = 2
@@ -145,6 +148,29 @@ def _seed(client: MnemosClient, cluster: ShardCluster, t: str, u: str, v: str) -
     client.connections[0].xadd(own.outcomes_stream, pending.to_stream_fields())  # type: ignore[arg-type]
 
 
+def _waiting_ingest_locks(url: str) -> int:
+    """Transactions of ``url``'s database waiting for a tenant's ingest lock (an advisory lock)."""
+    return int(_rows(url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                     " AND classid = %s", int(TenantLock.INGEST))[0][0])
+
+
+def _move_with_turns_in_flight(settings: Settings, client: MnemosClient, tenant: str, held: list[str],
+                               lines: list[str]) -> MoveReport:
+    """Move ``tenant`` to shard 1 while shard 0's ingest worker holds its ``held`` turns, read and waiting
+    for the tenant's lock (the test holds it); the move queues behind that worker for the same lock."""
+    source = settings.for_shard(0)
+    with psycopg.connect(source.database_url, autocommit=True) as blocker:
+        blocker.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (int(TenantLock.INGEST), tenant))
+        client.publish_turns([turn(tenant, turn_id, f"held note {turn_id}", session="held") for turn_id in held])
+        _wait_for(lambda: _waiting_ingest_locks(source.database_url) == 1, "shard 0's worker to wait for the lock")
+        with ThreadPoolExecutor(1) as pool:
+            moving = pool.submit(move_tenant, settings, tenant, 1, echo=lines.append)
+            _wait_for(lambda: _waiting_ingest_locks(source.database_url) == 2 or moving.done(),
+                      "the move to wait for the lock")
+            blocker.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (int(TenantLock.INGEST), tenant))
+            return moving.result(timeout=WAIT_S)
+
+
 def _apply_outcomes_on(own: Settings, client: MnemosClient, stack: ExitStack) -> None:
     """One pass of a suppression worker of ``own``'s shard over its outcomes stream."""
     store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role))
@@ -171,18 +197,20 @@ def test_a_tenant_moves_to_another_shard_s_servers_while_its_turns_arrive(cluste
         publisher.start()
         _wait_for(lambda: len(publisher.published) >= 10, "turns published before the move")
         lines: list[str] = []
-        report = move_tenant(settings, t, 1, echo=lines.append)
+        held = [f"held-{n}" for n in range(5)]
+        report = _move_with_turns_in_flight(settings, client, t, held, lines)
         at_flip = len(publisher.published)
         _wait_for(lambda: len(publisher.published) >= at_flip + 10, "turns published after the move")
         publisher.stop.set()
         publisher.join(timeout=WAIT_S)
         assert publisher.error is None, publisher.error
-        expected = {f"T-{n}" for n in range(8)} - {"T-1"} | {"T-dup", *publisher.published}
+        expected = {f"T-{n}" for n in range(8)} - {"T-1"} | {"T-dup", *held, *publisher.published}
         _wait_for(lambda: set(_turn_ids(b, t)) == expected, "every published turn of T stored on shard 1")
 
         stored = _turn_ids(b, t)
         assert len(stored) == len(expected)  # 0 lost, 0 duplicated
         assert (report.source, report.target, report.outcomes.moved) == (0, 1, 1) and report.entries >= 8
+        assert report.turns.moved >= len(held)  # held on shard 0: read by its waiting worker, or not read yet
         assert lines[-1].startswith("routing")
         assert postgres_tenants(a) == {u} and t not in redis_tenants(client.connections[0])
         assert _rows(a, "SELECT entry_id, turn_id, text FROM entries WHERE tenant_id = %s ORDER BY entry_id",
