@@ -32,6 +32,7 @@ from api.client import MnemosClient
 from api.schemas import Outcome, PoolRow
 from tests.integration.factories import (
     conversation_turns,
+    drain,
     ingest_worker,
     query_service,
     retrieve_on_shard,
@@ -263,3 +264,44 @@ def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[st
         assert redis_client(settings.for_shard(shard)).hget(key, tenant) == (None if shard == 0 else b"0")
     again = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant, "--to", "0"], env=env)
     assert again.exit_code == 1 and "served by shard 0 already" in again.output
+
+
+def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluster: ShardCluster,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.tenant_move as tenant_move
+    from workers.errors import StoreError, TenantMoveError
+
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    t, _, _ = _tenants()
+    client = sharded_client(settings)
+    client.publish_turns(conversation_turns(t, "T-"))
+    own = settings.for_shard(0)
+    with PostgresStore(own.database_url, own.db_app_role) as store:
+        assert drain(ingest_worker(own, client.connections[0], store)) == 8
+    marker = sharding.directory_key(settings.stream_prefix, 0, SHARDS)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("injected")
+
+    monkeypatch.setattr(tenant_move, "copy_tenant", broken)
+    with pytest.raises(TenantMoveError, match="before its rows were copied .* served by shard 0 as before"):
+        move_tenant(settings, t, 1, echo=lambda _: None)
+    assert client.connections[0].hget(marker, t) is None and t not in postgres_tenants(b)
+
+    monkeypatch.undo()
+    client.publish_turns([turn(t, f"late-{n}", f"late note {n}", session="late") for n in range(2)])  # pending
+    monkeypatch.setattr(tenant_move, "move_turns", broken)
+    with pytest.raises(TenantMoveError, match="after its rows were copied to shard 1 .* stays frozen"):
+        move_tenant(settings, t, 1, echo=lambda _: None)
+    assert client.connections[0].hget(marker, t) == b"frozen" and len(_turn_ids(b, t)) == 8 == len(_turn_ids(a, t))
+
+    monkeypatch.undo()
+    report = move_tenant(settings, t, 1, echo=lambda _: None)
+    assert report.resumed and report.turns.moved == 2 and client.shard_of(t) == 1
+    target = settings.for_shard(1)
+    with PostgresStore(target.database_url, target.db_app_role) as store:
+        assert drain(ingest_worker(target, client.connections[1], store)) == 2
+    assert set(_turn_ids(b, t)) == {f"T-{n}" for n in range(8)} | {"late-0", "late-1"}
+    assert t not in postgres_tenants(a) and t not in redis_tenants(client.connections[0])
