@@ -21,7 +21,9 @@ With ``shards`` > 1 (docs/scaling.md) a tenant's turns, forgets and retrievals a
 (:mod:`api.sharding`): the shard's turns stream and rq queue, served by that shard's workers only.
 Given one Redis client per shard (each shard on its own server), the client talks to a tenant's
 shard's Redis only, and a shard whose Redis fails raises :class:`ShardUnavailable` naming it, for
-that shard's tenants alone.
+that shard's tenants alone. A tenant moved off its ring shard (``mnemos reshard move``) is found
+through the tenant directory (:mod:`api.directory`): publishes check it atomically with the append,
+and every call for a tenant being moved is held until the move has flipped its routing.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from rq.serializers import JSONSerializer
 
 from api import sharding
 from api.catalog import CATALOG_JOB, CatalogRequest, CatalogResult, SessionSummary, TurnRecord
+from api.directory import Directory
 from api.errors import (
     InvalidInputError,
     NoQueryWorker,
@@ -96,6 +99,8 @@ class MnemosClient:
             worker of ``queue_name`` has a live heartbeat (``api.heartbeats``); False waits for
             one instead, up to the timeout (workers older than heartbeats write none).
         shards: how many shards the deployment routes tenants to (``MNEMOS_SHARDS``; 1: unsharded).
+        move_wait_s: with shards, how long a call for a tenant being moved between shards waits for
+            the move to finish before :class:`~api.errors.TenantMoving` (seconds).
 
     Raises:
         ValueError: if ``shards`` < 1, or ``connection`` is a sequence not of ``shards`` clients.
@@ -104,7 +109,8 @@ class MnemosClient:
     def __init__(self, connection: redis.Redis | Sequence[redis.Redis], *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",
                  limits: Limits | None = None, retrieve_timeout_s: float = 30.0, job_timeout_s: int = 60,
                  result_ttl_s: int = 600, require_query_worker: bool = True,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), shards: int = 1) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), shards: int = 1,
+                 move_wait_s: float = 30.0) -> None:
         connections: list[redis.Redis] = (list(connection) if isinstance(connection, (list, tuple))
                                           else [cast(redis.Redis, connection)] * shards)
         if len(connections) != shards:
@@ -124,12 +130,19 @@ class MnemosClient:
         self.queues = [Queue(sharding.queue_name(queue_name, shard, shards), connection=connections[shard],
                              serializer=JSONSerializer) for shard in range(shards)]
         self.queue = self.queues[0]  # unsharded: the only one; else see queue_of
+        self.directory = Directory(connections, stream_prefix, wait_s=move_wait_s) if shards > 1 else None
 
     # shards ---------------------------------------------------------------------------------
 
-    def shard_of(self, tenant_id: str) -> int:
-        """The shard that serves ``tenant_id`` (always 0 when unsharded)."""
+    def home_shard(self, tenant_id: str) -> int:
+        """The ring's shard of ``tenant_id`` (always 0 when unsharded), before any move."""
         return self.ring.shard_of(tenant_id)
+
+    def shard_of(self, tenant_id: str) -> int:
+        """The shard that serves ``tenant_id`` now (always 0 when unsharded): its ring shard, unless the
+        tenant directory says it moved (waits while it is being moved; :mod:`api.directory`)."""
+        home = self.home_shard(tenant_id)
+        return home if self.directory is None else self.directory.resolve(tenant_id, home)
 
     def turns_stream_of(self, tenant_id: str) -> str:
         """The turns stream of ``tenant_id``'s shard."""
@@ -174,6 +187,8 @@ class MnemosClient:
                 raise InvalidInputError(exc.reason, f"turns[{index}].{exc.field}", exc.detail) from exc
         if not checked:
             return []
+        if self.directory is not None:
+            return self.directory.publish([(t.tenant_id, self._fields(t, readd)) for t in checked], self.home_shard)
         by_shard: dict[int, list[int]] = {}  # shard -> indexes of its turns, in order
         for index, turn in enumerate(checked):
             by_shard.setdefault(self.shard_of(turn.tenant_id), []).append(index)
@@ -183,10 +198,7 @@ class MnemosClient:
             try:
                 pipe = self.connections[shard].pipeline(transaction=False)
                 for index in indexes:
-                    fields = checked[index].to_stream_fields()
-                    if readd:
-                        fields[READD_FIELD] = "1"
-                    pipe.xadd(stream, fields)  # type: ignore[arg-type]
+                    pipe.xadd(stream, self._fields(checked[index], readd))  # type: ignore[arg-type]
                 for index, stream_id in zip(indexes, pipe.execute(), strict=True):
                     ids[index] = _sid(stream_id)
             except redis.RedisError as exc:
@@ -194,6 +206,13 @@ class MnemosClient:
                 sent = f" (the turns of shard(s) {', '.join(map(str, done))} were published)" if done else ""
                 raise self._unavailable(shard, f"cannot publish to {stream}: {exc}{sent}") from exc
         return ids
+
+    @staticmethod
+    def _fields(turn: Turn, readd: bool) -> dict[str, str]:
+        fields = {key: str(value) for key, value in turn.to_stream_fields().items()}
+        if readd:
+            fields[READD_FIELD] = "1"
+        return fields
 
     def forget(self, tenant_id: str, *, session_id: str | None = None,
                turn_ids: Iterable[str] | None = None) -> str:
@@ -216,6 +235,9 @@ class MnemosClient:
         elif turn_ids is not None:
             values.update(scope=ForgetScope.TURNS.value, turn_ids=list(turn_ids))
         request = ForgetRequest.parse(values, self.limits)
+        if self.directory is not None:
+            fields = {key: str(value) for key, value in request.to_stream_fields().items()}
+            return self.directory.publish([(request.tenant_id, fields)], self.home_shard)[0]
         stream = self.turns_stream_of(request.tenant_id)
         try:
             stream_id = self.connection_of(request.tenant_id).xadd(stream, request.to_stream_fields())  # type: ignore[arg-type]
@@ -259,10 +281,10 @@ class MnemosClient:
         request = RetrievalRequest.parse(payload, self.limits)
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
         job_id = job_id_for(request.tenant_id, request.request_id)
-        queue = self.queue_of(request.tenant_id)
-        connection = self.connection_of(request.tenant_id)
+        shard = self.shard_of(request.tenant_id)
+        queue, connection = self.queues[shard], self.connections[shard]
         try:
-            if self.require_query_worker and not self.query_workers(request.tenant_id):
+            if self.require_query_worker and not self._live_query_workers([queue]):
                 raise NoQueryWorker(queue.name, self.stream_prefix)
             claim_ttl_s = int(timeout) + 5 + self.job_timeout_s + self.result_ttl_s  # queued + running + kept
             if not claim_request_id(connection, f"{self.stream_prefix}:request:{job_id}",
@@ -276,11 +298,11 @@ class MnemosClient:
                 job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
                 failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5,  # backstop: never runs long after we gave up
             )
-            return self._wait(job, request.request_id, timeout, lambda result: self._from_result(request, result),
-                              shard=self._shard_named(request.tenant_id),
+            return self._wait(job, request.request_id, timeout,
+                              lambda result: self._from_result(request, result, shard), shard=self._named(shard),
                               after=after)
         except redis.RedisError as exc:
-            raise self._unavailable(self.shard_of(request.tenant_id), f"retrieval {request.request_id}: {exc}") from exc
+            raise self._unavailable(shard, f"retrieval {request.request_id}: {exc}") from exc
 
     # catalog and ingestion -----------------------------------------------------------------
 
@@ -300,7 +322,8 @@ class MnemosClient:
     def _catalog(self, values: Mapping[str, Any], timeout_s: float | None) -> CatalogResult:
         request = CatalogRequest.parse(values, self.limits)
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
-        queue = self.queue_of(request.tenant_id)
+        shard = self.shard_of(request.tenant_id)
+        queue = self.queues[shard]
 
         def parse(result: Result) -> CatalogResult:
             if result.type != Result.Type.SUCCESSFUL:
@@ -312,23 +335,24 @@ class MnemosClient:
             return answer
 
         try:
-            if self.require_query_worker and not self.query_workers(request.tenant_id):
+            if self.require_query_worker and not self._live_query_workers([queue]):
                 raise NoQueryWorker(queue.name, self.stream_prefix)
             job = queue.enqueue(CATALOG_JOB, request.to_payload(), job_id=job_id_for(request.tenant_id,
                                                                                        request.request_id),
                                 job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
                                 failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5)
-            return self._wait(job, request.request_id, timeout, parse, shard=self._shard_named(request.tenant_id))
+            return self._wait(job, request.request_id, timeout, parse, shard=self._named(shard))
         except redis.RedisError as exc:
-            raise self._unavailable(self.shard_of(request.tenant_id), f"catalog {request.request_id}: {exc}") from exc
+            raise self._unavailable(shard, f"catalog {request.request_id}: {exc}") from exc
 
     def acknowledged(self, tenant_id: str, stream_id: str) -> bool:
         """True once the ingest group has acknowledged message ``stream_id`` of ``tenant_id``'s turns
         stream (a value :meth:`publish_turn` or :meth:`forget` returned): an ingest worker committed
         it (stored the turn, applied the forget) or refused it as a dead letter, so the next retrieval
         sees its effect. False while it waits or is being processed. Raises ServiceUnavailable."""
-        stream = self.turns_stream_of(tenant_id)
-        connection = self.connection_of(tenant_id)
+        shard = self.shard_of(tenant_id)
+        stream = sharding.turns_stream(self.stream_prefix, shard, self.shards)
+        connection = self.connections[shard]
         try:
             groups = connection.xinfo_groups(stream)
             group = next((g for g in groups if _sid(g["name"]) == INGEST_GROUP), None)
@@ -338,9 +362,9 @@ class MnemosClient:
         except redis.ResponseError as exc:
             if "no such key" in str(exc).lower():
                 return False
-            raise self._unavailable(self.shard_of(tenant_id), f"cannot read the ingest group of {stream}: {exc}") from exc
+            raise self._unavailable(shard, f"cannot read the ingest group of {stream}: {exc}") from exc
         except redis.RedisError as exc:
-            raise self._unavailable(self.shard_of(tenant_id), f"cannot read the ingest group of {stream}: {exc}") from exc
+            raise self._unavailable(shard, f"cannot read the ingest group of {stream}: {exc}") from exc
 
     def wait_acknowledged(self, tenant_id: str, stream_id: str, timeout_s: float,
                           poll_s: float = 0.01) -> bool:
@@ -356,7 +380,9 @@ class MnemosClient:
     def query_workers(self, tenant_id: str | None = None) -> list[WorkerBeat]:
         """The query workers with a live heartbeat taking jobs from ``tenant_id``'s shard's queue, or
         (None) from any of this client's queues (redis.RedisError if Redis fails)."""
-        queues = [self.queue_of(tenant_id)] if tenant_id is not None else self.queues
+        return self._live_query_workers([self.queue_of(tenant_id)] if tenant_id is not None else self.queues)
+
+    def _live_query_workers(self, queues: Sequence[Queue]) -> list[WorkerBeat]:
         names = {q.name for q in queues}
         connections = list({id(q.connection): q.connection for q in queues}.values())  # each Redis once
         return [b for connection in connections for b in worker_beats(connection, self.stream_prefix, "query")
@@ -389,9 +415,9 @@ class MnemosClient:
                 job.cancel()  # nobody will read its result any more
         raise RetrievalTimeout(request_id, timeout_s, None if status is None else status.value, shard)
 
-    def _shard_named(self, tenant_id: str) -> int | None:
-        """The shard an error names: the tenant's, with more than one shard."""
-        return self.shard_of(tenant_id) if self.shards > 1 else None
+    def _named(self, shard: int) -> int | None:
+        """The shard an error names: ``shard``, with more than one shard."""
+        return shard if self.shards > 1 else None
 
     @staticmethod
     def _status(job: Job) -> JobStatus | None:
@@ -400,14 +426,14 @@ class MnemosClient:
         except (InvalidJobOperation, NoSuchJobError):
             return None
 
-    def _from_result(self, request: RetrievalRequest, result: Result) -> RetrievalResult:
+    def _from_result(self, request: RetrievalRequest, result: Result, shard: int = 0) -> RetrievalResult:
         if result.type == Result.Type.SUCCESSFUL:
             answer = RetrievalResult.from_payload(result.return_value)  # type: ignore[arg-type]
             if (answer.tenant_id, answer.request_id) != (request.tenant_id, request.request_id):
                 raise RetrievalFailed(request.request_id, "mismatched", "the result belongs to another request")
             return answer
         detail = result.exc_string or result.type.name
-        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._shard_named(request.tenant_id))
+        raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._named(shard))
 
 
 def job_id_for(tenant_id: str, request_id: str) -> str:

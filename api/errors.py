@@ -86,6 +86,17 @@ class ShardUnavailable(ServiceUnavailable):
         self.shard = shard
 
 
+class TenantMoving(ShardUnavailable):
+    """Raised when a tenant stayed frozen by a move between shards (``mnemos reshard move``) for longer
+    than the client waits: its publishes, forgets and retrievals are held while its rows and pending
+    turns are copied, and nothing of this call was sent. Retry once the move has finished."""
+
+    def __init__(self, shard: int, tenant_id: str, waited_s: float) -> None:
+        super().__init__(shard, f"tenant {tenant_id!r} is being moved to another shard (waited {waited_s:g}s); "
+                                "nothing was sent, retry when the move has finished")
+        self.tenant_id = tenant_id
+
+
 class NoQueryWorker(ServiceUnavailable):
     """Raised by ``retrieve`` at once, before anything is enqueued, when no query worker of the
     client's queue has a live heartbeat (none runs, or all stopped longer ago than their TTL)."""

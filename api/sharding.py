@@ -91,6 +91,15 @@ def dead_letter_stream(prefix: str, shard: int = 0, shards: int = 1) -> str:
     return f"{prefix}:turns:dead{shard_suffix(shard, shards)}"
 
 
+def directory_key(prefix: str, shard: int = 0, shards: int = 1) -> str:
+    """The tenant directory of a shard's Redis: ``<prefix>:directory[:{shard-n}]``, a hash of the tenants
+    this shard does *not* serve although the ring or an earlier move sends clients here, each to
+    ``"frozen"`` (being moved: hold its publishes and retrievals) or to the shard that serves it now
+    (``api.directory``, docs/scaling.md "Moving a tenant between shards"). Its hash tag is the shard's,
+    so a script may read it and append to the shard's turns stream atomically."""
+    return f"{prefix}:directory{shard_suffix(shard, shards)}"
+
+
 def queue_name(base: str, shard: int = 0, shards: int = 1) -> str:
     """The rq queue of a shard's retrievals: ``<base>[:{shard-n}]``."""
     return f"{base}{shard_suffix(shard, shards)}"

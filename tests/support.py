@@ -12,8 +12,12 @@ default test settings).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,6 +25,7 @@ import pytest
 import redis
 from psycopg import sql
 
+from bench.fault_servers import RedisServer, redis_binaries
 from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
 from workers.migrate import ensure_database, run_migrations
 from workers.settings import FAKE_MODEL, Settings
@@ -120,3 +125,67 @@ def delete_test_keys(client: redis.Redis, settings: Settings) -> None:
 def store(settings: Settings) -> Iterator[PostgresStore]:
     with PostgresStore(settings.database_url, settings.db_app_role) as value:
         yield value
+
+
+# shards on their own servers ----------------------------------------------------------------------
+
+
+@dataclass
+class ShardCluster:
+    """Shards each on its own throwaway ``redis-server`` and Postgres database (MNEMOS_SHARD_MAP)."""
+
+    settings: Settings  # MNEMOS_SHARD_MAP of every shard; shard 0's view
+    servers: list[RedisServer]
+    database_urls: list[str]
+
+
+def drop_database(url: str) -> None:
+    """Drop the database of ``url`` (its last path part) on the loopback Postgres, if it exists."""
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(url.rsplit("/", 1)[1])))
+
+
+def shard_map_json(redis_urls: list[str], database_urls: list[str]) -> str:
+    """A MNEMOS_SHARD_MAP naming shard n's Redis and database as the n-th of each list."""
+    return json.dumps({str(n): {"redis_url": r, "database_url": d}
+                       for n, (r, d) in enumerate(zip(redis_urls, database_urls, strict=True))})
+
+
+@contextmanager
+def shard_cluster(settings: Settings, workdir: Path, shards: int) -> Iterator[ShardCluster]:
+    """``shards`` redis-servers on spare ports and as many (not yet created) databases named after them,
+    stopped and dropped afterwards; skips the test when ``redis-server`` is not installed."""
+    if not redis_binaries():
+        pytest.skip("redis-server is not installed")
+    servers = [RedisServer(workdir / f"shard-{n}") for n in range(shards)]
+    databases = [f"postgresql://postgres@127.0.0.1:5432/mnemos_test_shard{n}_{uuid.uuid4().hex[:8]}"
+                 for n in range(shards)]
+    try:
+        for server in servers:
+            server.start()
+        shard_map = shard_map_json([s.url for s in servers], databases)
+        yield ShardCluster(settings.replace(shards=shards, shard_map=shard_map), servers, databases)
+    finally:
+        for server in servers:
+            server.stop()
+        for url in databases:
+            drop_database(url)
+
+
+def redis_tenants(connection: redis.Redis) -> set[str]:
+    """Every tenant id in any stream of this Redis (turns, outcomes, dead letters)."""
+    tenants: set[str] = set()
+    for key in connection.scan_iter():
+        if connection.type(key) == b"stream":
+            tenants |= {f[b"tenant_id"].decode() for _, f in connection.xrange(key) if b"tenant_id" in f}
+    return tenants
+
+
+def postgres_tenants(url: str) -> set[str]:
+    """Every tenant id in any table of this database (as the superuser: row-level security does not hide rows)."""
+    with psycopg.connect(url) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT DISTINCT c.table_name FROM information_schema.columns c JOIN pg_class p ON p.relname = "
+            "c.table_name WHERE c.column_name = 'tenant_id' AND c.table_schema = 'public' AND NOT p.relispartition")]
+        return {r[0] for t in tables for r in conn.execute(
+            sql.SQL("SELECT DISTINCT tenant_id::text FROM {}").format(sql.Identifier(t)))}

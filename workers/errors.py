@@ -103,3 +103,9 @@ class EmbeddingVersionError(StoreStateError):
 
 class ReindexError(WorkerError):
     """Raised when ``mnemos reindex`` is asked for a tenant the store does not hold."""
+
+
+class TenantMoveError(WorkerError):
+    """Raised by ``mnemos reshard move`` when a tenant cannot be moved between shards (no shard map, the
+    tenant already on the target, a move of it under way, or a step that failed); the message says
+    where the tenant is left (serving from its source, or frozen until the move is run again)."""

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 import numpy as np
 import redis
 
+from api.directory import marked
 from api.errors import InvalidInputError, Reason
 from api.forget import ForgetRequest, is_forget_message, is_readd
 from api.schemas import Turn
@@ -71,6 +72,11 @@ GROUP = "ingest"
 UPSTREAM_LOSS = ("turns and forget events not yet stored or applied, and the copies on the dead-letter stream "
                  "(the dead_letters table keeps them); publish those turns again (a turn id is stored "
                  "once, a redelivery is skipped) and any forget that did not take effect")
+
+
+class _MovedAway(Exception):
+    """Raised under a tenant's lock when this shard's directory marks it as moved away (or being moved):
+    the transaction rolls back and the tenant's items stay pending (docs/scaling.md "Moving a tenant between shards")."""
 
 
 @dataclass
@@ -215,17 +221,21 @@ class IngestWorker:
             if isinstance(item, _Pending):
                 continue
             run = [p for p in items[start:position] if isinstance(p, _Pending)]
-            if run:
-                try:
+            try:
+                if run:
                     totals.add(self._write_tenant(tenant_id, run))
-                except EmbeddingVersionError as exc:  # left pending for a worker of the tenant's version
-                    log.error("ingest worker refuses %d turns: %s", len(items) - start, exc)
-                    self.metrics.version_refusal("ingest", len(run))
-                    totals.refused.update(i.message.stream_id for i in items[start:])
-                    return
-            if isinstance(item, _Forget):
-                self._forget(tenant_id, item)
-                totals.forgets.append(item)
+                if isinstance(item, _Forget):
+                    self._forget(tenant_id, item)
+                    totals.forgets.append(item)
+            except EmbeddingVersionError as exc:  # left pending for a worker of the tenant's version
+                log.error("ingest worker refuses %d turns: %s", len(items) - start, exc)
+                self.metrics.version_refusal("ingest", len(run))
+                totals.refused.update(i.message.stream_id for i in items[start:])
+                return
+            except _MovedAway:  # the move took (or takes) these messages to the tenant's new shard
+                log.info("ingest worker leaves %d messages of a tenant being moved or moved away", len(items) - start)
+                totals.refused.update(i.message.stream_id for i in items[start:])
+                return
             start = position + 1
 
     def _forget(self, tenant_id: str, item: _Forget) -> None:
@@ -233,6 +243,7 @@ class IngestWorker:
         (:func:`workers.forget.apply_forget`)."""
         with self.store.tenant(tenant_id) as tx:
             tx.lock(TenantLock.INGEST)
+            self._check_not_moved(tenant_id)
             report = apply_forget(tx, item.request, item.message.stream_id)
         self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
@@ -272,6 +283,7 @@ class IngestWorker:
         with self.store.tenant(tenant_id) as tx:
             tx.create_tenant(self.version.rendering, self.version.dim)
             tx.lock(TenantLock.INGEST)
+            self._check_not_moved(tenant_id)
             record = require_tenant_version(tx, self.version, adopt=True)  # never mix versions in a tenant
             fresh = self._drop_known(tx, pending, outcome)
             canon = self._load_canonicals(tx, 0 if record is None else record.forget_version)
@@ -311,6 +323,13 @@ class IngestWorker:
             tx.record_dead_letters(outcome.conflicts or [])
         self._remember(tenant_id, canon, new_ids, new_vectors, new_signatures)  # only after the commit
         return outcome
+
+    def _check_not_moved(self, tenant_id: str) -> None:
+        """Under the tenant's lock: raise _MovedAway when this shard's directory marks the tenant (a move
+        froze it before taking the same lock, so a marker read here is never too early or too late)."""
+        s = self.settings
+        if marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant_id):
+            raise _MovedAway(tenant_id)
 
     def _drop_known(self, tx: TenantSession, pending: Sequence[_Pending], outcome: _TenantOutcome) -> list[_Pending]:
         """Pending turns not stored yet; redeliveries are skipped, conflicting turn ids dead-lettered,

@@ -31,6 +31,7 @@ import time
 import numpy as np
 import redis
 
+from api.directory import marked
 from api.errors import InvalidInputError, Reason
 from api.schemas import Outcome as OutcomeMessage
 from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas, warm_up_kmeans
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 GROUP = "suppression"
 UPSTREAM_LOSS = ("outcomes not yet applied: their suppression updates are gone (answers are unaffected; "
                  "suppression learns on from the next outcomes)")
+
+
+class _MovedAway(Exception):
+    """Raised when an outcome's tenant is marked in this shard's directory (being moved or moved away)."""
 
 
 class SuppressionWorker:
@@ -69,6 +74,7 @@ class SuppressionWorker:
 
     def handle(self, batch: list[StreamMessage]) -> list[str]:
         rejected: list[DeadLetter] = []
+        left: set[str] = set()  # outcomes of a tenant being moved or moved away: the move takes them
         for message in batch:
             try:
                 outcome = OutcomeMessage.from_stream_fields(message.fields)
@@ -76,12 +82,15 @@ class SuppressionWorker:
                 rejected.append(DeadLetter(self.settings.outcomes_stream, message.stream_id, exc.reason.value,
                                            str(exc), payload=payload_of(message.fields)))
                 continue
-            self.apply(outcome, message.stream_id)
+            try:
+                self.apply(outcome, message.stream_id)
+            except _MovedAway:
+                left.add(message.stream_id)
         if rejected:
             self.store.record_dead_letters(rejected)
             for letter in rejected:
                 self.metrics.rejected(letter.reason, turn=False)
-        return [m.stream_id for m in batch]
+        return [m.stream_id for m in batch if m.stream_id not in left]
 
     def apply(self, message: OutcomeMessage, stream_id: str | None = None) -> bool:
         """Apply one outcome in one transaction; False when the ledger says it was applied before."""
@@ -104,6 +113,9 @@ class SuppressionWorker:
                 return False
             # the tenant row's lock serialises this tenant's writers: versions follow commit order
             tx.bump_suppression_version(outcome.outcome_id)
+            s = self.settings  # after the tenant row's lock, which a move holds: its marker is set by then
+            if marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant_id):
+                raise _MovedAway(tenant_id)  # rolls back, left pending: docs/scaling.md "Moving a tenant between shards"
             tx.add_suppression(deltas)
             if message.query_embedding is not None and self.settings.clusters_k > 1:
                 froze = self._buffer(tx, outcome.outcome_id, np.asarray(message.query_embedding))

@@ -29,6 +29,35 @@ def client_for(settings: Settings, connection: redis.Redis) -> MnemosClient:
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s)
 
 
+def sharded_client(settings: Settings, **options: Any) -> MnemosClient:
+    """A client of every shard of ``settings`` (one Redis client per shard, from its shard map)."""
+    from workers.connections import redis_client
+
+    connections = [redis_client(settings.for_shard(s)) for s in range(settings.shards)]
+    return MnemosClient(connections, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
+                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
+                        shards=settings.shards, **options)
+
+
+def retrieve_on_shard(client: MnemosClient, tenant: str, service: Any, query: str = "cello teacher",
+                      k: int = 3) -> list[str]:
+    """``client.retrieve`` in a thread, answered by a burst of a query worker of ``service`` (the
+    tenant's shard's); returns the hits' turn ids."""
+    from workers.query import build_worker
+
+    connection = client.connection_of(tenant)
+    worker = build_worker(service.settings, connection, service, name=f"q-{tenant}-{time.monotonic_ns()}")
+    worker.beats.idle()
+    queue = client.queue_of(tenant)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(client.retrieve, tenant, query, k)
+        deadline = time.monotonic() + 10.0
+        while queue.count == 0 and not future.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker.work(burst=True)
+        return [hit.turn_id for hit in future.result(timeout=15).hits]
+
+
 def ingest_worker(settings: Settings, connection: redis.Redis, store: PostgresStore,
                   truncation: TruncationCounter | None = None) -> IngestWorker:
     """An ingest worker with the settings' encoder and, unless given, its window (as `mnemos worker ingest`)."""

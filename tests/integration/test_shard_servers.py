@@ -16,11 +16,8 @@ from __future__ import annotations
 import itertools
 import json
 import time
-import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -29,16 +26,26 @@ import redis
 from psycopg import sql
 
 from api import sharding
-from api.client import MnemosClient
 from api.errors import RetrievalFailed, ShardUnavailable
-from api.validation import limits_of
-from bench.fault_servers import RedisServer, redis_binaries, spare_port
-from tests.integration.factories import conversation_turns, drain, ingest_worker, query_service
-from tests.support import PG_ADMIN_URL
-from workers.connections import redis_client
+from bench.fault_servers import spare_port
+from tests.integration.factories import (
+    conversation_turns,
+    drain,
+    ingest_worker,
+    query_service,
+    retrieve_on_shard,
+    sharded_client,
+)
+from tests.support import (
+    PG_ADMIN_URL,
+    ShardCluster,
+    postgres_tenants,
+    redis_tenants,
+    shard_cluster,
+    shard_map_json,
+)
 from workers.errors import MigrationError
 from workers.migrate import migrate_shards
-from workers.query import QueryService, build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -46,40 +53,13 @@ pytestmark = pytest.mark.integration
 SHARDS = 3
 
 
-@dataclass
-class Cluster:
-    settings: Settings  # MNEMOS_SHARD_MAP of the three shards; shard 0's view
-    servers: list[RedisServer]
-    database_urls: list[str]
-
-
-def _drop(url: str) -> None:
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(url.rsplit("/", 1)[1])))
-
-
-def _map(redis_urls: list[str], database_urls: list[str]) -> str:
-    return json.dumps({str(n): {"redis_url": r, "database_url": d}
-                       for n, (r, d) in enumerate(zip(redis_urls, database_urls, strict=True))})
+Cluster = ShardCluster
 
 
 @pytest.fixture
 def cluster(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
-    if not redis_binaries():
-        pytest.skip("redis-server is not installed")
-    servers = [RedisServer(tmp_path / f"shard-{n}") for n in range(SHARDS)]
-    databases = [f"postgresql://postgres@127.0.0.1:5432/mnemos_test_shard{n}_{uuid.uuid4().hex[:8]}"
-                 for n in range(SHARDS)]
-    try:
-        for server in servers:
-            server.start()
-        shard_map = _map([s.url for s in servers], databases)
-        yield Cluster(settings.replace(shards=SHARDS, shard_map=shard_map), servers, databases)
-    finally:
-        for server in servers:
-            server.stop()
-        for url in databases:
-            _drop(url)
+    with shard_cluster(settings, tmp_path, SHARDS) as value:
+        yield value
 
 
 def _tenants_by_shard(per_shard: int) -> dict[int, list[str]]:
@@ -94,44 +74,6 @@ def _tenants_by_shard(per_shard: int) -> dict[int, list[str]]:
     raise AssertionError("unreachable")
 
 
-def _client(settings: Settings) -> MnemosClient:
-    connections = [redis_client(settings.for_shard(s)) for s in range(SHARDS)]
-    return MnemosClient(connections, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
-                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s, shards=SHARDS)
-
-
-def _retrieve(client: MnemosClient, tenant: str, service: QueryService) -> list[str]:
-    """``client.retrieve`` in a thread, answered by a burst of a query worker of the tenant's shard."""
-    connection = client.connection_of(tenant)
-    worker = build_worker(service.settings, connection, service, name=f"q-{tenant}-{time.monotonic_ns()}")
-    worker.beats.idle()
-    queue = client.queue_of(tenant)
-    with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(client.retrieve, tenant, "cello teacher", 3)
-        deadline = time.monotonic() + 10.0
-        while queue.count == 0 and not future.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        worker.work(burst=True)
-        return [hit.turn_id for hit in future.result(timeout=15).hits]
-
-
-def _redis_tenants(connection: redis.Redis) -> set[str]:
-    """Every tenant id in any stream of this Redis (turns, outcomes, dead letters)."""
-    tenants: set[str] = set()
-    for key in connection.scan_iter():
-        if connection.type(key) == b"stream":
-            tenants |= {f[b"tenant_id"].decode() for _, f in connection.xrange(key) if b"tenant_id" in f}
-    return tenants
-
-
-def _postgres_tenants(url: str) -> set[str]:
-    """Every tenant id in any table of this database (as the superuser: row-level security does not hide rows)."""
-    with psycopg.connect(url) as conn:
-        tables = [r[0] for r in conn.execute(
-            "SELECT DISTINCT c.table_name FROM information_schema.columns c JOIN pg_class p ON p.relname = "
-            "c.table_name WHERE c.column_name = 'tenant_id' AND c.table_schema = 'public' AND NOT p.relispartition")]
-        return {r[0] for t in tables for r in conn.execute(
-            sql.SQL("SELECT DISTINCT tenant_id::text FROM {}").format(sql.Identifier(t)))}
 
 
 def test_every_shard_s_tenants_live_and_are_answered_on_its_own_servers(cluster: Cluster) -> None:
@@ -146,7 +88,7 @@ def test_every_shard_s_tenants_live_and_are_answered_on_its_own_servers(cluster:
     assert all(line.endswith("up to date") for line in lines)
 
     by_shard = _tenants_by_shard(per_shard=2)
-    client = _client(settings)
+    client = sharded_client(settings)
     turns = [t for tenant in itertools.chain(*by_shard.values()) for t in conversation_turns(tenant, f"{tenant}-")]
     client.publish_turns(turns)
     with ExitStack() as stack:
@@ -158,11 +100,11 @@ def test_every_shard_s_tenants_live_and_are_answered_on_its_own_servers(cluster:
             assert drain(ingest_worker(own, connection, store), name=f"ingest-{shard}") == 16
             services[shard] = query_service(own, connection, store)
         for tenant in itertools.chain(*by_shard.values()):
-            hits = _retrieve(client, tenant, services[client.shard_of(tenant)])
+            hits = retrieve_on_shard(client, tenant, services[client.shard_of(tenant)])
             assert hits and all(h.startswith(f"{tenant}-") for h in hits)
     for shard in range(SHARDS):  # turns, outcomes, entries, tenants, suppression inputs: on its shard only
-        assert _redis_tenants(client.connections[shard]) == set(by_shard[shard])
-        assert _postgres_tenants(cluster.database_urls[shard]) == set(by_shard[shard])
+        assert redis_tenants(client.connections[shard]) == set(by_shard[shard])
+        assert postgres_tenants(cluster.database_urls[shard]) == set(by_shard[shard])
 
     cluster.servers[1].stop()  # one shard's Redis down: its tenants fail fast, by name; the others answer
     down = by_shard[1][0]
@@ -180,14 +122,14 @@ def test_every_shard_s_tenants_live_and_are_answered_on_its_own_servers(cluster:
             tenant = by_shard[shard][0]
             client.publish_turn(conversation_turns(tenant, "late-")[0])
             assert drain(ingest_worker(own, client.connections[shard], store), name=f"ingest-{shard}") == 1
-            hits = _retrieve(client, tenant, query_service(own, client.connections[shard], store))
+            hits = retrieve_on_shard(client, tenant, query_service(own, client.connections[shard], store))
             assert hits and all(h.startswith((f"{tenant}-", "late-")) for h in hits)
 
 
 def test_migrate_names_the_unreachable_shard_and_the_ones_it_migrated(cluster: Cluster) -> None:
     closed = f"postgresql://postgres@127.0.0.1:{spare_port()}/mnemos_unreachable"
     urls = [cluster.database_urls[0], closed, cluster.database_urls[2]]
-    settings = cluster.settings.replace(shard_map=_map([s.url for s in cluster.servers], urls))
+    settings = cluster.settings.replace(shard_map=shard_map_json([s.url for s in cluster.servers], urls))
     lines: list[str] = []
     with pytest.raises(MigrationError, match=r"migration failed on shard 1 \(.*\); migrated: shard 0, shard 2"):
         migrate_shards(settings, echo=lines.append)
@@ -239,7 +181,7 @@ def test_one_shard_s_postgres_down_fails_only_its_retrievals_by_name(cluster: Cl
     settings = cluster.settings.replace(retrieve_timeout_s=20.0)
     migrate_shards(settings, echo=lambda _: None)
     tenants = {shard: owned[0] for shard, owned in _tenants_by_shard(per_shard=1).items()}
-    client = _client(settings)
+    client = sharded_client(settings)
     client.publish_turns([t for tenant in tenants.values() for t in conversation_turns(tenant, f"{tenant}-")])
     with ExitStack() as stack:
         services = {}
@@ -252,9 +194,9 @@ def test_one_shard_s_postgres_down_fails_only_its_retrievals_by_name(cluster: Cl
         try:
             started = time.monotonic()
             with pytest.raises(RetrievalFailed, match="on shard 1 failed") as caught:
-                _retrieve(client, tenants[1], services[1])
+                retrieve_on_shard(client, tenants[1], services[1])
             assert caught.value.shard == 1 and time.monotonic() - started < 10.0
             for shard in (0, 2):
-                assert _retrieve(client, tenants[shard], services[shard])
+                assert retrieve_on_shard(client, tenants[shard], services[shard])
         finally:
             _refuse_connections(cluster.database_urls[1], False)

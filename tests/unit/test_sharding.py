@@ -108,3 +108,27 @@ def test_an_unsharded_client_keeps_its_one_stream_and_queue() -> None:
                          "occurred_at": "2024-03-01T09:00:00+00:00"})
     assert list(redis.streams) == ["unit:turns"] == [client.turns_stream]
     assert client.queue_of("bob").name == client.queue.name == "retrievals"
+
+
+def test_the_client_follows_the_tenant_directory_and_holds_a_frozen_tenant() -> None:
+    from api.directory import FROZEN
+    from api.errors import TenantMoving
+
+    redis = RecordingRedis()
+    client = MnemosClient(redis, stream_prefix="unit", shards=3, move_wait_s=0.2)  # type: ignore[arg-type]
+    turn = {"session_id": "s", "role": "user", "text": "hi", "occurred_at": "2024-03-01T09:00:00+00:00"}
+    redis.hashes[sharding.directory_key("unit", 2, 3)] = {"dave": "1"}  # dave (ring shard 2) moved to shard 1
+    client.publish_turns([{**turn, "tenant_id": "dave", "turn_id": "d1"}, {**turn, "tenant_id": "alice", "turn_id": "a1"}])
+    client.forget("dave")
+    assert (client.home_shard("dave"), client.shard_of("dave")) == (2, 1)
+    assert [m["tenant_id"] for m in redis.streams["unit:turns:{shard-1}"]] == ["dave", "dave"]
+    assert [m["tenant_id"] for m in redis.streams["unit:turns:{shard-0}"]] == ["alice"]
+    assert "unit:turns:{shard-2}" not in redis.streams
+    assert client.queue_of("dave").name == "retrievals:{shard-1}"
+
+    redis.hashes[sharding.directory_key("unit", 1, 3)] = {"dave": FROZEN}  # a move from shard 1 under way
+    with pytest.raises(TenantMoving, match="shard 1 is unavailable: tenant 'dave' is being moved") as caught:
+        client.publish_turn({**turn, "tenant_id": "dave", "turn_id": "d2"})
+    assert caught.value.shard == 1 and len(redis.streams["unit:turns:{shard-1}"]) == 2
+    with pytest.raises(TenantMoving):
+        client.shard_of("dave")

@@ -39,6 +39,7 @@ class RecordingRedis:
         self.acked: dict[str, list[str]] = {}
         self.deleted: dict[str, list[str]] = {}
         self.sets: dict[str, set[str]] = {}
+        self.hashes: dict[str, dict[str, str]] = {}
 
     def xadd(self, name: str, fields: Mapping[str, Any], *args: Any, **kwargs: Any) -> str:
         entries = self.streams.setdefault(name, [])
@@ -75,6 +76,28 @@ class RecordingRedis:
 
     def pipeline(self, transaction: bool = True) -> _Pipeline:
         return _Pipeline(self)
+
+    def hget(self, name: str, key: str) -> str | None:
+        return self.hashes.get(name, {}).get(key)
+
+    def hexists(self, name: str, key: str) -> bool:
+        return key in self.hashes.get(name, {})
+
+    def register_script(self, script: str) -> Any:
+        """The client's publish script (:data:`api.directory.PUBLISH_SCRIPT`), run in Python: a message
+        of a tenant with a directory marker is answered ``to:<marker>``, any other is appended."""
+        def run(keys: list[str], args: list[str]) -> list[str]:
+            directory, stream = keys
+            out, i = [], 0
+            while i < len(args):
+                tenant, n = args[i], int(args[i + 1])
+                flat = args[i + 2:i + 2 + n]
+                marker = self.hget(directory, tenant)
+                out.append(f"to:{marker}" if marker is not None
+                           else f"id:{self.xadd(stream, dict(zip(flat[::2], flat[1::2], strict=True)))}")
+                i += 2 + n
+            return out
+        return run
 
 
 class _Pipeline:

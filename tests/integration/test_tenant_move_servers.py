@@ -1,0 +1,307 @@
+"""Moving a tenant between shards' servers while its turns keep arriving (docs/scaling.md "Moving a
+tenant between shards").
+
+Two throwaway ``redis-server`` processes and two Postgres databases, an ingest worker per shard
+running in a thread. Tenant T (ring shard 0) has stored turns, an alias, a forgotten turn (a
+tombstone), suppression scores and a ledger row on shard 0, and tenant V on shard 1 holds the same
+entry ids there, so T's ids must be renumbered. A thread keeps publishing T's turns through the
+client while :func:`workers.tenant_move.move_tenant` moves T to shard 1, and shard 0's ingest worker
+holds some of T's turns, read and waiting for T's lock, when the move begins; then every published turn
+is stored on shard 1 exactly once, nothing of T is left in shard 0's database or streams, its alias,
+scores, ledger and tombstone point at its new ids, a retrieval through the client is answered by
+shard 1, and tenant U, also on shard 0, is untouched. ``mnemos reshard move`` then takes T home.
+Skipped when ``redis-server`` is not installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from api import sharding
+from api.client import MnemosClient
+from api.schemas import Outcome, PoolRow
+from tests.integration.factories import (
+    conversation_turns,
+    drain,
+    ingest_worker,
+    query_service,
+    retrieve_on_shard,
+    sharded_client,
+    suppression_worker,
+    turn,
+)
+from tests.support import ShardCluster, postgres_tenants, redis_tenants, shard_cluster
+from workers.connections import redis_client
+from workers.migrate import migrate_shards
+from workers.settings import Settings
+from workers.store import PostgresStore
+from workers.store.rows import TenantLock
+from workers.tenant_move import MoveReport, move_tenant
+
+pytestmark = pytest.mark.integration
+SHARDS = 2
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def cluster(settings: Settings, tmp_path: Path) -> Iterator[ShardCluster]:
+    with shard_cluster(settings, tmp_path, SHARDS) as value:
+        yield value
+
+
+def _tenants() -> tuple[str, str, str]:
+    """T and U on ring shard 0, V on ring shard 1."""
+    zero = (t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    t, u = itertools.islice(zero, 2)
+    v = next(t for t in (f"other-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 1)
+    return t, u, v
+
+
+def _rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows of ``query`` as the superuser (row-level security does not hide rows)."""
+    with psycopg.connect(url) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _turn_ids(url: str, tenant: str) -> list[str]:
+    return [r[0] for r in _rows(url, "SELECT turn_id FROM entries WHERE tenant_id = %s", tenant)]
+
+
+class _Publisher(threading.Thread):
+    """Publishes T's turns one at a time through the client until stopped; ``published`` in order."""
+
+    def __init__(self, client: MnemosClient, tenant: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.tenant = client, tenant
+        self.published: list[str] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for n in itertools.count():
+                if self.stop.is_set():
+                    return
+                turn_id = f"live-{n}"
+                self.client.publish_turn(turn(self.tenant, turn_id, f"garden note {n} about tomatoes and basil {n}",
+                                              session="live", minutes=100 + n))
+                self.published.append(turn_id)
+                self.stop.wait(0.01)  # pace the publisher, not a wait for a condition
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+
+def _run_ingest_workers(stack: ExitStack, settings: Settings) -> None:
+    """One ingest worker per shard, each in a thread on its own shard's Redis and Postgres."""
+    stop = threading.Event()
+    threads = []
+    for shard in range(SHARDS):
+        own = settings.for_shard(shard)
+        store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role))
+        worker = ingest_worker(own, redis_client(own), store)
+        threads.append(threading.Thread(target=worker.run, args=(stop, f"ingest-{shard}"), daemon=True))
+    for thread in threads:
+        thread.start()
+
+    def halt() -> None:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    stack.callback(halt)
+
+
+def _seed(client: MnemosClient, cluster: ShardCluster, t: str, u: str, v: str) -> None:
+    """T's conversation with an alias and a forgotten turn, scores and a ledger row; U's and V's."""
+    a, b = cluster.database_urls
+    client.publish_turns([*conversation_turns(v, "V-"), *conversation_turns(t, "T-"), *conversation_turns(u, "U-")])
+    client.publish_turn(turn(t, "T-dup", "I adopted a grey cat named Pixel last spring", minutes=50))  # alias of T-0
+    _wait_for(lambda: len(_turn_ids(a, t)) == 9 and len(_turn_ids(a, u)) == 8 and len(_turn_ids(b, v)) == 8,
+              "the first turns to be stored")
+    client.forget(t, turn_ids=["T-1"])
+    _wait_for(lambda: "T-1" not in _turn_ids(a, t), "the forget of T-1")
+    ids = dict(_rows(a, "SELECT turn_id, entry_id FROM entries WHERE tenant_id = %s", t))
+    own = cluster.settings.for_shard(0)
+    with PostgresStore(own.database_url, own.db_app_role) as store, store.tenant(t) as tx:
+        deltas = {(ids["T-0"], 0): 0.25, (ids["T-2"], 1): -0.5}
+        assert tx.record_outcome("outcome-1", 0, deltas, None)
+        tx.bump_suppression_version("outcome-1")
+        tx.add_suppression(deltas)
+    pool = (PoolRow(ids["T-0"], 1, 3, 0.5), PoolRow(ids["T-2"], 2, 2, 1.0), PoolRow(ids["T-3"], 3, 1, 2.0))
+    pending = Outcome("outcome-2", t, 0, 3, pool)  # no suppression worker runs on shard 0: it stays pending
+    client.connections[0].xadd(own.outcomes_stream, pending.to_stream_fields())  # type: ignore[arg-type]
+
+
+def _waiting_ingest_locks(url: str) -> int:
+    """Transactions of ``url``'s database waiting for a tenant's ingest lock (an advisory lock)."""
+    return int(_rows(url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                     " AND classid = %s", int(TenantLock.INGEST))[0][0])
+
+
+def _move_with_turns_in_flight(settings: Settings, client: MnemosClient, tenant: str, held: list[str],
+                               lines: list[str]) -> MoveReport:
+    """Move ``tenant`` to shard 1 while shard 0's ingest worker holds its ``held`` turns, read and waiting
+    for the tenant's lock (the test holds it); the move queues behind that worker for the same lock."""
+    source = settings.for_shard(0)
+    with psycopg.connect(source.database_url, autocommit=True) as blocker:
+        blocker.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (int(TenantLock.INGEST), tenant))
+        client.publish_turns([turn(tenant, turn_id, f"held note {turn_id}", session="held") for turn_id in held])
+        _wait_for(lambda: _waiting_ingest_locks(source.database_url) == 1, "shard 0's worker to wait for the lock")
+        with ThreadPoolExecutor(1) as pool:
+            moving = pool.submit(move_tenant, settings, tenant, 1, echo=lines.append)
+            _wait_for(lambda: _waiting_ingest_locks(source.database_url) == 2 or moving.done(),
+                      "the move to wait for the lock")
+            blocker.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (int(TenantLock.INGEST), tenant))
+            return moving.result(timeout=WAIT_S)
+
+
+def _apply_outcomes_on(own: Settings, client: MnemosClient, stack: ExitStack) -> None:
+    """One pass of a suppression worker of ``own``'s shard over its outcomes stream."""
+    store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role))
+    worker = suppression_worker(own, client.connections[own.shard], store)
+    consumer = worker.consumer("s1")
+    consumer.ensure_group()
+    consumer.ack(worker.handle(consumer.read()))
+
+
+def test_a_tenant_moves_to_another_shard_s_servers_while_its_turns_arrive(cluster: ShardCluster) -> None:
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    t, u, v = _tenants()
+    client = sharded_client(settings)
+    with ExitStack() as stack:
+        _run_ingest_workers(stack, settings)
+        _seed(client, cluster, t, u, v)
+        source_ids = {r[0] for r in _rows(a, "SELECT entry_id FROM entries WHERE tenant_id = %s", t)}
+        assert source_ids & {r[0] for r in _rows(b, "SELECT entry_id FROM entries")}  # ids collide on shard 1
+        untouched = _rows(a, "SELECT entry_id, turn_id, text FROM entries WHERE tenant_id = %s ORDER BY entry_id", u)
+
+        publisher = _Publisher(client, t)
+        publisher.start()
+        _wait_for(lambda: len(publisher.published) >= 10, "turns published before the move")
+        lines: list[str] = []
+        held = [f"held-{n}" for n in range(5)]
+        report = _move_with_turns_in_flight(settings, client, t, held, lines)
+        at_flip = len(publisher.published)
+        _wait_for(lambda: len(publisher.published) >= at_flip + 10, "turns published after the move")
+        publisher.stop.set()
+        publisher.join(timeout=WAIT_S)
+        assert publisher.error is None, publisher.error
+        expected = {f"T-{n}" for n in range(8)} - {"T-1"} | {"T-dup", *held, *publisher.published}
+        _wait_for(lambda: set(_turn_ids(b, t)) == expected, "every published turn of T stored on shard 1")
+
+        stored = _turn_ids(b, t)
+        assert len(stored) == len(expected)  # 0 lost, 0 duplicated
+        assert (report.source, report.target, report.outcomes.moved) == (0, 1, 1) and report.entries >= 8
+        assert report.turns.moved >= len(held)  # held on shard 0: read by its waiting worker, or not read yet
+        assert lines[-1].startswith("routing")
+        assert postgres_tenants(a) == {u} and t not in redis_tenants(client.connections[0])
+        assert _rows(a, "SELECT entry_id, turn_id, text FROM entries WHERE tenant_id = %s ORDER BY entry_id",
+                     u) == untouched
+        new = dict(_rows(b, "SELECT turn_id, entry_id FROM entries WHERE tenant_id = %s", t))
+        assert not set(new.values()) & {r[0] for r in _rows(b, "SELECT entry_id FROM entries WHERE tenant_id = %s", v)}
+        assert _rows(b, "SELECT canonical_entry_id FROM entries WHERE tenant_id = %s AND turn_id = 'T-dup'",
+                     t) == [(new["T-0"],)]
+        assert sorted(_rows(b, "SELECT entry_id, cluster, score FROM suppression WHERE tenant_id = %s", t)) == sorted(
+            [(new["T-0"], 0, 0.25), (new["T-2"], 1, -0.5)])
+        assert _rows(b, "SELECT deltas FROM applied_outcomes WHERE tenant_id = %s", t) == [
+            (sorted([[new["T-0"], 0, 0.25], [new["T-2"], 1, -0.5]]),)]
+        assert _rows(b, "SELECT scope, key FROM tombstones WHERE tenant_id = %s", t) == [("turn", "T-1")]
+        _apply_outcomes_on(settings.for_shard(1), client, stack)  # the pending outcome, renumbered
+        deltas = _rows(b, "SELECT deltas FROM applied_outcomes WHERE tenant_id = %s AND outcome_id = 'outcome-2'", t)
+        assert deltas and deltas[0][0] and {e for e, _, _ in deltas[0][0]} <= {new["T-0"], new["T-2"], new["T-3"]}
+
+        assert client.shard_of(t) == 1 and client.home_shard(t) == 0
+        services = {}
+        for shard in range(SHARDS):
+            own = settings.for_shard(shard)
+            store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role))
+            services[shard] = query_service(own, client.connections[shard], store)
+        hits = retrieve_on_shard(client, t, services[1], query="tomatoes and basil")
+        assert hits and set(hits) <= expected
+        assert set(retrieve_on_shard(client, u, services[0])) <= {f"U-{n}" for n in range(8)}
+
+        _move_home_with_the_cli(cluster, t, expected)
+
+
+def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[str]) -> None:
+    """``mnemos reshard move`` back to the ring's shard: the directory has no marker of it left."""
+    from click.testing import CliRunner
+
+    from workers.cli import cli
+
+    settings = cluster.settings
+    assert settings.shard_map is not None
+    env = {"MNEMOS_SHARDS": str(SHARDS), "MNEMOS_SHARD_MAP": settings.shard_map,
+           "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
+    moved = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant, "--to", "0"], env=env)
+    assert moved.exit_code == 0, moved.output
+    assert f"moved tenant {tenant} from shard 1 to shard 0" in moved.output
+    where = CliRunner().invoke(cli, ["reshard", "where", "--tenant", tenant], env=env)
+    assert where.exit_code == 0 and f"tenant {tenant}: shard 0\n" in where.output
+    a, b = cluster.database_urls
+    assert set(_turn_ids(a, tenant)) == expected and tenant not in postgres_tenants(b)
+    for shard in range(SHARDS):
+        key = sharding.directory_key(settings.stream_prefix, shard, SHARDS)
+        assert redis_client(settings.for_shard(shard)).hget(key, tenant) == (None if shard == 0 else b"0")
+    again = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant, "--to", "0"], env=env)
+    assert again.exit_code == 1 and "served by shard 0 already" in again.output
+
+
+def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluster: ShardCluster,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.tenant_move as tenant_move
+    from workers.errors import StoreError, TenantMoveError
+
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    t, _, _ = _tenants()
+    client = sharded_client(settings)
+    client.publish_turns(conversation_turns(t, "T-"))
+    own = settings.for_shard(0)
+    with PostgresStore(own.database_url, own.db_app_role) as store:
+        assert drain(ingest_worker(own, client.connections[0], store)) == 8
+    marker = sharding.directory_key(settings.stream_prefix, 0, SHARDS)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("injected")
+
+    monkeypatch.setattr(tenant_move, "copy_tenant", broken)
+    with pytest.raises(TenantMoveError, match="before its rows were copied .* served by shard 0 as before"):
+        move_tenant(settings, t, 1, echo=lambda _: None)
+    assert client.connections[0].hget(marker, t) is None and t not in postgres_tenants(b)
+
+    monkeypatch.undo()
+    client.publish_turns([turn(t, f"late-{n}", f"late note {n}", session="late") for n in range(2)])  # pending
+    monkeypatch.setattr(tenant_move, "move_turns", broken)
+    with pytest.raises(TenantMoveError, match="after its rows were copied to shard 1 .* stays frozen"):
+        move_tenant(settings, t, 1, echo=lambda _: None)
+    assert client.connections[0].hget(marker, t) == b"frozen" and len(_turn_ids(b, t)) == 8 == len(_turn_ids(a, t))
+
+    monkeypatch.undo()
+    report = move_tenant(settings, t, 1, echo=lambda _: None)
+    assert report.resumed and report.turns.moved == 2 and client.shard_of(t) == 1
+    target = settings.for_shard(1)
+    with PostgresStore(target.database_url, target.db_app_role) as store:
+        assert drain(ingest_worker(target, client.connections[1], store)) == 2
+    assert set(_turn_ids(b, t)) == {f"T-{n}" for n in range(8)} | {"late-0", "late-1"}
+    assert t not in postgres_tenants(a) and t not in redis_tenants(client.connections[0])

@@ -1,0 +1,58 @@
+"""Which of a moved tenant's unacknowledged messages still have an effect to move, and how a pending
+outcome's pool is renumbered (workers/tenant_move_streams.py; docs/scaling.md "Moving a tenant
+between shards"). The stream moves themselves run against real servers in
+tests/integration/test_tenant_move_servers.py."""
+
+from __future__ import annotations
+
+import json
+
+from api.forget import ForgetRequest
+from api.schemas import Outcome, PoolRow
+from api.validation import Limits
+from workers.store.rows import Tombstone
+from workers.tenant_move_streams import GONE_ENTRY, _keep_turn_message, _renumbered
+
+LIMITS = Limits()
+
+
+def _raw(fields: dict[str, str]) -> dict[bytes, bytes]:
+    return {k.encode(): v.encode() for k, v in fields.items()}
+
+
+def _turn(turn_id: str, session: str = "s1", readd: bool = False) -> dict[bytes, bytes]:
+    fields = {"v": "1", "tenant_id": "t", "session_id": session, "turn_id": turn_id, "role": "user", "text": "hi",
+              "occurred_at": "2024-03-01T09:00:00+00:00"}
+    return _raw({**fields, "readd": "1"} if readd else fields)
+
+
+def _forget(**values: object) -> dict[bytes, bytes]:
+    return _raw(ForgetRequest.parse({"v": 1, "tenant_id": "t", **values}, LIMITS).to_stream_fields())
+
+
+STONES = {("turn", "a"): Tombstone("turn", "a", 200, 0), ("session", "s2"): Tombstone("session", "s2", 300, 0)}
+
+
+def test_a_turn_a_forget_covered_at_its_source_position_is_not_moved() -> None:
+    assert not _keep_turn_message(_turn("a"), "100-0", STONES, LIMITS)  # published before the forget of "a"
+    assert not _keep_turn_message(_turn("a"), "250-0", STONES, LIMITS)  # after it, without readd
+    assert _keep_turn_message(_turn("a", readd=True), "250-0", STONES, LIMITS)
+    assert not _keep_turn_message(_turn("b", session="s2"), "299-0", STONES, LIMITS)
+    assert _keep_turn_message(_turn("b", session="s2"), "301-0", STONES, LIMITS)
+    assert _keep_turn_message(_turn("c"), "100-0", STONES, LIMITS)
+
+
+def test_a_forget_already_applied_is_not_moved_and_a_pending_one_is() -> None:
+    assert not _keep_turn_message(_forget(scope="turns", turn_ids=["a"]), "200-0", STONES, LIMITS)
+    assert not _keep_turn_message(_forget(scope="session", session_id="s2"), "150-0", STONES, LIMITS)  # superseded
+    assert _keep_turn_message(_forget(scope="session", session_id="s2"), "400-0", STONES, LIMITS)
+    assert _keep_turn_message(_forget(scope="tenant"), "100-0", STONES, LIMITS)
+    assert _keep_turn_message(_raw({"tenant_id": "t", "text": "no version"}), "100-0", STONES, LIMITS)  # a dead letter
+
+
+def test_a_pending_outcome_names_the_new_entry_ids() -> None:
+    pool = (PoolRow(7, 1, 2, 0.5), PoolRow(9, 2, 1, 1.5))
+    fields = _raw(Outcome("o", "t", 0, 2, pool).to_stream_fields())
+    moved = json.loads(_renumbered(fields, {7: 107})[b"outcome"])
+    assert moved["pool"] == [[107, 1, 2, 0.5], [GONE_ENTRY, 2, 1, 1.5]]
+    assert _renumbered({b"outcome": b"not json"}, {7: 107}) == {b"outcome": b"not json"}

@@ -1,0 +1,194 @@
+"""Moving one tenant from the shard that serves it to another shard's servers (``mnemos reshard move``;
+docs/scaling.md "Moving a tenant between shards").
+
+With ``MNEMOS_SHARD_MAP`` every shard has its own Redis and Postgres. :func:`move_tenant` runs, in order:
+
+1. **freeze**: the tenant's marker in the source shard's directory becomes ``"frozen"``
+   (:mod:`api.directory`). From then on no client appends a turn or forget of the tenant to the
+   source's turns stream (the client's publish script checks the marker atomically with the
+   append) and clients hold the tenant's publishes, forgets and retrievals until the flip;
+2. **lock** the tenant on the source database (its ingest and suppression locks and its tenant row):
+   a worker transaction of the tenant that began earlier commits first; one that comes later finds
+   the marker under the lock and writes nothing (:func:`api.directory.marked`);
+3. **copy** its rows to the target database with new entry ids (:mod:`workers.store.tenant_copy`),
+   committed there, under the target's locks of the tenant;
+4. **streams**, holding the tenant's locks on the target again: its unacknowledged turns, forgets and
+   outcomes and its dead-letter copies move to the target's streams, and every entry of it leaves
+   the source's streams (:mod:`workers.tenant_move_streams`); a marker the target had for it (it
+   lived there before) is removed before those locks are released, so the target's workers that
+   read the moved messages write them;
+5. **delete** its rows on the source, committed (which releases the source's locks);
+6. **flip**: no marker on the target, the target's number on the source (and on the ring's home
+   shard, when that is a third shard). Held clients go on to the target.
+
+A failure before step 3 commits removes the freeze (unless the move was itself a resumed one): the
+tenant serves from the source as before, and the messages its source workers left pending meanwhile
+are claimed again after ``MNEMOS_CLAIM_IDLE_MS``. A failure after it leaves the tenant frozen and is
+resumed by running the same move again: it finds
+the freeze, rebuilds the id map by turn id when the copy is already on the target, and finishes
+steps 4 to 6. One move of a tenant at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+import redis
+
+from api import sharding
+from api.directory import FROZEN
+from api.validation import limits_of
+from workers.connections import redis_client
+from workers.errors import SettingsError, TenantMoveError
+from workers.ingest import GROUP as INGEST_GROUP
+from workers.settings import Settings
+from workers.store import PostgresStore
+from workers.store.rows import Tombstone
+from workers.store.tenant_copy import (
+    copy_tenant,
+    delete_tenant,
+    entry_ids_by_turn,
+    lock_tenant,
+    tenant_present,
+    tenant_tombstones,
+)
+from workers.suppression import GROUP as SUPPRESSION_GROUP
+from workers.tenant_move_streams import StreamMove, move_dead_letters, move_outcomes, move_turns
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MoveReport:
+    """What one move did: rows copied (entries, aliases, scores, tombstones) and stream entries moved."""
+
+    tenant_id: str
+    source: int
+    target: int
+    resumed: bool
+    entries: int
+    aliases: int
+    scores: int
+    tombstones: int
+    turns: StreamMove
+    outcomes: StreamMove
+    dead_letters: StreamMove
+    seconds: float
+
+    def line(self) -> str:
+        """One line for the operator."""
+        return (f"moved tenant {self.tenant_id} from shard {self.source} to shard {self.target}"
+                f"{' (resumed)' if self.resumed else ''} in {self.seconds:.1f}s: {self.entries} entries "
+                f"({self.aliases} aliases), {self.scores} suppression scores, {self.tombstones} tombstones; "
+                f"{self.turns.moved} pending turns and forgets moved ({self.turns.dropped} already covered), "
+                f"{self.outcomes.moved} pending outcomes moved, {self.dead_letters.moved} dead letters moved")
+
+
+def _locate(connections: list[redis.Redis], settings: Settings, tenant_id: str) -> tuple[int, bool]:
+    """The shard serving the tenant (following markers from its ring shard) and whether it is frozen there."""
+    shard = sharding.shard_of(tenant_id, settings.shards)
+    for _ in range(settings.shards + 1):
+        marker = connections[shard].hget(sharding.directory_key(settings.stream_prefix, shard, settings.shards),
+                                          tenant_id)
+        if marker is None:
+            return shard, False
+        text = marker.decode() if isinstance(marker, bytes) else str(marker)
+        if text == FROZEN:
+            return shard, True
+        shard = int(text)
+    raise TenantMoveError(f"the tenant directory of {tenant_id!r} loops between shards; fix the markers "
+                          f"{settings.stream_prefix}:directory:* by hand")
+
+
+def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[[str], None] = log.info) -> MoveReport:
+    """Move ``tenant_id`` to shard ``target`` (module docstring); returns what moved.
+
+    Raises SettingsError without a shard map or for a shard the map does not have; TenantMoveError when
+    the tenant is on ``target`` already, or a step failed (the message says where the tenant is left)."""
+    if settings.shard_map is None or settings.shards < 2:
+        raise SettingsError("mnemos reshard move needs MNEMOS_SHARDS >= 2 and MNEMOS_SHARD_MAP (each shard on its "
+                            "own servers)")
+    settings.servers_of(target)
+    started = time.monotonic()
+    connections = [redis_client(settings.for_shard(s)) for s in range(settings.shards)]
+    source, resumed = _locate(connections, settings, tenant_id)
+    if source == target:
+        raise TenantMoveError(f"tenant {tenant_id!r} is served by shard {target} already")
+    src, dst = settings.for_shard(source), settings.for_shard(target)
+    connections[source].hset(src_key := sharding.directory_key(settings.stream_prefix, source, settings.shards),
+                             tenant_id, FROZEN)
+    echo(f"froze tenant {tenant_id} on shard {source}{' (a frozen move resumed)' if resumed else ''}")
+    copied = False
+    try:
+        with PostgresStore(src.database_url, settings.db_app_role) as source_store, \
+                PostgresStore(dst.database_url, settings.db_app_role) as target_store, \
+                source_store.tenant_tx(tenant_id) as a:
+            lock_tenant(a, tenant_id)
+            with target_store.tenant_tx(tenant_id) as b:
+                lock_tenant(b, tenant_id)
+                id_map, stones, counts = _copy_rows(a, b, tenant_id, resumed)
+            copied = True
+            echo(f"copied {counts[0]} entries of tenant {tenant_id} to shard {target}")
+            with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
+                lock_tenant(b, tenant_id)
+                moves = _move_streams(settings, connections, source, target, tenant_id, id_map, stones)
+                connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
+                                         tenant_id)
+            delete_tenant(a, tenant_id)
+        _flip(connections, settings, tenant_id, source, target)
+    except Exception as exc:
+        if not copied and not resumed:  # a resumed move may have its copy on the target: it stays frozen
+            connections[source].hdel(src_key, tenant_id)
+            raise TenantMoveError(f"moving tenant {tenant_id!r} failed before its rows were copied ({exc}); it is "
+                                  f"served by shard {source} as before") from exc
+        raise TenantMoveError(f"moving tenant {tenant_id!r} failed after its rows were copied to shard {target} "
+                              f"({exc}); it stays frozen: run the same move again to finish it") from exc
+    finally:
+        for connection in connections:
+            connection.close()
+    echo(f"routing of tenant {tenant_id} flipped to shard {target}")
+    return MoveReport(tenant_id, source, target, resumed, *counts, *moves, seconds=time.monotonic() - started)
+
+
+def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
+               resumed: bool) -> tuple[dict[int, int], tuple[Tombstone, ...], tuple[int, int, int, int]]:
+    """Copy the rows (or, resuming a move whose copy committed, rebuild its id map by turn id); returns the
+    id map, the tenant's tombstones and (entries, aliases, scores, tombstones) copied."""
+    if resumed and tenant_present(b, tenant_id):
+        old, new = entry_ids_by_turn(a, tenant_id), entry_ids_by_turn(b, tenant_id)
+        return {entry: new[turn] for turn, entry in old.items() if turn in new}, tenant_tombstones(b, tenant_id), \
+            (len(new), 0, 0, 0)
+    report = copy_tenant(a, b, tenant_id)
+    return dict(report.id_map), report.tombstones, (report.entries, report.aliases, report.suppression,
+                                                    len(report.tombstones))
+
+
+def _move_streams(settings: Settings, connections: list[redis.Redis], source: int, target: int, tenant_id: str,
+                  id_map: dict[int, int], stones: Sequence[Tombstone]) -> tuple[StreamMove, StreamMove, StreamMove]:
+    src, dst = settings.for_shard(source), settings.for_shard(target)
+    a, b = connections[source], connections[target]
+    turns = move_turns(a, src.turns_stream, INGEST_GROUP, b, dst.turns_stream, tenant_id, stones,
+                       limits_of(settings))
+    outcomes = move_outcomes(a, src.outcomes_stream, SUPPRESSION_GROUP, b, dst.outcomes_stream, tenant_id, id_map)
+    letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id)
+    return turns, outcomes, letters
+
+
+def _flip(connections: list[redis.Redis], settings: Settings, tenant_id: str, source: int, target: int) -> None:
+    """Route the tenant to ``target``: its marker removed there, set to ``target`` on the source and on a
+    third home shard (so clients find it in one hop)."""
+    def key(shard: int) -> str:
+        return sharding.directory_key(settings.stream_prefix, shard, settings.shards)
+
+    connections[target].hdel(key(target), tenant_id)
+    connections[source].hset(key(source), tenant_id, str(target))
+    home = sharding.shard_of(tenant_id, settings.shards)
+    if home not in (source, target):
+        connections[home].hset(key(home), tenant_id, str(target))
+
+
+__all__ = ["MoveReport", "move_tenant"]

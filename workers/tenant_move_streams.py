@@ -1,0 +1,177 @@
+"""A moved tenant's stream entries: from the source shard's Redis to the target's (docs/scaling.md
+"Moving a tenant between shards").
+
+Called by :func:`workers.tenant_move.move_tenant` while the tenant is frozen on the source (no
+client appends to its streams any more) and its rows are locked there (no worker of the source
+commits anything of it), after its rows were committed on the target:
+
+* **turns stream**: every message of the tenant its ingest group has not acknowledged (not yet
+  delivered, or delivered and pending) is appended to the target's turns stream, in stream order,
+  and so reaches the target's ingest workers, which skip a turn already stored (a redelivery) and
+  apply a forget in the new order. Two exceptions, decided with the tenant's tombstones at their
+  source positions (new positions on the target are later than every copied row's): a turn a
+  forget already covers is dropped as the source would have dropped it, and a forget already
+  applied (a tombstone of its scope at or after its position) is not applied again. Every message
+  of the tenant, acknowledged or not, is then deleted from the source stream (acknowledged first,
+  so no consumer reads a pending entry without fields as a loss);
+* **outcomes stream**: the outcomes its suppression group has not acknowledged are appended to the
+  target's outcomes stream with their pool's entry ids renumbered by the copy's map (an entry no
+  longer stored becomes :data:`GONE_ENTRY`, which names no entry and is ignored like any id outside
+  the tenant), then all of the tenant's outcomes are deleted from the source;
+* **dead-letter stream**: the tenant's copies move as they are.
+
+A source worker that had read a moved message before the move and waits for the tenant's lock
+finds the tenant's directory marker once it has it, writes nothing and acknowledges
+(:func:`api.directory.marked`). Each stream is read whole (``XRANGE`` in chunks): the move
+costs a pass over the source's streams, which trimming keeps short.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from api.errors import InvalidInputError
+from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd
+from api.schemas import Turn
+from api.validation import Limits
+from workers.forget import Verdict, stream_position, tombstone_verdict
+from workers.store.rows import Tombstone
+
+SCAN_COUNT = 500
+GONE_ENTRY = 2**63 - 1
+"""The entry id an unacknowledged outcome's pool row gets when its entry was not copied (forgotten)."""
+
+
+@dataclass(frozen=True)
+class StreamMove:
+    """What moving one stream's entries of a tenant did."""
+
+    moved: int  # appended to the target's stream
+    dropped: int  # not moved: covered by a forget, or a forget applied already
+    deleted: int  # deleted from the source's stream (every entry of the tenant)
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def tenant_entries(connection: redis.Redis, stream: str, tenant_id: str) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    """Every entry of ``stream`` whose ``tenant_id`` field is ``tenant_id``, in stream order."""
+    start = "-"
+    while True:
+        chunk: list[tuple[bytes, dict[bytes, bytes]]] = cast(Any, connection.xrange(stream, min=start, max="+",
+                                                                                    count=SCAN_COUNT)) or []
+        for raw_id, fields in chunk:
+            if _text(fields.get(b"tenant_id", b"")) == tenant_id:
+                yield _text(raw_id), fields
+        if len(chunk) < SCAN_COUNT:
+            return
+        start = "(" + _text(chunk[-1][0])
+
+
+def unacknowledged(connection: redis.Redis, stream: str, group: str, ids: Sequence[str]) -> set[str]:
+    """Those of ``ids`` that ``group`` has not acknowledged: after its last delivered id, or pending.
+    Without the group (never read), all of them."""
+    try:
+        info = next((g for g in connection.xinfo_groups(stream) if _text(g["name"]) == group), None)
+    except redis.ResponseError:
+        info = None
+    if info is None:
+        return set(ids)
+    last = stream_position(_text(info["last-delivered-id"]))
+    waiting = {i for i in ids if stream_position(i) > last}
+    wanted, start = set(ids), "-"
+    while True:
+        chunk = connection.xpending_range(stream, group, min=start, max="+", count=SCAN_COUNT)
+        waiting.update(i for i in (_text(row["message_id"]) for row in chunk) if i in wanted)
+        if len(chunk) < SCAN_COUNT:
+            return waiting
+        start = "(" + _text(chunk[-1]["message_id"])
+
+
+def _keep_turn_message(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapping[tuple[str, str], Tombstone],
+                       limits: Limits) -> bool:
+    """Whether an unacknowledged turns-stream message still has an effect to move (module docstring).
+    A message that does not parse is moved: the target's worker dead-letters it as the source would."""
+    position = stream_position(stream_id)
+    try:
+        if is_forget_message(fields):
+            request = ForgetRequest.from_stream_fields(fields, limits)
+            keys = ([("tenant", "")] if request.scope is ForgetScope.TENANT
+                    else [("session", request.session_id or "")] if request.scope is ForgetScope.SESSION
+                    else [("turn", t) for t in request.turn_ids])
+            return not any(k in stones and stones[k].stream_position >= position for k in keys)
+        turn = Turn.from_stream_fields(fields, limits, None)
+    except (InvalidInputError, ValueError):
+        return True
+    return tombstone_verdict(stones, turn, stream_id, is_readd(fields)) is not Verdict.DROP
+
+
+def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Redis, target_stream: str,
+          entries: Sequence[tuple[str, dict[bytes, bytes]]], keep: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+    """Append ``keep`` to the target stream, then acknowledge (for ``group``) and delete ``entries`` on the source."""
+    if keep:
+        pipe = target.pipeline(transaction=False)
+        for _, fields in keep:
+            pipe.xadd(target_stream, fields)  # type: ignore[arg-type]
+        pipe.execute()
+    ids = [i for i, _ in entries]
+    for at in range(0, len(ids), SCAN_COUNT):
+        part = ids[at:at + SCAN_COUNT]
+        pipe = source.pipeline(transaction=True)
+        if group is not None:
+            pipe.xack(stream, group, *part)
+        pipe.xdel(stream, *part)
+        pipe.execute()
+
+
+def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis, target_stream: str,
+               tenant_id: str, tombstones: Sequence[Tombstone], limits: Limits) -> StreamMove:
+    """The tenant's turns-stream messages (module docstring); also forgets the source's deferred
+    deletions of them (``<stream>:forgotten``)."""
+    entries = list(tenant_entries(source, stream, tenant_id))
+    waiting = unacknowledged(source, stream, group, [i for i, _ in entries])
+    stones = {(t.scope, t.key): t for t in tombstones}
+    pending = [(i, f) for i, f in entries if i in waiting]
+    keep = [(i, f) for i, f in pending if _keep_turn_message(f, i, stones, limits)]
+    _move(source, stream, group, target, target_stream, entries, keep)
+    if entries:
+        source.srem(f"{stream}:forgotten", *[i for i, _ in entries])
+    return StreamMove(moved=len(keep), dropped=len(pending) - len(keep), deleted=len(entries))
+
+
+def _renumbered(fields: Mapping[bytes, bytes], id_map: Mapping[int, int]) -> dict[bytes, bytes]:
+    """An outcome message with its pool's entry ids mapped (unknown ids to :data:`GONE_ENTRY`)."""
+    try:
+        outcome = json.loads(fields[b"outcome"])
+        outcome["pool"] = [[id_map.get(int(row[0]), GONE_ENTRY), *row[1:]] for row in outcome["pool"]]
+    except (KeyError, ValueError, TypeError, IndexError):
+        return dict(fields)  # malformed: the target's suppression worker dead-letters it as the source would
+    return {**fields, b"outcome": json.dumps(outcome, separators=(",", ":")).encode()}
+
+
+def move_outcomes(source: redis.Redis, stream: str, group: str, target: redis.Redis, target_stream: str,
+                  tenant_id: str, id_map: Mapping[int, int]) -> StreamMove:
+    """The tenant's unacknowledged outcomes, renumbered, to the target; all of its outcomes deleted."""
+    entries = list(tenant_entries(source, stream, tenant_id))
+    waiting = unacknowledged(source, stream, group, [i for i, _ in entries])
+    keep = [(i, _renumbered(f, id_map)) for i, f in entries if i in waiting]
+    _move(source, stream, group, target, target_stream, entries, keep)
+    return StreamMove(moved=len(keep), dropped=0, deleted=len(entries))
+
+
+def move_dead_letters(source: redis.Redis, stream: str, target: redis.Redis, target_stream: str,
+                      tenant_id: str) -> StreamMove:
+    """The tenant's dead-letter copies, as they are."""
+    entries = list(tenant_entries(source, stream, tenant_id))
+    _move(source, stream, None, target, target_stream, entries, entries)
+    return StreamMove(moved=len(entries), dropped=0, deleted=len(entries))
+
+
+__all__ = ["GONE_ENTRY", "StreamMove", "move_dead_letters", "move_outcomes", "move_turns", "tenant_entries",
+           "unacknowledged"]
