@@ -382,8 +382,8 @@ def shard_table(report: PhaseReport) -> list[str]:
         return "-" if p50 is None or p95 is None else f"{p50 * 1000:.0f} / {p95 * 1000:.0f}"
 
     rows = ["| shard | tenants | turns | lost | duplicated | retrievals answered (during the outage) | failed "
-            "(during the outage) | ShardUnavailable naming the shard | longest time to fail | latency p50 / p95 "
-            "ms before | during | after |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "(during the outage) | ShardUnavailable naming the shard | longest time to fail | p50 / p95 ms, before the outage "
+            "| during | after |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in report.per_shard:
         failed = ", ".join(f"{k} {v}" for k, v in sorted(f.failed.items())) or "0"
         label = f"{f.shard} (Redis down {report.outage_s:g} s)" if f.shard == DOWN else str(f.shard)
