@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -29,6 +29,9 @@ from bench.fault_servers import PostgresCluster, RedisServer, WorkerProcess
 from workers.errors import StoreError
 from workers.migrate import ensure_database, run_migrations
 from workers.settings import FAKE_MODEL, Settings, to_environment
+
+if TYPE_CHECKING:
+    from bench.fault_shards import ShardFigures
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ class FaultPlan:
     claim_idle_ms: int = 1500
     queries: int = 120  # retrieval requests in the query phase
     query_timeout_s: float = 4.0  # the client's own wait per request
+    shard_outage_s: float = 5.0  # shards phase: how long one shard's Redis stays down
     seed: int = 0
 
 
@@ -93,6 +97,9 @@ class PhaseReport:
     published_after: int = 0
     unacked_at_restart: int = 0
     upstream_lost: int = 0
+    # shards phase: each shard's figures (bench.fault_shards.ShardFigures) and how long its Redis was down
+    per_shard: list[ShardFigures] = field(default_factory=list)
+    outage_s: float = 0.0
     settled: bool = False
     seconds: float = 0.0
 
@@ -105,7 +112,7 @@ class PhaseReport:
                 and self.upstream_lost <= self.unacked_at_restart)
 
     def line(self) -> str:
-        unit = {"turns": "turns", "outcomes": "outcomes", "redis_empty": "turns"}.get(self.phase, "requests")
+        unit = {"turns": "turns", "outcomes": "outcomes", "redis_empty": "turns", "shards": "turns"}.get(self.phase, "requests")
         if self.phase == "turns":
             extra = (f"aliases={self.aliases} dedupe_violations={self.dedupe_violations} "
                      f"dead_letters={self.dead_letters_found}/{self.dead_letters_expected}")
@@ -113,6 +120,11 @@ class PhaseReport:
             extra = (f"published_before={self.published_before} published_after={self.published_after} "
                      f"unacked_at_restart={self.unacked_at_restart} upstream_lost={self.upstream_lost} "
                      f"aliases={self.aliases} dedupe_violations={self.dedupe_violations}")
+        elif self.phase == "shards":
+            extra = (f"outage_s={self.outage_s:g} answered={self.answered} typed_failures={self.typed_failures} "
+                     f"untyped={len(self.untyped_failures)} overtime={self.overtime} "
+                     f"isolation_violations={self.isolation_violations} retry_ok={self.retry_ok} "
+                     + " ".join(f.summary() for f in self.per_shard))
         elif self.phase == "outcomes":
             extra = (f"score_mismatches={self.score_mismatches} ledger_mismatches={self.ledger_mismatches} "
                      f"buffer_violations={self.buffer_violations}")

@@ -18,6 +18,11 @@ every request), checked from the ids:
   (:mod:`bench.fault_redis_empty`); the workers recreate their consumer group and go on. Turns Redis
   held unacknowledged are lost upstream and counted apart; every turn published after the restart
   must be stored exactly once.
+* **shards**: three shards, each on its own Redis and database, with an ingest and a query worker
+  each, while shard 1's Redis is SIGKILLed for ``--shard-outage-s`` seconds and restarted
+  (:mod:`bench.fault_shards`): per shard, turns lost and duplicated, retrievals answered and failed,
+  the down shard's fast ShardUnavailable errors, and the healthy shards' latency before and during
+  the outage.
 
 ``mnemos bench faults --turns 5000 --outcomes 2000 --kills 8`` runs a longer version and can
 write the figures as Markdown (``--markdown bench/results/faults.md``). Fake models (hashing
@@ -41,9 +46,10 @@ import click
 from bench.fault_phases import run_outcomes, run_queries, run_turns
 from bench.fault_redis_empty import run_redis_empty
 from bench.fault_run import FaultPlan, FaultRun, PhaseReport
+from bench.fault_shards import DOWN, run_shards, shard_table
 
 __all__ = ["FaultPlan", "FaultRun", "PhaseReport", "faults", "markdown", "run_outcomes", "run_queries",
-           "run_redis_empty", "run_turns"]
+           "run_redis_empty", "run_shards", "run_turns"]
 
 
 def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redis_version: str = "") -> str:
@@ -61,6 +67,10 @@ def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redi
             checks = (f"published before / after the empty restart {r.published_before} / {r.published_after}, "
                       f"lost upstream by Redis {r.upstream_lost} (of {r.unacked_at_restart} unacknowledged "
                       f"at the restart), aliases {r.aliases}, dedupe violations {r.dedupe_violations}")
+        elif r.phase == "shards":
+            checks = (f"shard {DOWN}'s Redis down {r.outage_s:g} s; retrievals answered {r.answered}, typed failures "
+                      f"{r.typed_failures or '{}'}, untyped {len(r.untyped_failures)}, isolation violations "
+                      f"{r.isolation_violations}, retry ok {r.retry_ok} (per shard below)")
         else:
             checks = (f"answered {r.answered}, typed failures {r.typed_failures or '{}'}, untyped "
                       f"{len(r.untyped_failures)}, over timeout {r.overtime}, longest wait {r.max_wait_s:.1f}s, "
@@ -68,6 +78,7 @@ def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redi
         rows.append(f"| {r.phase} | {r.accepted} | {r.resent} | {r.kills} | {r.pauses} | {r.redis_restarts} | "
                     f"{r.postgres_restarts} | {len(r.worker_exits)} | {r.lost} | {r.duplicated} | {checks} | "
                     f"{r.seconds:.1f} |")
+    shards = [line for r in reports if r.phase == "shards" for line in ["", *shard_table(r)]]
     server = f" Redis {redis_version}." if redis_version else ""
     intro = ("Real `mnemos worker <kind>` processes against a private Redis (append-only file, fsync always) "
              "and a private Postgres cluster, fake models. Per phase the faults fire while publishing: workers "
@@ -77,12 +88,16 @@ def markdown(reports: Sequence[PhaseReport], plan: FaultPlan, command: str, redi
              "published outcomes and from the ledger. `worker exits` counts workers that died on their own. "
              "The redis_empty phase has no other fault: Redis restarts once, halfway, with its data files "
              "deleted; its lost / duplicated count the turns published after that restart, and the turns "
-             "Redis lost with its data are counted apart, as lost upstream.")
+             "Redis lost with its data are counted apart, as lost upstream. The shards phase has no other fault "
+             "either: three shards on their own Redis and database, shard 1's Redis SIGKILLed and restarted with "
+             "its append-only file; latency is of answered retrievals begun before the outage (each tenant's "
+             "first, a cold load, left out), during it and after it.")
     return "\n".join(["# Fault injection", "", intro, "", f"Command: `{command}` ({os.cpu_count()} cores)", "",
-                      f"Plan: `{asdict(plan)}`.{server}", "", *rows, ""])
+                      f"Plan: `{asdict(plan)}`.{server}", "", *rows, *shards, ""])
 
 
-PHASES = {"turns": run_turns, "outcomes": run_outcomes, "queries": run_queries, "redis_empty": run_redis_empty}
+PHASES = {"turns": run_turns, "outcomes": run_outcomes, "queries": run_queries, "redis_empty": run_redis_empty,
+          "shards": run_shards}
 
 
 def run_faults(plan: FaultPlan, *, phases: Sequence[str], redis_server: str | None, markdown_path: Path | None,
@@ -120,8 +135,8 @@ def _plan_options(command: Any) -> Any:
 
 @click.command("faults")
 @_plan_options
-@click.option("--phases", default="turns,outcomes,queries,redis_empty", show_default=True,
-              help="comma-separated subset of turns, outcomes, queries, redis_empty")
+@click.option("--phases", default="turns,outcomes,queries,redis_empty,shards", show_default=True,
+              help="comma-separated subset of turns, outcomes, queries, redis_empty, shards")
 @click.option("--redis-server", default=None, help="redis-server binary (default: newest on PATH)")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the figures here")
