@@ -7,13 +7,17 @@ data. Models are the fakes (HashingEncoder, FakeReranker) selected through setti
 
 A suite's ``conftest.py`` imports the fixtures it uses from here and may override
 ``name_prefix`` (database and key prefix) and ``settings_overrides`` (fields replaced in the
-default test settings).
+default test settings). Below the fixtures: bounded waits and worker processes started from a test.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,9 +27,10 @@ from psycopg import sql
 
 from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
 from workers.migrate import ensure_database, run_migrations
-from workers.settings import FAKE_MODEL, Settings
+from workers.settings import FAKE_MODEL, Settings, to_environment
 from workers.store import PostgresStore
 
+REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 JOB_TTLS = {"result_ttl": 600, "failure_ttl": 600}  # for a test's raw enqueue (rq keeps a failed job a year by default); long enough for a loaded machine
@@ -120,3 +125,41 @@ def delete_test_keys(client: redis.Redis, settings: Settings) -> None:
 def store(settings: Settings) -> Iterator[PostgresStore]:
     with PostgresStore(settings.database_url, settings.db_app_role) as value:
         yield value
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passed; returns whether it held at the end."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition",
+               interval_s: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); AssertionError naming ``what``
+    once ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def process_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a process a test starts: this one's, ``settings`` as ``MNEMOS_*`` variables,
+    the repository on ``PYTHONPATH``, then ``extra``."""
+    return {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO), **extra}
+
+
+def spawn_logged(args: Sequence[str], settings: Settings, log: Path) -> subprocess.Popen:
+    """Start ``args`` in the repository with :func:`process_env`, stdout and stderr appended to
+    ``log``, in a session of its own (a signal to the test's group does not reach it)."""
+    with log.open("ab") as sink:
+        return subprocess.Popen(list(args), env=process_env(settings), cwd=REPO, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)

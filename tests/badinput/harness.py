@@ -8,7 +8,6 @@ wedges the loop shows up as a bounded wait that never completes.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,6 +18,7 @@ import redis
 from api.client import MnemosClient
 from api.validation import limits_of
 from mnemos.rerank import Reranker
+from tests.support import wait_for
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
@@ -67,16 +67,6 @@ def query_service(settings: Settings, connection: redis.Redis, store: PostgresSt
 
 def suppression_worker(settings: Settings, connection: redis.Redis, store: PostgresStore) -> SuppressionWorker:
     return SuppressionWorker(settings, connection, store, ServiceMetrics())
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout_s`` passed; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
 
 
 def pending(connection: redis.Redis, stream: str, group: str) -> int:

@@ -26,15 +26,14 @@ from psycopg import sql
 
 from api.heartbeats import live_workers
 from tests.integration.factories import client_for, conversation_turns, drain, ingest_worker
-from tests.support import PG_ADMIN_URL, REDIS_URL
+from tests.support import PG_ADMIN_URL, REDIS_URL, REPO, process_env
 from workers.cli import cli
 from workers.migrate import ensure_database
-from workers.settings import Settings, to_environment
+from workers.settings import Settings
 from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "pw-Ub3rS3cret"  # trust authentication and a password-less Redis accept and ignore it
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 
@@ -51,12 +50,8 @@ def _with_password(url: str) -> str:
     return f"{scheme}://{user}:{SECRET}@{host}" if user else f"{scheme}://:{SECRET}@{host}"
 
 
-def _env(settings: Settings, **extra: str) -> dict[str, str]:
-    return {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO), **extra}
-
-
 def _mnemos(settings: Settings, *args: str, stdin: str | None = None, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "workers", *args], env=_env(settings, **extra), cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "workers", *args], env=process_env(settings, **extra), cwd=REPO,
                           input=stdin, capture_output=True, text=True, timeout=120)
 
 
@@ -191,7 +186,8 @@ def test_no_configured_password_is_ever_printed(settings: Settings, redis_client
     outputs.append(_mnemos(secret, "--log-level", "DEBUG", "retrieve", "--tenant", "alice", "cat"))  # no worker
     assert outputs[-1].returncode == 1
     worker = subprocess.Popen([sys.executable, "-m", "workers", "--log-level", "DEBUG", "worker", "ingest"],
-                              env=_env(secret), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=process_env(secret), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
     try:
         deadline = time.monotonic() + 60
         while not live_workers(redis_client, secret.stream_prefix, "ingest") and time.monotonic() < deadline:
@@ -245,7 +241,7 @@ def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_cli
             return int(conn.execute("SELECT count(*) FROM entries WHERE reindex_embedding IS NOT NULL").fetchone()[0])
 
     other = settings.replace(fake_encoder_dim=32, reindex_batch_size=5)
-    child = subprocess.Popen([sys.executable, "-m", "workers", "reindex"], env=_env(other), cwd=REPO,
+    child = subprocess.Popen([sys.executable, "-m", "workers", "reindex"], env=process_env(other), cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while staged() < 50:

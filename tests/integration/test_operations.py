@@ -9,7 +9,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,7 +21,7 @@ from rq.serializers import JSONSerializer
 
 from api.schemas import RetrievalRequest
 from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
-from tests.support import JOB_TTLS
+from tests.support import JOB_TTLS, wait_until
 from workers.connections import redis_client as service_redis_client
 from workers.errors import StoreError
 from workers.heartbeats import Heartbeat
@@ -44,13 +43,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _queue(settings: Settings, connection: redis.Redis) -> Queue:
@@ -128,7 +120,7 @@ def test_a_job_stranded_by_a_stop_between_dequeue_and_start_is_run_by_the_next_w
     stopping.beats.idle()  # the client asks only while a query worker is live
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(client_for(settings, redis_client).retrieve, "alice", "grey cat", k=3, timeout_s=20)
-        _wait(lambda: queue.count == 1 or answer.done(), "the request in the queue")
+        wait_until(lambda: queue.count == 1 or answer.done(), what="the request in the queue")
         stopping.work(burst=True)
         [job_id] = _intermediate(queue)  # stranded: dequeued, never started, still queued
         assert queue.count == 0 and Job.fetch(job_id, connection=redis_client).get_status() == JobStatus.QUEUED
@@ -233,13 +225,13 @@ def test_liveness_fails_while_the_loop_is_stuck_and_recovers_after(settings: Set
                               kwargs={"poison": lambda m, e: None, "heartbeat": beat})
     thread.start()
     try:
-        _wait(lambda: _status(port) == 200, "liveness while the loop idles")
+        wait_until(lambda: _status(port) == 200, what="liveness while the loop idles")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             assert b"mnemos_worker_heartbeat_timestamp_seconds" in response.read()  # the metrics stay where they were
         redis_client.xadd(settings.turns_stream, {"x": "1"})
-        _wait(lambda: _status(port) == 503, "liveness to fail while the loop is stuck")
+        wait_until(lambda: _status(port) == 503, what="liveness to fail while the loop is stuck")
         release.set()
-        _wait(lambda: _status(port) == 200, "liveness once the loop moves again")
+        wait_until(lambda: _status(port) == 200, what="liveness once the loop moves again")
     finally:
         release.set()
         stop.set()
