@@ -157,9 +157,7 @@ def _race(settings: Settings, connection: redis.Redis, store: PostgresStore, cli
     askers = [threading.Thread(target=_keep_asking, args=(client, t, committed, asked)) for t in TENANTS]
     for asker in askers:
         asker.start()
-    deadline = time.monotonic() + 10.0
-    while len(asked) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(asked) >= 4, 10.0, interval_s=0.01)
     client.forget("alice", turn_ids=["sec"])
     for asker in askers:
         asker.join(40.0)

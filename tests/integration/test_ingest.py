@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from tests.integration.factories import client_for, drain, ingest_worker, turn
+from tests.support import wait_for
 from workers.errors import StoreError
 from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
@@ -176,9 +177,7 @@ def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: re
     thread = threading.Thread(target=run_consumer, args=(worker.consumer("c1"), worker.handle, stop),
                               kwargs={"poison": worker.poison})
     thread.start()
-    deadline = time.monotonic() + 10
-    while len(_entries(store, "t")) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(_entries(store, "t")) >= 4, 10.0)
     stop.set()
     thread.join(5)
     assert seen_pending == [4, 4]  # still pending while the commit failed
@@ -260,9 +259,7 @@ def test_a_message_the_worker_fails_on_is_dead_lettered_and_the_rest_goes_on(
     thread = threading.Thread(target=run_consumer, args=(worker.consumer("c1"), worker.handle, stop),
                               kwargs={"poison": worker.poison})
     thread.start()
-    deadline = time.monotonic() + 10
-    while not _dead(store) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: _dead(store), 10.0)
     stop.set()
     thread.join(5)
     assert [r[1] for r in _entries(store, "good")] == ["g1", "g2"]
