@@ -62,6 +62,14 @@ def drain(worker: IngestWorker, name: str = "c1", rounds: int = 5) -> int:
     return handled
 
 
+def ingest_turns(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list[dict[str, Any]],
+                 rounds: int = 5) -> int:
+    """Publish ``turns`` and store them with a fresh in-process ingest worker (:func:`drain`); returns
+    the messages handled."""
+    client_for(settings, connection).publish_turns(turns)
+    return drain(ingest_worker(settings, connection, store), rounds=rounds)
+
+
 def query_service(settings: Settings, connection: redis.Redis, store: PostgresStore,
                   reranker: Reranker | None | str = "settings") -> QueryService:
     """A query service with the settings' encoder and, unless given, their reranker (``None``: none)."""

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from psycopg import sql
 
 from api.heartbeats import live_workers
-from tests.integration.factories import client_for, conversation_turns, drain, ingest_worker
+from tests.integration.factories import conversation_turns, ingest_turns
 from tests.support import PG_ADMIN_URL, REDIS_URL, REPO, process_env
 from workers.cli import cli
 from workers.migrate import ensure_database
@@ -108,8 +108,7 @@ def test_a_database_that_does_not_exist(settings: Settings) -> None:
 
 
 def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
-    drain(ingest_worker(settings, redis_client, store))  # dimension 64
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))  # dimension 64
     other = settings.replace(fake_encoder_dim=32)
     for kind in ("ingest", "query"):
         out = _mnemos(other, "worker", kind)
@@ -229,8 +228,7 @@ def test_a_benchmark_that_cannot_reach_its_database_is_one_line(settings: Settin
 
 
 def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
-    drain(ingest_worker(settings, redis_client, store))  # creates the tenant at dimension 64
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))  # creates the tenant at dimension 64
     with psycopg.connect(settings.database_url, autocommit=True) as conn:  # many more rows, fast
         conn.execute("INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
                      " SELECT 'alice', 'bulk' || i, 's9', 'user', 'bulk turn number ' || i, now(), %s"

@@ -20,7 +20,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from api.schemas import RetrievalRequest
-from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
+from tests.integration.factories import client_for, ingest_turns, query_service, turn
 from tests.support import JOB_TTLS, wait_until
 from workers.connections import redis_client as service_redis_client
 from workers.errors import StoreError
@@ -112,8 +112,7 @@ class _StoppedAfterDequeue(QueryWorker):
 
 def test_a_job_stranded_by_a_stop_between_dequeue_and_start_is_run_by_the_next_worker(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    client_for(settings, redis_client).publish_turns([turn("alice", "a1", "I adopted a grey cat named Pixel")])
-    drain(ingest_worker(settings, redis_client, store))
+    ingest_turns(settings, redis_client, store, [turn("alice", "a1", "I adopted a grey cat named Pixel")])
     service = query_service(settings, redis_client, store)
     queue = _queue(settings, redis_client)
     stopping = _worker(settings, redis_client, service, _StoppedAfterDequeue)
@@ -180,8 +179,7 @@ def test_the_service_honours_k_for_every_k_up_to_max_k(settings: Settings, redis
                                                        store: PostgresStore) -> None:
     turns = [turn("alice", f"t{i}", f"note {i} on topic{i % 7} with item{i} and tag{i * 13}", session=f"s{i % 5}",
                   role="user" if i % 3 else "assistant", minutes=i) for i in range(45)]
-    client_for(settings, redis_client).publish_turns(turns)
-    drain(ingest_worker(settings, redis_client, store), rounds=10)
+    ingest_turns(settings, redis_client, store, turns, rounds=10)
     service = query_service(settings, redis_client, store)
     everyone = {t["turn_id"] for t in turns}
     assistants = {t["turn_id"] for t in turns if t["role"] == "assistant"}  # the brute-force count of a filter
