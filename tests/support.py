@@ -5,9 +5,9 @@ gets its own database ``<name_prefix>_<random>`` (migrated, dropped afterwards) 
 stream prefix and rq queue name (their keys deleted afterwards), so tests never see each other's
 data. Models are the fakes (HashingEncoder, FakeReranker) selected through settings.
 
-A suite's ``conftest.py`` imports the fixtures it uses from here and may override
-``name_prefix`` (database and key prefix) and ``settings_overrides`` (fields replaced in the
-default test settings). Below the fixtures: bounded waits and worker processes started from a test.
+tests/conftest.py registers this module as a plugin, so every suite has its fixtures; a suite's
+``conftest.py`` may override ``name_prefix`` (database and key prefix) and ``settings_overrides``
+(fields replaced in the default test settings). Below the fixtures: bounded waits and worker processes started from a test.
 """
 
 from __future__ import annotations

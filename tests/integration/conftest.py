@@ -1,4 +1,5 @@
-"""Factories for service tests against the real Redis and Postgres on loopback (see tests/support.py).
+"""Factories for service tests against the real Redis and Postgres on loopback (tests/support.py's
+fixtures, registered in tests/conftest.py).
 
 Each test gets its own database ``mnemos_test_<random>`` (migrated, dropped afterwards) and a
 unique stream prefix and rq queue name (their keys deleted afterwards), so tests never see each
@@ -10,15 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import (  # noqa: F401
-    database_url,
-    name_prefix,
-    redis_client,
-    services,
-    settings,
-    settings_overrides,
-    store,
-)
 from workers.store import FakeStore, Store
 
 
