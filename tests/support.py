@@ -7,13 +7,15 @@ data. Models are the fakes (HashingEncoder, FakeReranker) selected through setti
 
 tests/conftest.py registers this module as a plugin, so every suite has its fixtures; a suite's
 ``conftest.py`` may override ``name_prefix`` (database and key prefix) and ``settings_overrides``
-(fields replaced in the default test settings). Below the fixtures: bounded waits and worker processes started from a test.
+(fields replaced in the default test settings). Below the fixtures: bounded waits, worker processes
+started from a test, and a worker's real consumer loop run in a thread until a condition holds.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -26,9 +28,14 @@ import redis
 from psycopg import sql
 
 from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
+from workers.ingest import GROUP as INGEST_GROUP
+from workers.ingest import IngestWorker
 from workers.migrate import ensure_database, run_migrations
 from workers.settings import FAKE_MODEL, Settings, to_environment
 from workers.store import PostgresStore
+from workers.streams import run_consumer
+from workers.suppression import GROUP as SUPPRESSION_GROUP
+from workers.suppression import SuppressionWorker
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -163,3 +170,51 @@ def spawn_logged(args: Sequence[str], settings: Settings, log: Path) -> subproce
     with log.open("ab") as sink:
         return subprocess.Popen(list(args), env=process_env(settings), cwd=REPO, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Kill ``process`` unless it has exited already, then reap it."""
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout_s)
+
+
+def pending(connection: redis.Redis, stream: str, group: str) -> int:
+    try:
+        return int(connection.xpending(stream, group)["pending"])
+    except redis.ResponseError:  # no stream or group yet
+        return 0
+
+
+def run_loop_until(worker: IngestWorker | SuppressionWorker, until: Callable[[], bool], *,
+                   timeout_s: float = 60.0, name: str = "c1") -> bool:
+    """Run the worker's real consumer loop in a thread until ``until()`` holds and nothing is pending.
+
+    Returns False when that did not happen within ``timeout_s`` (a wedged or dead loop). The thread
+    is always stopped before returning.
+    """
+    if isinstance(worker, IngestWorker):
+        stream, group = worker.settings.turns_stream, INGEST_GROUP
+    else:
+        stream, group = worker.settings.outcomes_stream, SUPPRESSION_GROUP
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            run_consumer(worker.consumer(name), worker.handle, stop, poison=worker.poison)
+        except BaseException as exc:  # surfaced to the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=body, name="test-consumer", daemon=True)
+    thread.start()
+    try:
+        done = wait_for(lambda: bool(errors) or (until() and pending(worker.connection, stream, group) == 0),
+                        timeout_s)
+    finally:
+        stop.set()
+        thread.join(30)  # the loop ends after its current read or batch; a loaded 2-core machine needs headroom
+    assert not thread.is_alive(), "consumer loop did not stop"
+    if errors:
+        raise AssertionError(f"consumer loop died: {errors[0]!r}") from errors[0]
+    return done

@@ -9,22 +9,16 @@ wedges the loop shows up as a bounded wait that never completes.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import redis
 
 from tests.integration.factories import client_for, ingest_worker, query_service, suppression_worker, turn
-from tests.support import wait_for
-from workers.ingest import GROUP as INGEST_GROUP
-from workers.ingest import IngestWorker
+from tests.support import pending, run_loop_until, wait_for
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.streams import run_consumer
-from workers.suppression import GROUP as SUPPRESSION_GROUP
-from workers.suppression import SuppressionWorker
 
 __all__ = ["client_for", "dead_letters", "entries", "ingest_worker", "pending", "publish", "query_service", "reasons",
            "run_loop_until", "suppression_rows", "suppression_worker", "turn", "turn_ids", "wait_for", "wire_fields"]
@@ -33,47 +27,6 @@ __all__ = ["client_for", "dead_letters", "entries", "ingest_worker", "pending", 
 def wire_fields(settings: Settings, connection: redis.Redis, value: dict[str, Any]) -> dict[str, str]:
     """The stream fields a well-behaved client would XADD for ``value`` (the base of raw edits)."""
     return client_for(settings, connection).make_turn(value).to_stream_fields()
-
-
-def pending(connection: redis.Redis, stream: str, group: str) -> int:
-    try:
-        return int(connection.xpending(stream, group)["pending"])
-    except redis.ResponseError:  # no stream or group yet
-        return 0
-
-
-def run_loop_until(worker: IngestWorker | SuppressionWorker, until: Callable[[], bool], *,
-                   timeout_s: float = 60.0, name: str = "c1") -> bool:
-    """Run the worker's real consumer loop in a thread until ``until()`` holds and nothing is pending.
-
-    Returns False when that did not happen within ``timeout_s`` (a wedged or dead loop). The thread
-    is always stopped before returning.
-    """
-    if isinstance(worker, IngestWorker):
-        stream, group = worker.settings.turns_stream, INGEST_GROUP
-    else:
-        stream, group = worker.settings.outcomes_stream, SUPPRESSION_GROUP
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            run_consumer(worker.consumer(name), worker.handle, stop, poison=worker.poison)
-        except BaseException as exc:  # surfaced to the test below
-            errors.append(exc)
-
-    thread = threading.Thread(target=body, name="badinput-consumer", daemon=True)
-    thread.start()
-    try:
-        done = wait_for(lambda: bool(errors) or (until() and pending(worker.connection, stream, group) == 0),
-                        timeout_s)
-    finally:
-        stop.set()
-        thread.join(30)  # the loop ends after its current read or batch; a loaded 2-core machine needs headroom
-    assert not thread.is_alive(), "consumer loop did not stop"
-    if errors:
-        raise AssertionError(f"consumer loop died: {errors[0]!r}") from errors[0]
-    return done
 
 
 def entries(store: PostgresStore, tenant: str) -> list[tuple]:

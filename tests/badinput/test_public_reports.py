@@ -50,7 +50,7 @@ from tests.badinput.harness import (
     turn,
     turn_ids,
 )
-from tests.support import spawn_logged, wait_for
+from tests.support import spawn_logged, stop_process, wait_for
 from workers.ingest import GROUP as INGEST_GROUP
 from workers.store import PostgresStore
 from workers.streams import StreamMessage
@@ -270,12 +270,6 @@ def _as_stream_message(outcome: Outcome) -> StreamMessage:
 
 # 6 -----------------------------------------------------------------------------------------------
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-    process.wait(10)
-
-
 @pytest.mark.integration
 @pytest.mark.e2e
 def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succeeds(
@@ -307,7 +301,7 @@ def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succ
         asker.join(30.0)
         assert not asker.is_alive(), "the client never returned"
     finally:
-        _stop(slow)
+        stop_process(slow)
     error = outcome.get("error")
     assert isinstance(error, RetrievalTimeout), outcome
     assert error.status == "started" and float(outcome["seconds"]) < 20.0 + 5.0
@@ -324,7 +318,7 @@ def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succ
         try:
             healthy.wait(15)
         except subprocess.TimeoutExpired:
-            _stop(healthy)
+            stop_process(healthy)
 
 
 # 7 -----------------------------------------------------------------------------------------------

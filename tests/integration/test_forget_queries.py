@@ -45,7 +45,7 @@ from tests.integration.factories import (
     query_service,
     turn,
 )
-from tests.support import queue_job_ids, spawn_logged, wait_for
+from tests.support import queue_job_ids, spawn_logged, stop_process, wait_for
 from workers.query import QueryService, build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
@@ -281,9 +281,7 @@ def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_sto
         slow.wait(10)
         asker.join(15.0)
     finally:
-        if slow.poll() is None:
-            slow.kill()
-        slow.wait(10)
+        stop_process(slow)
     assert not asker.is_alive(), "the client never returned"
     error = outcome.get("error")
     assert isinstance(error, RetrievalTimeout) and error.status == "started", outcome  # typed, not silent

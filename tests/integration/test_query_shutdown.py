@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
-from tests.support import spawn_logged, wait_for
+from tests.support import spawn_logged, stop_process, wait_for
 from workers.query import PUBSUB_POLL_S, build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
@@ -53,9 +53,7 @@ def test_an_idle_query_worker_exits_within_seconds_of_sigterm(settings: Settings
         code = _exit_code_within(worker, EXIT_WITHIN_S)
         took = time.monotonic() - began
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
+        stop_process(worker)
     assert code == 0, f"no clean exit {took:.1f} s after SIGTERM:\n{log.read_text()[-3000:]}"
 
 
@@ -86,9 +84,7 @@ def test_a_busy_query_worker_finishes_its_job_then_exits(settings: Settings, red
         code = _exit_code_within(worker, 60.0)
         exited_at = time.monotonic()
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
+        stop_process(worker)
     assert not asker.is_alive(), "the client never returned"
     result = answer.get("result")
     assert result is not None, answer  # the job in flight at SIGTERM was finished, not dropped
