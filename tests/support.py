@@ -5,16 +5,21 @@ gets its own database ``<name_prefix>_<random>`` (migrated, dropped afterwards) 
 stream prefix and rq queue name (their keys deleted afterwards), so tests never see each other's
 data. Models are the fakes (HashingEncoder, FakeReranker) selected through settings.
 
-A suite's ``conftest.py`` imports the fixtures it uses from here and may override
-``name_prefix`` (database and key prefix) and ``settings_overrides`` (fields replaced in the
-default test settings).
+tests/conftest.py registers this module as a plugin, so every suite has its fixtures; a suite's
+``conftest.py`` may override ``name_prefix`` (database and key prefix) and ``settings_overrides``
+(fields replaced in the default test settings). Below the fixtures: bounded waits, worker processes
+started from a test, and a worker's real consumer loop run in a thread until a condition holds.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +32,16 @@ from psycopg import sql
 
 from bench.fault_servers import RedisServer, redis_binaries
 from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
+from workers.ingest import GROUP as INGEST_GROUP
+from workers.ingest import IngestWorker
 from workers.migrate import ensure_database, run_migrations
-from workers.settings import FAKE_MODEL, Settings
+from workers.settings import FAKE_MODEL, Settings, to_environment
 from workers.store import PostgresStore
+from workers.streams import run_consumer
+from workers.suppression import GROUP as SUPPRESSION_GROUP
+from workers.suppression import SuppressionWorker
 
+REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 JOB_TTLS = {"result_ttl": 600, "failure_ttl": 600}  # for a test's raw enqueue (rq keeps a failed job a year by default); long enough for a loaded machine
@@ -189,3 +200,89 @@ def postgres_tenants(url: str) -> set[str]:
             "c.table_name WHERE c.column_name = 'tenant_id' AND c.table_schema = 'public' AND NOT p.relispartition")]
         return {r[0] for t in tables for r in conn.execute(
             sql.SQL("SELECT DISTINCT tenant_id::text FROM {}").format(sql.Identifier(t)))}
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passed; returns whether it held at the end."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition",
+               interval_s: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); AssertionError naming ``what``
+    once ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def process_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a process a test starts: this one's, ``settings`` as ``MNEMOS_*`` variables,
+    the repository on ``PYTHONPATH``, then ``extra``."""
+    return {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO), **extra}
+
+
+def spawn_logged(args: Sequence[str], settings: Settings, log: Path) -> subprocess.Popen:
+    """Start ``args`` in the repository with :func:`process_env`, stdout and stderr appended to
+    ``log``, in a session of its own (a signal to the test's group does not reach it)."""
+    with log.open("ab") as sink:
+        return subprocess.Popen(list(args), env=process_env(settings), cwd=REPO, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Kill ``process`` unless it has exited already, then reap it."""
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout_s)
+
+
+def pending(connection: redis.Redis, stream: str, group: str) -> int:
+    try:
+        return int(connection.xpending(stream, group)["pending"])
+    except redis.ResponseError:  # no stream or group yet
+        return 0
+
+
+def run_loop_until(worker: IngestWorker | SuppressionWorker, until: Callable[[], bool], *,
+                   timeout_s: float = 60.0, name: str = "c1") -> bool:
+    """Run the worker's real consumer loop in a thread until ``until()`` holds and nothing is pending.
+
+    Returns False when that did not happen within ``timeout_s`` (a wedged or dead loop). The thread
+    is always stopped before returning.
+    """
+    if isinstance(worker, IngestWorker):
+        stream, group = worker.settings.turns_stream, INGEST_GROUP
+    else:
+        stream, group = worker.settings.outcomes_stream, SUPPRESSION_GROUP
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            run_consumer(worker.consumer(name), worker.handle, stop, poison=worker.poison)
+        except BaseException as exc:  # surfaced to the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=body, name="test-consumer", daemon=True)
+    thread.start()
+    try:
+        done = wait_for(lambda: bool(errors) or (until() and pending(worker.connection, stream, group) == 0),
+                        timeout_s)
+    finally:
+        stop.set()
+        thread.join(30)  # the loop ends after its current read or batch; a loaded 2-core machine needs headroom
+    assert not thread.is_alive(), "consumer loop did not stop"
+    if errors:
+        raise AssertionError(f"consumer loop died: {errors[0]!r}") from errors[0]
+    return done

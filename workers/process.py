@@ -19,9 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from workers import ingest, suppression
 from workers.connections import redis_client
@@ -35,6 +37,9 @@ from workers.settings import Settings
 from workers.store import PostgresStore, Store
 from workers.store_state import EmbeddingVersion, check_store, current_version
 from workers.streams import StreamSampler, consumer_name
+
+if TYPE_CHECKING:
+    from workers.query import QueryService
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +138,37 @@ def run_suppression(settings: Settings) -> int:
     return _run_stream_worker(settings, "suppression", settings.suppression_metrics_port, build)
 
 
+class _WorkLoopEnded(Exception):
+    """rq's work loop ended, or lost Redis, without a stop request, after running ``ran_s`` seconds:
+    :func:`run_query` starts a fresh rq worker. Never leaves this module."""
+
+    def __init__(self, ran_s: float) -> None:
+        super().__init__(f"rq work loop ended without a stop request after {ran_s:.1f}s")
+        self.ran_s = ran_s
+
+
+class _RestartBackoff(ExponentialBackoff):
+    """The wait before a fresh rq worker starts: 0.5 s after the first end, twice as long after each
+    next one, up to ``cap`` seconds, and 0.5 s again after a worker that had run fine for
+    ``HEALTHY_S`` seconds (a new outage, not the same one going on)."""
+
+    HEALTHY_S = 60.0
+
+    def __init__(self, cap: float) -> None:
+        super().__init__(cap=cap, base=0.25)
+        self._failures_before = 0  # the ends counted before the last worker that had run fine
+
+    def compute(self, failures: int) -> float:
+        return super().compute(failures - self._failures_before)
+
+    def ended(self, exc: Exception, failures: int) -> None:
+        """Retry's failure handler: count from here when the worker had run fine, and log the wait."""
+        if isinstance(exc, _WorkLoopEnded) and exc.ran_s > self.HEALTHY_S:
+            self._failures_before = failures - 1
+        log.warning("rq work loop ended without a stop request (Redis lost?); restarting it in %.1fs",
+                    self.compute(failures))
+
+
 def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float = 5.0,
               rq_log_level: str = "WARNING") -> int:
     """Take retrieval jobs until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty).
@@ -146,7 +182,7 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
     """
     from rq.exceptions import StopRequested
 
-    from workers.query import QueryService, build_worker
+    from workers.query import QueryService
 
     limit_blas_threads(settings)
     try:
@@ -161,31 +197,39 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
     metrics, sampler = _metrics(settings, settings.query_metrics_port, "query", connection, liveness)
     service = QueryService(settings, connection, store, encoder, reranker, metrics)
     service.warm_up()
-    backoff = 0.5
+    backoff = _RestartBackoff(max_backoff_s)
+    retry = Retry(backoff, retries=-1, supported_errors=(_WorkLoopEnded,))
     try:
-        while True:
-            stop, began = burst, time.monotonic()
-            liveness.extend(settings.heartbeat_ttl_s)  # starting (again) is progress: the worker beats from here on
-            try:
-                worker = build_worker(settings, connection, service, liveness=liveness)
-                log.info("query worker %s taking jobs from queue %s", worker.name, settings.retrieval_queue)
-                worker.work(burst=burst, with_scheduler=False, logging_level=rq_log_level)
-                stop = stop or worker.stop_signalled
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("query worker lost Redis: %s", exc)
-            except StopRequested:  # SIGTERM/SIGINT outside a job (rq's handlers are installed)
-                stop = True
-            if stop:
-                break
-            if time.monotonic() - began > 60:  # it had been running fine: start over with a short wait
-                backoff = 0.5
-            log.warning("rq work loop ended without a stop request (Redis lost?); restarting it in %.1fs", backoff)
-            try:
-                time.sleep(backoff)
-            except StopRequested:
-                break
-            backoff = min(backoff * 2, max_backoff_s)
+        retry.call_with_retry(
+            lambda: _take_jobs(settings, connection, service, liveness, burst=burst, rq_log_level=rq_log_level),
+            backoff.ended, with_failure_count=True)
+    except StopRequested:  # SIGTERM/SIGINT while waiting to restart (rq's handlers stay installed)
+        pass
     finally:
         sampler.stop()
         store.close()
     return 0
+
+
+def _take_jobs(settings: Settings, connection: redis.Redis, service: QueryService, liveness: Liveness, *,
+               burst: bool, rq_log_level: str) -> None:
+    """Run one rq worker around ``service`` until it stops; raises :class:`_WorkLoopEnded` when its
+    work loop ended, or lost Redis, without a stop request (in ``burst`` mode the end is the stop)."""
+    from rq.exceptions import StopRequested
+
+    from workers.query import build_worker
+
+    began = time.monotonic()
+    liveness.extend(settings.heartbeat_ttl_s)  # starting (again) is progress: the worker beats from here on
+    try:
+        worker = build_worker(settings, connection, service, liveness=liveness)
+        log.info("query worker %s taking jobs from queue %s", worker.name, settings.retrieval_queue)
+        worker.work(burst=burst, with_scheduler=False, logging_level=rq_log_level)
+        stopped = burst or worker.stop_signalled
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("query worker lost Redis: %s", exc)
+        stopped = burst
+    except StopRequested:  # SIGTERM/SIGINT outside a job (rq's handlers are installed)
+        stopped = True
+    if not stopped:
+        raise _WorkLoopEnded(time.monotonic() - began)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.retry import Retry
 
 from workers.errors import StoreError
 from workers.metrics import ServiceMetrics
@@ -296,49 +298,80 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
 
     ``handle`` returns the stream ids it committed; only those are acknowledged. Transient errors
     (Redis or Postgres unavailable) back off and replay the consumer's pending entries, so
-    nothing is acknowledged that was not committed. ``NOGROUP`` (Redis lost its data) recreates the
-    group and goes on (:meth:`StreamConsumer.recreate_group`). Any other error is a bug or a poison message:
-    the batch is retried one message at a time and a message that still fails is handed to
-    ``poison`` (which dead-letters it) and acknowledged, so one bad message cannot stop the group.
+    nothing is acknowledged that was not committed: redis-py's ``Retry`` retries a turn of the loop
+    until one succeeds, waiting 0.1 s after the first failure and twice as long after each next one,
+    up to ``max_backoff_s``; the wait ends as soon as ``stop`` is set. ``NOGROUP`` (Redis lost its
+    data) recreates the group and goes on (:meth:`StreamConsumer.recreate_group`). Any other error
+    is a bug or a poison message: the batch is retried one message at a time and a message that
+    still fails is handed to ``poison`` (which dead-letters it) and acknowledged, so one bad message
+    cannot stop the group.
     """
-    backoff = 0.1
-    next_trim = time.monotonic() + (trim_interval_s or 0)
-    ensured = False
-    missing: redis.ResponseError | None = None  # the NOGROUP to recover from, inside the try
+    turns = _ConsumerTurns(consumer, handle, poison, trim_interval_s=trim_interval_s, heartbeat=heartbeat,
+                           after_ack=after_ack)
+    backoff = ExponentialBackoff(cap=max_backoff_s, base=0.05)  # 0.1 s after the first failure, doubling
+
+    def back_off(exc: Exception, failures: int) -> None:
+        delay = backoff.compute(failures)
+        log.warning("%s/%s: %s; retrying in %.1fs", consumer.stream, consumer.group, exc, delay)
+        consumer.replay_pending()
+        stop.wait(delay)
+
+    # The wait is on ``stop`` (in back_off), not Retry's own sleep, so that a stop request ends it at once.
+    retry = Retry(NoBackoff(), retries=-1, supported_errors=TRANSIENT_ERRORS)
     while not stop.is_set():
-        try:
-            if heartbeat is not None:
-                heartbeat.idle()
-            if missing is not None:
-                consumer.recreate_group(missing)
-                missing = None
-            elif not ensured:
-                consumer.ensure_group()
-                ensured = True
-            batch = consumer.read()
-            if batch:
-                if heartbeat is not None:
-                    heartbeat.busy()
-                consumer.ack(_handle_guarded(handle, batch, poison))
-                if after_ack is not None:
-                    after_ack()
-            if trim_interval_s and time.monotonic() >= next_trim:
-                removed = safe_trim(consumer.connection, consumer.stream)
-                if removed:
-                    log.info("trimmed %d acknowledged entries of %s", removed, consumer.stream)
-                next_trim = time.monotonic() + trim_interval_s
-            backoff = 0.1
-        except redis.ResponseError as exc:
-            if not is_missing_group(exc):
-                raise
-            missing = exc
-        except TRANSIENT_ERRORS as exc:
-            if not is_transient(exc):
-                raise
-            log.warning("%s/%s: %s; retrying in %.1fs", consumer.stream, consumer.group, exc, backoff)
-            consumer.replay_pending()
-            stop.wait(backoff)
-            backoff = min(backoff * 2, max_backoff_s)
+        retry.call_with_retry(lambda: turns.turn(stop), back_off, is_retryable=is_transient, with_failure_count=True)
+
+
+class _ConsumerTurns:
+    """The turns of :func:`run_consumer`'s loop, and what it carries from one turn to the next."""
+
+    def __init__(self, consumer: StreamConsumer, handle: Callable[[list[StreamMessage]], list[str]],
+                 poison: Callable[[StreamMessage, Exception], None], *, trim_interval_s: float | None,
+                 heartbeat: Heartbeat | None, after_ack: Callable[[], None] | None) -> None:
+        self.consumer = consumer
+        self.handle = handle
+        self.poison = poison
+        self.trim_interval_s = trim_interval_s
+        self.heartbeat = heartbeat
+        self.after_ack = after_ack
+        self.next_trim = time.monotonic() + (trim_interval_s or 0)
+        self.ensured = False
+        self.missing: redis.ResponseError | None = None  # the NOGROUP to recover from on the next turn
+
+    def turn(self, stop: threading.Event) -> None:
+        """One turn of the loop (none once ``stop`` is set), and another at once after ``NOGROUP``,
+        which recreates the group. Transient errors propagate, for the caller's retry."""
+        while not stop.is_set():
+            try:
+                self._turn()
+                return
+            except redis.ResponseError as exc:
+                if not is_missing_group(exc):
+                    raise
+                self.missing = exc
+
+    def _turn(self) -> None:
+        consumer = self.consumer
+        if self.heartbeat is not None:
+            self.heartbeat.idle()
+        if self.missing is not None:
+            consumer.recreate_group(self.missing)
+            self.missing = None
+        elif not self.ensured:
+            consumer.ensure_group()
+            self.ensured = True
+        batch = consumer.read()
+        if batch:
+            if self.heartbeat is not None:
+                self.heartbeat.busy()
+            consumer.ack(_handle_guarded(self.handle, batch, self.poison))
+            if self.after_ack is not None:
+                self.after_ack()
+        if self.trim_interval_s and time.monotonic() >= self.next_trim:
+            removed = safe_trim(consumer.connection, consumer.stream)
+            if removed:
+                log.info("trimmed %d acknowledged entries of %s", removed, consumer.stream)
+            self.next_trim = time.monotonic() + self.trim_interval_s
 
 
 def _handle_guarded(handle: Callable[[list[StreamMessage]], list[str]], batch: list[StreamMessage],

@@ -1,8 +1,8 @@
 """Fixtures of the bad-input catalogue: the machine's Redis and Postgres on loopback, isolated per test.
 
-The shared fixtures of tests/support.py: each test that needs servers gets its own database
-``mnemos_bad_<random>`` (migrated, dropped afterwards) and a unique stream prefix / rq queue (keys
-deleted afterwards). Models are the fakes (HashingEncoder, FakeReranker) chosen through settings.
+The shared fixtures of tests/support.py (registered in tests/conftest.py) with this suite's name
+prefix and settings: each test that needs servers gets its own database ``mnemos_bad_<random>``
+(migrated, dropped afterwards) and a unique stream prefix / rq queue (keys deleted afterwards). Models are the fakes (HashingEncoder, FakeReranker) chosen through settings.
 Tests that only exercise client-side validation need no server at all.
 """
 
@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from tests.support import database_url, redis_client, services, settings, store  # noqa: F401
 
 
 @pytest.fixture

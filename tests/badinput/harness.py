@@ -1,4 +1,6 @@
-"""Builders and bounded waits shared by the bad-input, public-report and isolation tests.
+"""Helpers of the bad-input, public-report and isolation tests: the integration suite's builders
+(tests/integration/factories.py), the bounded wait of tests/support.py, the consumer loop in a
+thread and readers of what the workers stored.
 
 Workers run in-process here (fake models, a fresh metrics registry each); the stream workers run
 their real consumer loop (:func:`workers.streams.run_consumer`) in a thread, so a message that
@@ -7,117 +9,24 @@ wedges the loop shows up as a bounded wait that never completes.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import redis
 
-from api.client import MnemosClient
-from api.validation import limits_of
-from mnemos.rerank import Reranker
-from workers.ingest import GROUP as INGEST_GROUP
-from workers.ingest import IngestWorker
-from workers.metrics import ServiceMetrics
-from workers.models import TruncationCounter, load_encoder, load_reranker
-from workers.query import QueryService
+from tests.integration.factories import client_for, ingest_worker, query_service, suppression_worker, turn
+from tests.support import pending, run_loop_until, wait_for
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.streams import run_consumer
-from workers.suppression import GROUP as SUPPRESSION_GROUP
-from workers.suppression import SuppressionWorker
 
-BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
-
-
-def client_for(settings: Settings, connection: redis.Redis) -> MnemosClient:
-    return MnemosClient(connection, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
-                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s)
-
-
-def turn(tenant: str, turn_id: str, text: str, *, session: str = "s1", role: str = "user",
-         minutes: int = 0, **extra: Any) -> dict[str, Any]:
-    """A valid turn as a client would pass it (``extra`` overrides or adds fields)."""
-    value: dict[str, Any] = {"tenant_id": tenant, "session_id": session, "turn_id": turn_id, "role": role,
-                             "text": text, "occurred_at": (BASE_TIME + timedelta(minutes=minutes)).isoformat()}
-    value.update(extra)
-    return value
+__all__ = ["client_for", "dead_letters", "entries", "ingest_worker", "pending", "publish", "query_service", "reasons",
+           "run_loop_until", "suppression_rows", "suppression_worker", "turn", "turn_ids", "wait_for", "wire_fields"]
 
 
 def wire_fields(settings: Settings, connection: redis.Redis, value: dict[str, Any]) -> dict[str, str]:
     """The stream fields a well-behaved client would XADD for ``value`` (the base of raw edits)."""
     return client_for(settings, connection).make_turn(value).to_stream_fields()
-
-
-def ingest_worker(settings: Settings, connection: redis.Redis, store: PostgresStore,
-                  truncation: TruncationCounter | None = None) -> IngestWorker:
-    return IngestWorker(settings, connection, store, load_encoder(settings), truncation or TruncationCounter(),
-                        ServiceMetrics())
-
-
-def query_service(settings: Settings, connection: redis.Redis, store: PostgresStore,
-                  reranker: Reranker | None | str = "settings") -> QueryService:
-    chosen = load_reranker(settings) if reranker == "settings" else reranker
-    return QueryService(settings, connection, store, load_encoder(settings), chosen,  # type: ignore[arg-type]
-                        ServiceMetrics())
-
-
-def suppression_worker(settings: Settings, connection: redis.Redis, store: PostgresStore) -> SuppressionWorker:
-    return SuppressionWorker(settings, connection, store, ServiceMetrics())
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout_s`` passed; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
-
-
-def pending(connection: redis.Redis, stream: str, group: str) -> int:
-    try:
-        return int(connection.xpending(stream, group)["pending"])
-    except redis.ResponseError:  # no stream or group yet
-        return 0
-
-
-def run_loop_until(worker: IngestWorker | SuppressionWorker, until: Callable[[], bool], *,
-                   timeout_s: float = 60.0, name: str = "c1") -> bool:
-    """Run the worker's real consumer loop in a thread until ``until()`` holds and nothing is pending.
-
-    Returns False when that did not happen within ``timeout_s`` (a wedged or dead loop). The thread
-    is always stopped before returning.
-    """
-    if isinstance(worker, IngestWorker):
-        stream, group = worker.settings.turns_stream, INGEST_GROUP
-    else:
-        stream, group = worker.settings.outcomes_stream, SUPPRESSION_GROUP
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            run_consumer(worker.consumer(name), worker.handle, stop, poison=worker.poison)
-        except BaseException as exc:  # surfaced to the test below
-            errors.append(exc)
-
-    thread = threading.Thread(target=body, name="badinput-consumer", daemon=True)
-    thread.start()
-    try:
-        done = wait_for(lambda: bool(errors) or (until() and pending(worker.connection, stream, group) == 0),
-                        timeout_s)
-    finally:
-        stop.set()
-        thread.join(30)  # the loop ends after its current read or batch; a loaded 2-core machine needs headroom
-    assert not thread.is_alive(), "consumer loop did not stop"
-    if errors:
-        raise AssertionError(f"consumer loop died: {errors[0]!r}") from errors[0]
-    return done
 
 
 def entries(store: PostgresStore, tenant: str) -> list[tuple]:

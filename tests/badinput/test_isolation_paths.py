@@ -9,7 +9,6 @@ suppression rows, bootstrap buffer, centroids and memory version must not move.
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import uuid
@@ -34,16 +33,14 @@ from tests.badinput.harness import (
     suppression_worker,
     turn,
     turn_ids,
-    wait_for,
 )
-from tests.support import JOB_TTLS
+from tests.support import JOB_TTLS, spawn_logged, wait_for
 from workers.query import QueryService, build_worker
-from workers.settings import Settings, to_environment
+from workers.settings import Settings
 from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 
 SHARED = ["I really like coffee in the morning", "my sister Ana lives in Lisbon", "the spare key is under the mat",
           "we adopted a grey cat named Pixel", "the dentist appointment is on Tuesday", "quick brown fox notes",
@@ -179,13 +176,6 @@ def test_rq_jobs_of_two_tenants_share_one_worker_without_mixing(settings, redis_
     assert len(service.cache) == 2
 
 
-def _spawn_query_worker(settings: Settings, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO)}
-    with log.open("ab") as sink:
-        return subprocess.Popen([sys.executable, "-m", "workers", "worker", "query"], env=env, cwd=REPO,
-                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 @pytest.mark.e2e
 def test_the_same_request_id_from_two_tenants_never_returns_the_other_tenants_result(
         settings, redis_client, store, tmp_path: Path) -> None:
@@ -194,7 +184,7 @@ def test_the_same_request_id_from_two_tenants_never_returns_the_other_tenants_re
     ingest(settings, redis_client, store, "beta", SHARED + B_ONLY)
     alpha, beta = entry_ids(store, "alpha"), entry_ids(store, "beta")
     request_id = f"req-{uuid.uuid4().hex[:8]}"
-    worker = _spawn_query_worker(settings, tmp_path / "query.log")
+    worker = spawn_logged([sys.executable, "-m", "workers", "worker", "query"], settings, tmp_path / "query.log")
     try:
         client = client_for(settings, redis_client)
         assert wait_for(lambda: bool(client.query_workers()), 60.0), (tmp_path / "query.log").read_text()[-3000:]

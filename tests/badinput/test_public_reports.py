@@ -49,15 +49,12 @@ from tests.badinput.harness import (
     suppression_worker,
     turn,
     turn_ids,
-    wait_for,
 )
+from tests.support import spawn_logged, stop_process, wait_for
 from workers.ingest import GROUP as INGEST_GROUP
-from workers.settings import Settings, to_environment
 from workers.store import PostgresStore
 from workers.streams import StreamMessage
 from workers.wire import outcome_record
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def version(store: PostgresStore, tenant: str) -> int | None:
@@ -273,19 +270,6 @@ def _as_stream_message(outcome: Outcome) -> StreamMessage:
 
 # 6 -----------------------------------------------------------------------------------------------
 
-def _spawn(args: list[str], settings: Settings, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO)}
-    with log.open("ab") as sink:
-        return subprocess.Popen(args, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-    process.wait(10)
-
-
 @pytest.mark.integration
 @pytest.mark.e2e
 def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succeeds(
@@ -294,7 +278,7 @@ def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succ
         ["the spare key is under the blue flowerpot", "the bakery opens at seven", "Ines teaches the cello"])])
     assert run_loop_until(ingest_worker(settings, redis_client, store), lambda: len(turn_ids(store, "t")) == 3)
     marker = tmp_path / "rerank-started"
-    slow = _spawn([sys.executable, "-m", "tests.badinput.slow_query_worker", "--marker", str(marker),
+    slow = spawn_logged([sys.executable, "-m", "tests.badinput.slow_query_worker", "--marker", str(marker),
                    "--sleep-s", "120"], settings, tmp_path / "slow.log")
     client = client_for(settings, redis_client)
     outcome: dict[str, object] = {}
@@ -317,13 +301,13 @@ def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succ
         asker.join(30.0)
         assert not asker.is_alive(), "the client never returned"
     finally:
-        _stop(slow)
+        stop_process(slow)
     error = outcome.get("error")
     assert isinstance(error, RetrievalTimeout), outcome
     assert error.status == "started" and float(outcome["seconds"]) < 20.0 + 5.0
     assert redis_client.exists(settings.outcomes_stream) == 0  # the killed job emitted no outcome
 
-    healthy = _spawn([sys.executable, "-m", "workers", "worker", "query"], settings, tmp_path / "healthy.log")
+    healthy = spawn_logged([sys.executable, "-m", "workers", "worker", "query"], settings, tmp_path / "healthy.log")
     try:
         retry = client.retrieve("t", "where is the spare key", k=3, timeout_s=30.0)
         assert retry.hits and retry.hits[0].turn_id == "u0"
@@ -334,7 +318,7 @@ def test_query_worker_killed_mid_rerank_ends_in_a_typed_timeout_and_a_retry_succ
         try:
             healthy.wait(15)
         except subprocess.TimeoutExpired:
-            _stop(healthy)
+            stop_process(healthy)
 
 
 # 7 -----------------------------------------------------------------------------------------------

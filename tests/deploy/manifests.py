@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import importlib.util
 import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import jsonschema
 import yaml
@@ -35,6 +38,20 @@ WORKERS = ("ingest", "query", "suppression")
 
 class SchemaNotFound(LookupError):
     """Raised when neither kubernetes-validate nor tests/deploy/schemas knows a kind."""
+
+
+def script_module(path: Path, name: str) -> Iterator[ModuleType]:
+    """The script at ``path`` (a generate.py outside any package) imported as module ``name``, for a
+    fixture to yield from; it leaves ``sys.modules`` when the fixture ends."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 def load_docs(path: Path) -> list[dict]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
@@ -36,14 +34,7 @@ ALL_TARGETS = [(name, panel["title"], target["expr"]) for name, d in DASHBOARDS.
 
 @pytest.fixture(scope="module")
 def generator():
-    spec = importlib.util.spec_from_file_location("mnemos_grafana_generate", GRAFANA / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from manifests.script_module(GRAFANA / "generate.py", "mnemos_grafana_generate")
 
 
 def test_one_overview_and_one_dashboard_per_worker():

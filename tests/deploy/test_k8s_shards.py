@@ -14,8 +14,6 @@ overlay. Rendering needs kustomize or kubectl (skipped otherwise, like test_k8s_
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 from collections.abc import Callable
 
 import pytest
@@ -34,14 +32,7 @@ SHARD_LABEL = "mnemos/shard"
 
 @pytest.fixture(scope="module")
 def generator():
-    spec = importlib.util.spec_from_file_location("mnemos_shards_generate", SHARDS_DIR / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from manifests.script_module(SHARDS_DIR / "generate.py", "mnemos_shards_generate")
 
 
 @pytest.fixture(scope="module")

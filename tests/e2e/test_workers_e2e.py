@@ -14,6 +14,7 @@ import redis
 
 from api.heartbeats import live_workers
 from tests.integration.factories import client_for, conversation_turns, turn
+from tests.support import wait_until
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.supervisor import spawn_workers, stop_workers
@@ -40,20 +41,11 @@ def running(e2e_settings: Settings, redis_client: redis.Redis) -> Iterator[list[
     children = spawn_workers(e2e_settings)
     try:
         for kind in ("ingest", "query", "suppression"):  # a client refuses at once while no query worker beats
-            _wait_for(lambda kind=kind: bool(live_workers(redis_client, e2e_settings.stream_prefix, kind)),
-                      what=f"the {kind} worker's heartbeat")
+            wait_until(lambda kind=kind: bool(live_workers(redis_client, e2e_settings.stream_prefix, kind)),
+                       what=f"the {kind} worker's heartbeat")
         yield children
     finally:
         stop_workers(children, timeout_s=10)
-
-
-def _wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _count(store: PostgresStore, tenant: str, table: str) -> int:
@@ -70,17 +62,17 @@ def test_publish_retrieve_and_suppress_through_processes(e2e_settings: Settings,
                                                          store: PostgresStore, running: list[subprocess.Popen]) -> None:
     client = client_for(e2e_settings, redis_client)
     client.publish_turns(conversation_turns("alice", "a") + conversation_turns("bob", "b"))
-    _wait_for(lambda: _count(store, "alice", "entries") == 8 and _count(store, "bob", "entries") == 8,
-              what="ingestion")
+    wait_until(lambda: _count(store, "alice", "entries") == 8 and _count(store, "bob", "entries") == 8,
+               what="ingestion")
     result = client.retrieve("alice", "grey cat Pixel", k=3)
     assert result.hits[0].turn_id == "a0" and all(h.turn_id.startswith("a") for h in result.hits)
     # a turn acknowledged before a request is visible to it
     client.publish_turn(turn("alice", "late", "We adopted a second cat called Byte", minutes=50))
-    _wait_for(lambda: _count(store, "alice", "entries") == 9, what="the late turn")
+    wait_until(lambda: _count(store, "alice", "entries") == 9, what="the late turn")
     assert "late" in [h.turn_id for h in client.retrieve("alice", "second cat Byte", k=3).hits]
     for _ in range(4):
         client.retrieve("alice", "grey cat Pixel balcony", k=3)
-    _wait_for(lambda: _count(store, "alice", "applied_outcomes") == 6, what="outcomes applied")
+    wait_until(lambda: _count(store, "alice", "applied_outcomes") == 6, what="outcomes applied")
     assert _count(store, "alice", "suppression") > 0
     assert _count(store, "bob", "suppression") == 0
     assert client.retrieve("nobody", "anything", k=3).hits == ()
@@ -90,8 +82,8 @@ def test_publish_retrieve_and_suppress_through_processes(e2e_settings: Settings,
     query_metrics = _metrics(e2e_settings.query_metrics_port)
     assert 'mnemos_query_jobs_total{status="ok"} 7.0' in query_metrics
     assert "mnemos_suppression_outcomes_applied_total 6.0" in _metrics(e2e_settings.suppression_metrics_port)
-    _wait_for(lambda: f'mnemos_stream_lag{{group="ingest",stream="{e2e_settings.turns_stream}"}} 0.0'
-              in _metrics(e2e_settings.ingest_metrics_port), timeout_s=5, what="stream lag sample")
+    wait_until(lambda: f'mnemos_stream_lag{{group="ingest",stream="{e2e_settings.turns_stream}"}} 0.0'
+               in _metrics(e2e_settings.ingest_metrics_port), timeout_s=5, what="stream lag sample")
     for child in running:  # a clean stop on SIGTERM
         child.send_signal(signal.SIGTERM)
     assert [child.wait(15) for child in running] == [0, 0, 0]
@@ -106,15 +98,15 @@ def test_killed_ingest_worker_loses_and_duplicates_nothing(e2e_settings: Setting
     n = 3000
     client.publish_turns([turn("t", f"k{i:04d}", f"turn number {i} mentions item {i * 7}") for i in range(n)])
     first = spawn_workers(settings, ("ingest",))
-    _wait_for(lambda: _count(store, "t", "entries") > 0, what="first commits")
+    wait_until(lambda: _count(store, "t", "entries") > 0, what="first commits")
     first[0].send_signal(signal.SIGKILL)  # mid-stream, possibly between a commit and its XACK
     first[0].wait(5)
     assert _count(store, "t", "entries") < n
     second = spawn_workers(settings, ("ingest",))
     try:
-        _wait_for(lambda: _count(store, "t", "entries") == n, timeout_s=180, what="all turns after the kill")
-        _wait_for(lambda: redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0, timeout_s=20,
-                  what="claimed entries acknowledged")
+        wait_until(lambda: _count(store, "t", "entries") == n, timeout_s=180, what="all turns after the kill")
+        wait_until(lambda: redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0, timeout_s=20,
+                   what="claimed entries acknowledged")
     finally:
         stop_workers(second)
     with store.tenant_tx("t") as conn:
@@ -130,7 +122,7 @@ def test_retrieve_times_out_with_a_typed_error_when_the_query_worker_is_killed(
     client = client_for(settings, redis_client)
     query = spawn_workers(settings, ("query",))
     try:
-        _wait_for(lambda: bool(client.query_workers()), what="the query worker's heartbeat")
+        wait_until(lambda: bool(client.query_workers()), what="the query worker's heartbeat")
         assert client.retrieve("x", "warm", k=1, timeout_s=30).hits == ()
     except Exception:
         stop_workers(query)

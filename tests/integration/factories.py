@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from rq import Queue
@@ -19,6 +19,11 @@ from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, load_encoder, load_truncation_counter
 from workers.settings import Settings
 from workers.store import PostgresStore
+
+if TYPE_CHECKING:
+    from mnemos.rerank import Reranker
+    from workers.query import QueryService
+    from workers.suppression import SuppressionWorker
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 T = TypeVar("T")
@@ -66,9 +71,10 @@ def ingest_worker(settings: Settings, connection: redis.Redis, store: PostgresSt
 
 
 def turn(tenant: str, turn_id: str, text: str, *, session: str = "s1", role: str = "user",
-         minutes: int = 0) -> dict[str, object]:
+         minutes: int = 0, **extra: Any) -> dict[str, Any]:
+    """A valid turn as a client would pass it (``extra`` overrides or adds fields)."""
     return {"tenant_id": tenant, "session_id": session, "turn_id": turn_id, "role": role, "text": text,
-            "occurred_at": (BASE_TIME + timedelta(minutes=minutes)).isoformat()}
+            "occurred_at": (BASE_TIME + timedelta(minutes=minutes)).isoformat(), **extra}
 
 
 def drain(worker: IngestWorker, name: str = "c1", rounds: int = 5) -> int:
@@ -85,16 +91,26 @@ def drain(worker: IngestWorker, name: str = "c1", rounds: int = 5) -> int:
     return handled
 
 
-def query_service(settings: Settings, connection: redis.Redis, store: PostgresStore):
-    from workers.metrics import ServiceMetrics
+def ingest_turns(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list[dict[str, Any]],
+                 rounds: int = 5) -> int:
+    """Publish ``turns`` and store them with a fresh in-process ingest worker (:func:`drain`); returns
+    the messages handled."""
+    client_for(settings, connection).publish_turns(turns)
+    return drain(ingest_worker(settings, connection, store), rounds=rounds)
+
+
+def query_service(settings: Settings, connection: redis.Redis, store: PostgresStore,
+                  reranker: Reranker | None | str = "settings") -> QueryService:
+    """A query service with the settings' encoder and, unless given, their reranker (``None``: none)."""
     from workers.models import load_reranker
     from workers.query import QueryService
 
-    return QueryService(settings, connection, store, load_encoder(settings), load_reranker(settings),
+    chosen = load_reranker(settings) if reranker == "settings" else reranker
+    return QueryService(settings, connection, store, load_encoder(settings), chosen,  # type: ignore[arg-type]
                         ServiceMetrics())
 
 
-def suppression_worker(settings: Settings, connection: redis.Redis, store: PostgresStore):
+def suppression_worker(settings: Settings, connection: redis.Redis, store: PostgresStore) -> SuppressionWorker:
     from workers.suppression import SuppressionWorker
 
     return SuppressionWorker(settings, connection, store, ServiceMetrics())

@@ -25,16 +25,15 @@ from click.testing import CliRunner
 from psycopg import sql
 
 from api.heartbeats import live_workers
-from tests.integration.factories import client_for, conversation_turns, drain, ingest_worker
-from tests.support import PG_ADMIN_URL, REDIS_URL
+from tests.integration.factories import conversation_turns, ingest_turns
+from tests.support import PG_ADMIN_URL, REDIS_URL, REPO, process_env
 from workers.cli import cli
 from workers.migrate import ensure_database
-from workers.settings import Settings, to_environment
+from workers.settings import Settings
 from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "pw-Ub3rS3cret"  # trust authentication and a password-less Redis accept and ignore it
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 
@@ -51,12 +50,8 @@ def _with_password(url: str) -> str:
     return f"{scheme}://{user}:{SECRET}@{host}" if user else f"{scheme}://:{SECRET}@{host}"
 
 
-def _env(settings: Settings, **extra: str) -> dict[str, str]:
-    return {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO), **extra}
-
-
 def _mnemos(settings: Settings, *args: str, stdin: str | None = None, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "workers", *args], env=_env(settings, **extra), cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "workers", *args], env=process_env(settings, **extra), cwd=REPO,
                           input=stdin, capture_output=True, text=True, timeout=120)
 
 
@@ -113,8 +108,7 @@ def test_a_database_that_does_not_exist(settings: Settings) -> None:
 
 
 def test_stored_embeddings_of_another_dimension(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
-    drain(ingest_worker(settings, redis_client, store))  # dimension 64
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))  # dimension 64
     other = settings.replace(fake_encoder_dim=32)
     for kind in ("ingest", "query"):
         out = _mnemos(other, "worker", kind)
@@ -191,7 +185,8 @@ def test_no_configured_password_is_ever_printed(settings: Settings, redis_client
     outputs.append(_mnemos(secret, "--log-level", "DEBUG", "retrieve", "--tenant", "alice", "cat"))  # no worker
     assert outputs[-1].returncode == 1
     worker = subprocess.Popen([sys.executable, "-m", "workers", "--log-level", "DEBUG", "worker", "ingest"],
-                              env=_env(secret), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=process_env(secret), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
     try:
         deadline = time.monotonic() + 60
         while not live_workers(redis_client, secret.stream_prefix, "ingest") and time.monotonic() < deadline:
@@ -233,8 +228,7 @@ def test_a_benchmark_that_cannot_reach_its_database_is_one_line(settings: Settin
 
 
 def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    client_for(settings, redis_client).publish_turns(conversation_turns("alice", "a"))
-    drain(ingest_worker(settings, redis_client, store))  # creates the tenant at dimension 64
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))  # creates the tenant at dimension 64
     with psycopg.connect(settings.database_url, autocommit=True) as conn:  # many more rows, fast
         conn.execute("INSERT INTO entries (tenant_id, turn_id, session_id, role, text, occurred_at, embedding)"
                      " SELECT 'alice', 'bulk' || i, 's9', 'user', 'bulk turn number ' || i, now(), %s"
@@ -245,7 +239,7 @@ def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_cli
             return int(conn.execute("SELECT count(*) FROM entries WHERE reindex_embedding IS NOT NULL").fetchone()[0])
 
     other = settings.replace(fake_encoder_dim=32, reindex_batch_size=5)
-    child = subprocess.Popen([sys.executable, "-m", "workers", "reindex"], env=_env(other), cwd=REPO,
+    child = subprocess.Popen([sys.executable, "-m", "workers", "reindex"], env=process_env(other), cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while staged() < 50:

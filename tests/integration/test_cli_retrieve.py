@@ -14,10 +14,8 @@ from rq.serializers import JSONSerializer
 from tests.integration.factories import (
     BASE_TIME,
     answered_by_worker,
-    client_for,
     conversation_turns,
-    drain,
-    ingest_worker,
+    ingest_turns,
     query_service,
     turn,
 )
@@ -35,8 +33,7 @@ def _invoke(settings: Settings, *args: str):
 def test_cli_sends_as_of_and_filters_to_the_worker(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     turns = conversation_turns("alice", "a") + [turn("alice", "kyoto", "We booked a trip to Kyoto in October",
                                                       session="s4", minutes=99)]
-    client_for(settings, redis_client).publish_turns(turns)
-    drain(ingest_worker(settings, redis_client, store))
+    ingest_turns(settings, redis_client, store, turns)
     service = query_service(settings, redis_client, store)
 
     results = []

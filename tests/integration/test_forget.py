@@ -26,6 +26,7 @@ from tests.integration.factories import (
     query_service,
     turn,
 )
+from tests.support import wait_for
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.streams import run_consumer
@@ -142,12 +143,9 @@ def test_a_forget_racing_with_two_ingest_workers_loses_nothing_else(settings: Se
                 client.forget("alice", session_id="s1")
             if session == "s2" or i > 14:
                 expected.add(f"t{i}")
-        deadline = time.monotonic() + 60
-        while _stored(store, "alice") != expected and time.monotonic() < deadline:
-            time.sleep(0.1)
-        deadline = time.monotonic() + 10  # the last acknowledgement's sweep runs in the worker threads
-        while redis_client.scard(f"{settings.turns_stream}:forgotten") and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: _stored(store, "alice") == expected, 60.0, interval_s=0.1)
+        # the last acknowledgement's sweep runs in the worker threads
+        wait_for(lambda: not redis_client.scard(f"{settings.turns_stream}:forgotten"), 10.0, interval_s=0.1)
     finally:
         stop.set()
         for thread in threads:

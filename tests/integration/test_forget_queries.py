@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -46,15 +45,14 @@ from tests.integration.factories import (
     query_service,
     turn,
 )
-from tests.support import queue_job_ids
+from tests.support import queue_job_ids, spawn_logged, stop_process, wait_for
 from workers.query import QueryService, build_worker
-from workers.settings import Settings, to_environment
+from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.streams import run_consumer
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "my passport number is X9-4471-ZQ"
 TENANTS = ("alice", "bob")  # alice forgets her turn "sec"; bob, served by the same worker, forgets nothing
 KINDS: dict[str, dict[str, Any]] = {  # the retrieval paths of the queue, as client.retrieve keywords
@@ -159,9 +157,7 @@ def _race(settings: Settings, connection: redis.Redis, store: PostgresStore, cli
     askers = [threading.Thread(target=_keep_asking, args=(client, t, committed, asked)) for t in TENANTS]
     for asker in askers:
         asker.start()
-    deadline = time.monotonic() + 10.0
-    while len(asked) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(asked) >= 4, 10.0, interval_s=0.01)
     client.forget("alice", turn_ids=["sec"])
     for asker in askers:
         asker.join(40.0)
@@ -244,22 +240,6 @@ def test_a_forget_landing_while_a_query_worker_serves_the_tenant(settings: Setti
 
 # --- a query worker killed around the forget ------------------------------------------------------------------
 
-def _spawn(args: list[str], settings: Settings, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO)}
-    with log.open("ab") as sink:
-        return subprocess.Popen(args, env=env, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def _answers_holding(connection: redis.Redis, settings: Settings, needle: str) -> list[str]:
     """Ids of the queue's jobs with a stored result (any, not only the latest) that holds ``needle``."""
     found = []
@@ -279,7 +259,7 @@ def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_sto
     ingest = ingest_worker(settings, redis_client, store)
     drain(ingest)
     marker, log = tmp_path / "rerank-started", tmp_path / "slow.log"
-    slow = _spawn([sys.executable, "-m", "tests.badinput.slow_query_worker", "--marker", str(marker),
+    slow = spawn_logged([sys.executable, "-m", "tests.badinput.slow_query_worker", "--marker", str(marker),
                    "--sleep-s", "120"], settings, log)
     outcome: dict[str, object] = {}
 
@@ -291,9 +271,9 @@ def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_sto
 
     asker = threading.Thread(target=ask)
     try:
-        assert _wait_for(lambda: bool(client.query_workers()), 30.0), log.read_text()[-3000:]
+        assert wait_for(lambda: bool(client.query_workers()), 30.0), log.read_text()[-3000:]
         asker.start()
-        assert _wait_for(marker.exists, 20.0), log.read_text()[-3000:]  # its snapshot still holds "sec"
+        assert wait_for(marker.exists, 20.0), log.read_text()[-3000:]  # its snapshot still holds "sec"
         client.forget("alice", turn_ids=["sec"])
         drain(ingest)  # committed while the worker is half-way through an answer read before it
         assert "sec" not in _stored(store, "alice")
@@ -301,9 +281,7 @@ def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_sto
         slow.wait(10)
         asker.join(15.0)
     finally:
-        if slow.poll() is None:
-            slow.kill()
-        slow.wait(10)
+        stop_process(slow)
     assert not asker.is_alive(), "the client never returned"
     error = outcome.get("error")
     assert isinstance(error, RetrievalTimeout) and error.status == "started", outcome  # typed, not silent

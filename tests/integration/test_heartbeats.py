@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -18,22 +16,13 @@ import redis
 from api.errors import NoQueryWorker
 from api.heartbeats import heartbeat_key, live_workers, worker_beats
 from tests.integration.factories import answered_by_worker, client_for, ingest_worker, query_service, turn
+from tests.support import REPO, process_env, wait_until
 from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
-from workers.settings import Settings, to_environment
+from workers.settings import Settings
 from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
 
 class _Clock:
     def __init__(self) -> None:
@@ -81,12 +70,13 @@ def test_the_stream_loop_beats_while_idle_and_busy(settings: Settings, redis_cli
     thread = threading.Thread(target=worker.run, args=(stop, "loop", beat))
     thread.start()
     try:
-        _wait(lambda: bool(live_workers(redis_client, settings.stream_prefix, "ingest")), "the first heartbeat")
+        wait_until(lambda: bool(live_workers(redis_client, settings.stream_prefix, "ingest")), 60.0,
+                   "the first heartbeat")
         client_for(settings, redis_client).publish_turn(turn("alice", "a1", "a turn"))
-        _wait(lambda: worker.metrics.ingest_turns_read._value.get() == 1, "the batch")
+        wait_until(lambda: worker.metrics.ingest_turns_read._value.get() == 1, 60.0, "the batch")
         first = worker.metrics.worker_heartbeat.labels(worker="ingest")._value.get()
-        _wait(lambda: worker.metrics.worker_heartbeat.labels(worker="ingest")._value.get() > first,
-              "a later heartbeat")
+        wait_until(lambda: worker.metrics.worker_heartbeat.labels(worker="ingest")._value.get() > first, 60.0,
+                   "a later heartbeat")
     finally:
         stop.set()
         thread.join(30)
@@ -109,9 +99,8 @@ def spawn(settings: Settings) -> Iterator[Callable[..., subprocess.Popen]]:
     children: list[subprocess.Popen] = []
 
     def start(kind: str, worker_settings: Settings) -> subprocess.Popen:
-        env = {**os.environ, **to_environment(worker_settings), "PYTHONPATH": str(REPO)}
-        child = subprocess.Popen([sys.executable, "-m", "workers", "worker", kind], env=env, cwd=REPO,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen([sys.executable, "-m", "workers", "worker", kind], env=process_env(worker_settings),
+                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         children.append(child)
         return child
 
@@ -128,8 +117,8 @@ def spawn(settings: Settings) -> Iterator[Callable[..., subprocess.Popen]]:
 
 
 def _health(settings: Settings, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "workers", "health", "--no-models", *args], env=env, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "workers", "health", "--no-models", *args], env=process_env(settings),
+                          cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -138,15 +127,15 @@ def test_a_stream_workers_heartbeat_goes_stale_when_its_loop_stops(settings: Set
     short = settings.replace(heartbeat_ttl_s=1.5)
     child = spawn("suppression", short)
     live = lambda: bool(live_workers(redis_client, short.stream_prefix, "suppression"))  # noqa: E731
-    _wait(live, "the suppression worker's heartbeat")
+    wait_until(live, 60.0, "the suppression worker's heartbeat")
     child.send_signal(signal.SIGSTOP)  # the loop stops; the process is still there
-    _wait(lambda: not live(), "the heartbeat to go stale")
+    wait_until(lambda: not live(), 60.0, "the heartbeat to go stale")
     stale = _health(short, "--require-worker", "suppression")
     assert stale.returncode == 1 and "FAIL suppression workers: 0 live" in stale.stdout
     assert stale.stderr.strip().splitlines()[-1].startswith("Error: suppression workers: 0 live")
     assert _health(short).returncode == 0  # by default workers are reported, not required
     child.send_signal(signal.SIGCONT)
-    _wait(live, "the heartbeat to come back")
+    wait_until(live, 60.0, "the heartbeat to come back")
     assert _health(short, "--require-worker", "suppression").returncode == 0
     child.terminate()
     assert child.wait(20) == 0
@@ -158,7 +147,7 @@ def test_an_idle_query_worker_stays_live_and_retrieve_refuses_once_it_stops(
     short = settings.replace(heartbeat_ttl_s=3.0)
     child = spawn("query", short)
     client = client_for(short, redis_client)
-    _wait(lambda: bool(client.query_workers()), "the query worker's heartbeat")
+    wait_until(lambda: bool(client.query_workers()), 60.0, "the query worker's heartbeat")
     first = client.query_workers()[0].last_seen
     idle_until = time.monotonic() + 3 * short.heartbeat_ttl_s
     while time.monotonic() < idle_until:  # no job at all: rq's dequeue wait renews it
@@ -166,9 +155,9 @@ def test_an_idle_query_worker_stays_live_and_retrieve_refuses_once_it_stops(
         time.sleep(0.5)
     assert client.query_workers()[0].last_seen > first
     child.send_signal(signal.SIGSTOP)
-    _wait(lambda: not client.query_workers(), "the heartbeat to go stale")
+    wait_until(lambda: not client.query_workers(), 60.0, "the heartbeat to go stale")
     with pytest.raises(NoQueryWorker):
         client.retrieve("alice", "anyone there?", timeout_s=30.0)
     child.send_signal(signal.SIGCONT)
-    _wait(lambda: bool(client.query_workers()), "the heartbeat to come back")
+    wait_until(lambda: bool(client.query_workers()), 60.0, "the heartbeat to come back")
     assert client.retrieve("alice", "anyone there?", timeout_s=30.0).hits == ()

@@ -10,13 +10,13 @@ import pytest
 import redis
 
 from tests.integration.factories import client_for, drain, ingest_worker, turn
+from tests.support import run_loop_until
 from workers.errors import StoreError
 from workers.ingest import IngestWorker
 from workers.metrics import ServiceMetrics
 from workers.models import TruncationCounter, bi_encoder_dir
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.streams import run_consumer
 
 pytestmark = pytest.mark.integration
 
@@ -172,15 +172,7 @@ def test_nothing_is_acked_before_the_commit(settings: Settings, redis_client: re
         return real(tenant_id, pending)
 
     worker._write_tenant = flaky  # type: ignore[method-assign]
-    stop = threading.Event()
-    thread = threading.Thread(target=run_consumer, args=(worker.consumer("c1"), worker.handle, stop),
-                              kwargs={"poison": worker.poison})
-    thread.start()
-    deadline = time.monotonic() + 10
-    while len(_entries(store, "t")) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    thread.join(5)
+    assert run_loop_until(worker, lambda: len(_entries(store, "t")) >= 4, timeout_s=10.0)
     assert seen_pending == [4, 4]  # still pending while the commit failed
     assert len(_entries(store, "t")) == 4
     assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
@@ -256,15 +248,7 @@ def test_a_message_the_worker_fails_on_is_dead_lettered_and_the_rest_goes_on(
         return real(tenant_id, pending)
 
     worker._write_tenant = buggy  # type: ignore[method-assign]
-    stop = threading.Event()
-    thread = threading.Thread(target=run_consumer, args=(worker.consumer("c1"), worker.handle, stop),
-                              kwargs={"poison": worker.poison})
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not _dead(store) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    thread.join(5)
+    assert run_loop_until(worker, lambda: bool(_dead(store)), timeout_s=10.0)
     assert [r[1] for r in _entries(store, "good")] == ["g1", "g2"]
     assert _dead(store) == [("processing_error", "bad", "b1")]
     assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0

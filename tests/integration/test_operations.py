@@ -9,7 +9,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,8 +20,8 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from api.schemas import RetrievalRequest
-from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
-from tests.support import JOB_TTLS
+from tests.integration.factories import client_for, ingest_turns, query_service, turn
+from tests.support import JOB_TTLS, wait_until
 from workers.connections import redis_client as service_redis_client
 from workers.errors import StoreError
 from workers.heartbeats import Heartbeat
@@ -44,13 +43,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _queue(settings: Settings, connection: redis.Redis) -> Queue:
@@ -120,15 +112,14 @@ class _StoppedAfterDequeue(QueryWorker):
 
 def test_a_job_stranded_by_a_stop_between_dequeue_and_start_is_run_by_the_next_worker(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    client_for(settings, redis_client).publish_turns([turn("alice", "a1", "I adopted a grey cat named Pixel")])
-    drain(ingest_worker(settings, redis_client, store))
+    ingest_turns(settings, redis_client, store, [turn("alice", "a1", "I adopted a grey cat named Pixel")])
     service = query_service(settings, redis_client, store)
     queue = _queue(settings, redis_client)
     stopping = _worker(settings, redis_client, service, _StoppedAfterDequeue)
     stopping.beats.idle()  # the client asks only while a query worker is live
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(client_for(settings, redis_client).retrieve, "alice", "grey cat", k=3, timeout_s=20)
-        _wait(lambda: queue.count == 1 or answer.done(), "the request in the queue")
+        wait_until(lambda: queue.count == 1 or answer.done(), what="the request in the queue")
         stopping.work(burst=True)
         [job_id] = _intermediate(queue)  # stranded: dequeued, never started, still queued
         assert queue.count == 0 and Job.fetch(job_id, connection=redis_client).get_status() == JobStatus.QUEUED
@@ -188,8 +179,7 @@ def test_the_service_honours_k_for_every_k_up_to_max_k(settings: Settings, redis
                                                        store: PostgresStore) -> None:
     turns = [turn("alice", f"t{i}", f"note {i} on topic{i % 7} with item{i} and tag{i * 13}", session=f"s{i % 5}",
                   role="user" if i % 3 else "assistant", minutes=i) for i in range(45)]
-    client_for(settings, redis_client).publish_turns(turns)
-    drain(ingest_worker(settings, redis_client, store), rounds=10)
+    ingest_turns(settings, redis_client, store, turns, rounds=10)
     service = query_service(settings, redis_client, store)
     everyone = {t["turn_id"] for t in turns}
     assistants = {t["turn_id"] for t in turns if t["role"] == "assistant"}  # the brute-force count of a filter
@@ -233,13 +223,13 @@ def test_liveness_fails_while_the_loop_is_stuck_and_recovers_after(settings: Set
                               kwargs={"poison": lambda m, e: None, "heartbeat": beat})
     thread.start()
     try:
-        _wait(lambda: _status(port) == 200, "liveness while the loop idles")
+        wait_until(lambda: _status(port) == 200, what="liveness while the loop idles")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             assert b"mnemos_worker_heartbeat_timestamp_seconds" in response.read()  # the metrics stay where they were
         redis_client.xadd(settings.turns_stream, {"x": "1"})
-        _wait(lambda: _status(port) == 503, "liveness to fail while the loop is stuck")
+        wait_until(lambda: _status(port) == 503, what="liveness to fail while the loop is stuck")
         release.set()
-        _wait(lambda: _status(port) == 200, "liveness once the loop moves again")
+        wait_until(lambda: _status(port) == 200, what="liveness once the loop moves again")
     finally:
         release.set()
         stop.set()

@@ -14,8 +14,7 @@ from tests.integration.factories import (
     answered_by_worker,
     client_for,
     conversation_turns,
-    drain,
-    ingest_worker,
+    ingest_turns,
     query_service,
     turn,
 )
@@ -23,11 +22,6 @@ from workers.settings import Settings
 from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration
-
-
-def _ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list) -> None:
-    client_for(settings, connection).publish_turns(turns)
-    drain(ingest_worker(settings, connection, store))
 
 
 def _moves() -> list[dict[str, object]]:
@@ -39,7 +33,7 @@ def _moves() -> list[dict[str, object]]:
 
 def test_a_packet_comes_back_through_the_queue_with_qualifiers_and_omissions(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, _moves())
+    ingest_turns(settings, redis_client, store, _moves())
     client = client_for(settings, redis_client)
     service = query_service(settings, redis_client, store)
     result = answered_by_worker(settings, redis_client, service, client.retrieve, "alice", "where do I live Lisbon",
@@ -62,7 +56,7 @@ def test_a_packet_comes_back_through_the_queue_with_qualifiers_and_omissions(
 
 def test_a_superseded_turn_is_visible_as_of_before_its_correction_and_filters_are_reported(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, _moves())
+    ingest_turns(settings, redis_client, store, _moves())
     service = query_service(settings, redis_client, store)
     before = service.answer(RetrievalRequest("alice", "where do I live Lisbon", k=5, budget_tokens=200,
                                              as_of=BASE_TIME + timedelta(minutes=100)))
@@ -79,7 +73,7 @@ def test_a_superseded_turn_is_visible_as_of_before_its_correction_and_filters_ar
 
 def test_a_repeated_packet_request_is_answered_from_the_cache_until_memory_changes(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings, redis_client, store)
     inner = service.reranker.inner  # the fake model behind the rerank cache
     first = service.answer(RetrievalRequest("alice", "cello teacher", k=3, budget_tokens=30))
@@ -91,7 +85,7 @@ def test_a_repeated_packet_request_is_answered_from_the_cache_until_memory_chang
     assert service.metrics.query_packet_cache_misses._value.get() == 1
     other = service.answer(RetrievalRequest("alice", "cello teacher", k=3, budget_tokens=31))
     assert other.packet is not None and other.packet.budget_tokens == 31
-    _ingest(settings, redis_client, store, [turn("alice", "n1", "My cello teacher moved away", minutes=99)])
+    ingest_turns(settings, redis_client, store, [turn("alice", "n1", "My cello teacher moved away", minutes=99)])
     third = service.answer(RetrievalRequest("alice", "cello teacher", k=3, budget_tokens=30))
     assert third.memory_version == 2 and service.metrics.query_packet_cache_hits._value.get() == 1
     plain = service.answer(RetrievalRequest("alice", "cello teacher", k=3))

@@ -15,6 +15,7 @@ from tests.integration.factories import (
     client_for,
     conversation_turns,
     drain,
+    ingest_turns,
     ingest_worker,
     query_service,
     turn,
@@ -30,14 +31,9 @@ from workers.store import PostgresStore
 pytestmark = pytest.mark.integration
 
 
-def _ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list) -> None:
-    client_for(settings, connection).publish_turns(turns)
-    drain(ingest_worker(settings, connection, store))
-
-
 def test_answers_from_one_tenant_only_and_emits_an_outcome(settings: Settings, redis_client: redis.Redis,
                                                            store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
     service = query_service(settings, redis_client, store)
     result = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
     assert result.hits and all(h.turn_id.startswith("a") for h in result.hits)
@@ -66,13 +62,14 @@ def test_unknown_tenant_gets_an_empty_result(settings: Settings, redis_client: r
 
 def test_index_refreshes_incrementally_by_memory_version(settings: Settings, redis_client: redis.Redis,
                                                          store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings, redis_client, store)
     service.answer(RetrievalRequest("alice", "cat", k=3))
     state = service.cache.get("alice")
     assert state is not None and len(state.index) == 8
-    _ingest(settings, redis_client, store, [turn("alice", "new", "We booked a trip to Kyoto in October", minutes=99),
-                                            turn("alice", "dup", "I adopted a grey cat named Pixel last spring.")])
+    ingest_turns(settings, redis_client, store, [
+        turn("alice", "new", "We booked a trip to Kyoto in October", minutes=99),
+        turn("alice", "dup", "I adopted a grey cat named Pixel last spring.")])
     result = service.answer(RetrievalRequest("alice", "trip Kyoto", k=3))
     assert result.hits[0].turn_id == "new" and result.memory_version == 2
     assert service.cache.get("alice") is state and len(state.index) == 9  # extended, not rebuilt
@@ -83,7 +80,7 @@ def test_index_refreshes_incrementally_by_memory_version(settings: Settings, red
 
 def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_client: redis.Redis,
                                                     store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     request = RetrievalRequest("alice", "cello teacher Ines", k=3)
@@ -144,7 +141,7 @@ def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings
              "the bakery on the corner closed"]
     turns = [turn("carol", f"c{i}", text, session="s1", minutes=i) for i, text in enumerate(cat_talk)]
     turns += [turn("carol", f"o{i}", text, session="s2", minutes=10 + i) for i, text in enumerate(other)]
-    _ingest(settings, redis_client, store, turns)
+    ingest_turns(settings, redis_client, store, turns)
     plain_service = query_service(settings, redis_client, store)
     plain = plain_service.answer(RetrievalRequest("carol", "cat", k=5))
     state = plain_service.cache.get("carol")
@@ -160,8 +157,8 @@ def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings
                                       redis_client.xrange(settings.outcomes_stream))
     assert boosted_outcome.pool == plain_outcome.pool  # the rank gap still reads the cross-encoder's ranks
     # a deduplicated turn is no entry, but still a turn of its own session
-    _ingest(settings, redis_client, store, [turn("carol", "dup", "the cat eats tuna every evening", session="s3",
-                                                 minutes=30)])
+    ingest_turns(settings, redis_client, store, [turn("carol", "dup", "the cat eats tuna every evening", session="s3",
+                                                      minutes=30)])
     plain_service.answer(RetrievalRequest("carol", "tuna", k=3))
     assert len(state.index) == 8 and state.index.sessions.n_turns == 9 and "s3" in state.index.sessions
 
@@ -207,7 +204,7 @@ def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
 
 def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redis_client: redis.Redis,
                                                          store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings.replace(rerank_cache_pairs=1000), redis_client, store)
     inner = service.rerank_cache.inner
     first = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))

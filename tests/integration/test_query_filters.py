@@ -21,8 +21,7 @@ from tests.integration.factories import (
     answered_by_worker,
     client_for,
     conversation_turns,
-    drain,
-    ingest_worker,
+    ingest_turns,
     query_service,
     turn,
 )
@@ -34,11 +33,6 @@ from workers.store import PostgresStore
 pytestmark = pytest.mark.integration
 
 KYOTO = "We booked a trip to Kyoto in October"
-
-
-def _ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list) -> None:
-    client_for(settings, connection).publish_turns(turns)
-    drain(ingest_worker(settings, connection, store))
 
 
 def _through_the_queue(settings: Settings, connection: redis.Redis, service: QueryService,
@@ -56,8 +50,8 @@ def _outcome_entry_ids(connection: redis.Redis, settings: Settings) -> list[set[
 def test_as_of_hides_later_turns_and_a_session_filter_keeps_one_session(settings: Settings,
                                                                         redis_client: redis.Redis,
                                                                         store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a")
-            + [turn("alice", "kyoto", KYOTO, session="s4", minutes=99)])
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a")
+                 + [turn("alice", "kyoto", KYOTO, session="s4", minutes=99)])
     service = query_service(settings, redis_client, store)
 
     now = _through_the_queue(settings, redis_client, service, "alice", "trip Kyoto", k=3)
@@ -90,12 +84,12 @@ def test_as_of_hides_later_turns_and_a_session_filter_keeps_one_session(settings
 
 def test_a_deduplicated_turn_lets_its_canonical_entry_through(settings: Settings, redis_client: redis.Redis,
                                                               store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
-    _ingest(settings, redis_client, store, [turn("alice", "dup", "I adopted a grey cat named Pixel last spring",
-                                                 session="s9", minutes=500)])
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, [turn("alice", "dup", "I adopted a grey cat named Pixel last spring",
+                                                      session="s9", minutes=500)])
     # the same words from another speaker are another memory (dedupe never aliases across speakers)
-    _ingest(settings, redis_client, store, [turn("alice", "echo", "I adopted a grey cat named Pixel last spring",
-                                                 session="s8", role="assistant", minutes=300)])
+    ingest_turns(settings, redis_client, store, [turn("alice", "echo", "I adopted a grey cat named Pixel last spring",
+                                                      session="s8", role="assistant", minutes=300)])
     service = query_service(settings, redis_client, store)
     for filters in ({"session_ids": ["s9"]}, {"session_ids": ["s9"], "roles": ["user"]},
                     {"occurred_after": (BASE_TIME + timedelta(minutes=400)).isoformat()}):
@@ -141,7 +135,7 @@ def test_as_of_is_the_reference_time_of_the_core(settings: Settings, redis_clien
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import workers.query
 
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     seen: list[dict[str, Any]] = []
     real = workers.query.retrieve
 

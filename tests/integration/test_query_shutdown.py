@@ -8,7 +8,6 @@ The deadlines are generous for a loaded machine and still far below that minute.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,24 +18,20 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.badinput.harness import wait_for
 from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
+from tests.support import spawn_logged, stop_process, wait_for
 from workers.query import PUBSUB_POLL_S, build_worker
-from workers.settings import Settings, to_environment
+from workers.settings import Settings
 from workers.store import PostgresStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-REPO = Path(__file__).resolve().parents[2]
 EXIT_WITHIN_S = 15.0  # after SIGTERM (idle) or after the job's end (busy): far below rq 3's 60 s linger
 
 
 def _spawn_slow_worker(settings: Settings, marker: Path, sleep_s: float, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **to_environment(settings), "PYTHONPATH": str(REPO)}
-    with log.open("ab") as sink:
-        return subprocess.Popen([sys.executable, "-m", "tests.badinput.slow_query_worker", "--marker", str(marker),
-                                 "--sleep-s", str(sleep_s)], env=env, cwd=REPO, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    return spawn_logged([sys.executable, "-m", "tests.badinput.slow_query_worker", "--marker", str(marker),
+                         "--sleep-s", str(sleep_s)], settings, log)
 
 
 def _exit_code_within(process: subprocess.Popen, timeout_s: float) -> int | None:
@@ -58,9 +53,7 @@ def test_an_idle_query_worker_exits_within_seconds_of_sigterm(settings: Settings
         code = _exit_code_within(worker, EXIT_WITHIN_S)
         took = time.monotonic() - began
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
+        stop_process(worker)
     assert code == 0, f"no clean exit {took:.1f} s after SIGTERM:\n{log.read_text()[-3000:]}"
 
 
@@ -91,9 +84,7 @@ def test_a_busy_query_worker_finishes_its_job_then_exits(settings: Settings, red
         code = _exit_code_within(worker, 60.0)
         exited_at = time.monotonic()
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
+        stop_process(worker)
     assert not asker.is_alive(), "the client never returned"
     result = answer.get("result")
     assert result is not None, answer  # the job in flight at SIGTERM was finished, not dropped

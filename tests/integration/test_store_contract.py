@@ -8,28 +8,19 @@ bootstrap buffer and the reindex staging.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
 
 from workers.errors import StoreError
-from workers.store import FakeStore, NewEntry, StagedEmbedding, Store, TenantLock
+from workers.store import NewEntry, StagedEmbedding, Store, TenantLock
 from workers.store_state import check_schema
 
 pytestmark = pytest.mark.integration
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 DIM = 4
-
-
-@pytest.fixture(params=["postgres", "fake"])
-def any_store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    if request.param == "fake":
-        yield FakeStore()
-    else:
-        yield request.getfixturevalue("store")
 
 
 def _vector(n: int) -> np.ndarray:

@@ -5,7 +5,6 @@ tombstones (the later stream position wins), each scoped to one tenant."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -13,20 +12,12 @@ import pytest
 
 from workers.dead_letters import DeadLetter
 from workers.errors import StoreError
-from workers.store import FakeStore, NewEntry, Store, TenantLock, Tombstone
+from workers.store import NewEntry, Store, TenantLock, Tombstone
 
 pytestmark = pytest.mark.integration
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 DIM = 4
-
-
-@pytest.fixture(params=["postgres", "fake"])
-def any_store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    if request.param == "fake":
-        yield FakeStore()
-    else:
-        yield request.getfixturevalue("store")
 
 
 def _seed(store: Store, tenant: str) -> dict[str, int]:

@@ -18,6 +18,7 @@ from tests.integration.factories import (
     client_for,
     conversation_turns,
     drain,
+    ingest_turns,
     ingest_worker,
     query_service,
     turn,
@@ -64,11 +65,6 @@ def _staged(settings: Settings, tenant: str) -> int:
                                 (tenant,)).fetchone()[0])
 
 
-def _ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list) -> None:
-    client_for(settings, connection).publish_turns(turns)
-    drain(ingest_worker(settings, connection, store))
-
-
 @pytest.fixture
 def bare_database(services: None) -> Iterator[str]:
     """A database that exists but has no migration applied."""
@@ -109,7 +105,7 @@ def test_migration_0004_backfills_rendering_0_and_the_stored_dimension(bare_data
 
 def test_ingest_records_its_version_and_the_start_up_check_compares_every_tenant(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
     assert _tenant_row(settings, "alice")[:2] == (1, 64)
     check_store(store, current_version(64))  # fits
     with pytest.raises(EmbeddingVersionError, match="dimension 64 but this worker makes rendering 1, dimension 32"):
@@ -122,7 +118,7 @@ def test_ingest_records_its_version_and_the_start_up_check_compares_every_tenant
 
 def test_ingest_refuses_to_write_into_a_tenant_of_another_version(settings: Settings, redis_client: redis.Redis,
                                                                   store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, [turn("alice", "a0", "first"), turn("bob", "b0", "first")])
+    ingest_turns(settings, redis_client, store, [turn("alice", "a0", "first"), turn("bob", "b0", "first")])
     _set_version(settings, "bob", 0, 64)  # e.g. reindexed to another version while this worker runs
     worker = ingest_worker(settings, redis_client, store)
     client_for(settings, redis_client).publish_turns([turn("alice", "a1", "the cat is grey"),
@@ -143,13 +139,13 @@ def test_a_tenant_without_embeddings_takes_the_version_of_its_first_writer(setti
     with store.tenant_tx("hollow") as conn:  # e.g. a tenant row left by migration 0004 without entries
         conn.execute("INSERT INTO tenants (tenant_id, rendering_version) VALUES ('hollow', 0)")
     check_store(store, current_version(64))
-    _ingest(settings, redis_client, store, [turn("hollow", "h1", "now it has one")])
+    ingest_turns(settings, redis_client, store, [turn("hollow", "h1", "now it has one")])
     assert _tenant_row(settings, "hollow")[:2] == (1, 64)
 
 
 def test_the_query_worker_refuses_a_tenant_of_another_version(settings: Settings, redis_client: redis.Redis,
                                                               store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     service = query_service(settings, redis_client, store)
     assert service.answer(RetrievalRequest("alice", "grey cat Pixel", k=3)).hits
     assert service.cache.get("alice") is not None
@@ -190,7 +186,7 @@ def test_reindex_is_resumable_and_moves_every_row(settings: Settings, redis_clie
                                                   store: PostgresStore) -> None:
     turns = conversation_turns("alice", "a") + [turn("alice", "dup", "I adopted a grey cat named Pixel last spring",
                                                      minutes=30)]
-    _ingest(settings, redis_client, store, turns + conversation_turns("bob", "b"))
+    ingest_turns(settings, redis_client, store, turns + conversation_turns("bob", "b"))
     assert _dims(settings, "alice") == {64: 9}
     with _owner(settings) as conn:  # canonical and alias rows are both reindexed
         assert conn.execute("SELECT count(*) FROM entries WHERE tenant_id = 'alice' AND canonical_entry_id IS NOT NULL"
@@ -229,7 +225,7 @@ def test_reindex_is_resumable_and_moves_every_row(settings: Settings, redis_clie
 
 def test_rows_an_old_ingest_worker_writes_during_a_reindex_end_at_the_new_version(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    _ingest(settings, redis_client, store, conversation_turns("alice", "a"))
+    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     old_worker = ingest_worker(settings, redis_client, store)  # dimension 64, running all along
     client = client_for(settings, redis_client)
     new = settings.replace(fake_encoder_dim=32, reindex_batch_size=2)

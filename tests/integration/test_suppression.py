@@ -9,10 +9,8 @@ import redis
 from api.schemas import Outcome, PoolRow, RetrievalRequest
 from mnemos.suppression import UpdateRule, outcome_deltas
 from tests.integration.factories import (
-    client_for,
     conversation_turns,
-    drain,
-    ingest_worker,
+    ingest_turns,
     query_service,
     suppression_worker,
 )
@@ -24,8 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def _entry_ids(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str = "alice") -> list[int]:
-    client_for(settings, connection).publish_turns(conversation_turns(tenant, tenant[0]))
-    drain(ingest_worker(settings, connection, store))
+    ingest_turns(settings, connection, store, conversation_turns(tenant, tenant[0]))
     with store.tenant_tx(tenant) as conn:
         return [int(r[0]) for r in conn.execute("SELECT entry_id FROM entries ORDER BY entry_id")]
 

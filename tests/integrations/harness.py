@@ -6,30 +6,16 @@ import json
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from api.heartbeats import live_workers
+from tests.support import wait_until
 from workers.settings import Settings, child_environment
 from workers.supervisor import spawn_workers, stop_workers
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition",
-             interval_s: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout_s`` passed (AssertionError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def start_workers(settings: Settings, connection: redis.Redis,
@@ -38,7 +24,7 @@ def start_workers(settings: Settings, connection: redis.Redis,
     children = spawn_workers(settings, tuple(kinds), log_level="WARNING")
     try:
         for kind in kinds:
-            wait_for(lambda kind=kind: live_workers(connection, settings.stream_prefix, kind), 60.0,
+            wait_until(lambda kind=kind: live_workers(connection, settings.stream_prefix, kind), 60.0,
                      f"the {kind} worker's heartbeat")
     except BaseException:
         stop_workers(children, timeout_s=10)
@@ -86,7 +72,7 @@ def start_http_server(settings: Settings, tokens: dict[str, str], tmp_path: Path
         return True
 
     try:
-        wait_for(listening, 60.0, "the MCP HTTP server")
+        wait_until(listening, 60.0, "the MCP HTTP server")
     except BaseException:
         stop_workers([process], timeout_s=5)
         raise

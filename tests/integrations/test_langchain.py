@@ -19,7 +19,7 @@ from langgraph.graph import END, START, StateGraph  # noqa: E402
 from api.client import MnemosClient  # noqa: E402
 from integrations.langchain import MnemosRetriever, MnemosStore  # noqa: E402
 from tests.integration.factories import client_for, conversation_turns  # noqa: E402
-from tests.integrations.harness import wait_for  # noqa: E402
+from tests.support import wait_until  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -30,7 +30,7 @@ def client(service: Settings, redis_client: redis.Redis) -> Iterator[MnemosClien
     """A client of the running workers with alice's and bob's conversations stored."""
     value = client_for(service, redis_client)
     ids = value.publish_turns(conversation_turns("alice", "a") + conversation_turns("bob", "b"))
-    wait_for(lambda: value.acknowledged("bob", ids[-1]), 60, "the conversations' ingestion")
+    wait_until(lambda: value.acknowledged("bob", ids[-1]), 60, "the conversations' ingestion")
     yield value
 
 

@@ -11,7 +11,7 @@ import redis
 
 pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra is not installed")
 
-from tests.integrations.harness import free_port, start_workers, wait_for  # noqa: E402
+from tests.integrations.harness import free_port, start_workers  # noqa: E402
 from tests.integrations.mcp_helpers import (  # noqa: E402
     ok,
     recall_when_back,
@@ -20,6 +20,7 @@ from tests.integrations.mcp_helpers import (  # noqa: E402
     tool_error,
     turn_ids,
 )
+from tests.support import wait_until  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 from workers.supervisor import stop_workers  # noqa: E402
 
@@ -105,7 +106,7 @@ def test_a_killed_query_worker_is_a_timeout_error_and_the_server_recovers(
             workers.extend(start_workers(own.replace(metrics_enabled=False), redis_client, ("query",)))
             recalled, timeouts = await recall_when_back(client, query="spare key")
             assert texts(recalled) == ["The spare key is under the blue flower pot"]
-            metrics = wait_for(lambda: _metrics(own.mcp_metrics_port), 10, "the MCP server's metrics")
+            metrics = wait_until(lambda: _metrics(own.mcp_metrics_port), 10, "the MCP server's metrics")
             assert 'mnemos_mcp_tool_calls_total{outcome="ok",tool="recall"} 2.0' in metrics
             assert f'mnemos_mcp_tool_calls_total{{outcome="tool_error",tool="recall"}} {1 + timeouts}.0' in metrics
             assert 'mnemos_mcp_tool_seconds_count{tool="remember"} 1.0' in metrics
