@@ -11,7 +11,7 @@ from workers.errors import StoreError
 from workers.store.rows import EntryLink, Tombstone
 
 if TYPE_CHECKING:
-    from workers.store.fake import _Entry, _Tables
+    from workers.store.fake_tables import _Entry, _Tables
 
 
 class FakeForget:
