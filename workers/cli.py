@@ -31,13 +31,11 @@ from typing import Any, TextIO
 import click
 
 from workers.errors import ModelSetupError, SettingsError, StoreStateError, WorkerError
+from workers.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
 from workers.redaction import install_redaction, redact, secrets_of
 from workers.settings import Settings, prepare_offline_models
 
 log = logging.getLogger(__name__)
-
-EXIT_FAILED = 1  # a service failed or refused: Postgres/Redis unreachable, no query worker, a failed retrieval
-EXIT_MISCONFIGURED = 2  # an operator must act first: settings, a missing/unmigrated database, versions, models
 
 
 class CommandFailed(click.ClickException):

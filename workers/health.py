@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 import redis
 
 from api.heartbeats import KINDS, WorkerBeat, worker_beats
-from workers.cli import EXIT_FAILED, EXIT_MISCONFIGURED
 from workers.connections import redis_client
 from workers.errors import EmbeddingVersionError, ModelSetupError, SettingsError, StoreError, StoreStateError
+from workers.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
 from workers.migrate import discover
 from workers.models import load_encoder, load_reranker
 from workers.redaction import redact, redact_url, secrets_of
