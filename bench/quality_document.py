@@ -23,7 +23,7 @@ from bench.selection import Selection, overall_question
 from bench.stats import bootstrap_ci, compare_paired
 
 if TYPE_CHECKING:
-    from bench.quality import QualityOptions
+    from bench.quality_options import QualityOptions
 
 __all__ = [
     "DEEP_VARIANT",
