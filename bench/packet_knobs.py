@@ -17,15 +17,13 @@ import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from bench.packet_selection import RankedPool, choose
 from mnemos.packets import PacketConfig
 from mnemos.supersession import SupersessionTable
-
-if TYPE_CHECKING:
-    from bench.packets import RankedPool
 
 __all__ = ["KNOB_GRID", "StudyQuestion", "knob_study"]
 
@@ -50,8 +48,6 @@ class StudyQuestion:
 def _differences(questions: Sequence[StudyQuestion], budgets: Sequence[int], knobs: Mapping[str, float]
                  ) -> dict[str, dict[str, float]]:
     """Mean packet-minus-top-k evidence recall per split and budget for one knob setting."""
-    from bench.packets import choose  # bench.packets imports this module
-
     sums: dict[str, dict[int, list[float]]] = {"dev": {b: [] for b in budgets}, "test": {b: [] for b in budgets}}
     for q in questions:
         chosen = choose(q.pool, budgets, dataclasses.replace(q.pool.config, **knobs), q.supersessions)

@@ -88,7 +88,7 @@ def test_the_knob_study_chooses_on_the_dev_half_only() -> None:
     """Every grid point is measured on both halves; the choice maximises the dev mean over budgets,
     whatever the test half says; no questions, no study."""
     from bench.packet_knobs import KNOB_GRID, StudyQuestion, knob_study
-    from bench.packets import RankedPool
+    from bench.packet_selection import RankedPool
     from mnemos.packets import PacketConfig
 
     long_hit = Candidate(1, "t1", "hit", 3.0, 60, Qualifiers("s1", "user", T0))
