@@ -39,21 +39,18 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
 import redis
-from tqdm import tqdm
 
 from api.schemas import Outcome as OutcomeMessage
-from api.schemas import RetrievalResult
 from bench.cli import display_path
 from bench.datasets import Conversation
 from bench.engine import BenchQuestion, prepare_questions, stable_seed
 from bench.fetch import DataFetchError, locate_locomo
+from bench.mainjob_records import Asked, ServiceRecord, TenantPlan, progress_bar
 from bench.mainjob_replay import replay_in_process
 from bench.service import (
     ServiceRun,
@@ -76,17 +73,6 @@ TENANT_SUFFIXES = (".a", ".b")
 
 
 # the plan ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TenantPlan:
-    """One service tenant: its conversation, the half it burns in on, its draws and its evaluation."""
-
-    tenant_id: str
-    conversation: Conversation
-    burn_half: int
-    burn_in: tuple[BenchQuestion, ...]
-    evaluate: tuple[BenchQuestion, ...]
-
 
 def heldout_plan(conversations: Sequence[Conversation], questions: Sequence[BenchQuestion], *,
                  burnin_factor: float, seed: int) -> list[TenantPlan]:
@@ -112,24 +98,6 @@ def heldout_plan(conversations: Sequence[Conversation], questions: Sequence[Benc
 
 
 # asking ------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Asked:
-    """One question as the service answered it (``phase``: ``"burn-in"`` or ``"evaluation"``)."""
-
-    tenant_id: str
-    question: BenchQuestion
-    phase: str
-    latency_s: float
-    result: RetrievalResult
-
-
-def progress_bar(total: int, description: str, unit: str) -> tqdm:
-    """One phase's bar on stderr: redrawn every second on a terminal, a line every 15 s in a log."""
-    interactive = sys.stderr.isatty()
-    return tqdm(total=total, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True,
-                mininterval=1.0 if interactive else 15.0, leave=True)
-
 
 def ask(run: ServiceRun, plans: Sequence[TenantPlan], phase: str, collector: OutcomeCollector,
         k: int = 10) -> list[Asked]:
@@ -209,27 +177,6 @@ def scrape_counter(port: int, name: str) -> float | None:
         if family.name == name:
             return sum(s.value for s in family.samples if s.name == name + "_total")
     return None
-
-
-@dataclass
-class ServiceRecord:
-    """Everything the replay and the report need from the service, read before it is torn down."""
-
-    settings: Settings
-    plans: list[TenantPlan]
-    asked: list[Asked]
-    outcomes: dict[str, OutcomeMessage]
-    ledgers: dict[str, list[str]]
-    entry_turns: dict[str, dict[int, str]]
-    canonical: dict[str, dict[str, str]]
-    embeddings: dict[str, dict[str, np.ndarray]]
-    tenants: list[dict[str, Any]]
-    centroids: dict[str, np.ndarray | None]
-    ingest: dict[str, float]
-    freshness_s: list[float]
-    freshness_returned: int
-    rerank_cache_hits: float | None
-    phases_s: dict[str, float]
 
 
 def run_service_phases(settings: Settings, plans: list[TenantPlan], *, probes: int, keep: bool) -> ServiceRecord:

@@ -15,7 +15,7 @@ import numpy as np
 from bench.replay import Replayed, ReplayRequest, SuppressionReplica, recompute_sample, replay_tenant
 
 if TYPE_CHECKING:
-    from bench.mainjob import ServiceRecord, TenantPlan
+    from bench.mainjob_records import ServiceRecord, TenantPlan
 
 __all__ = ["ReplayRecord", "replay_in_process", "stored_vectors"]
 
@@ -54,7 +54,7 @@ def replay_in_process(record: ServiceRecord, *, sample_pairs: int, seed: int) ->
     index build, pipeline and suppression code), then recompute ``sample_pairs`` of the service's
     logits with the real model."""
     from bench.corpora import CorpusMode, build_tenants
-    from bench.mainjob import progress_bar  # the phases' bars (mainjob imports this module)
+    from bench.mainjob_records import progress_bar  # the phases' bars
     from mnemos.rendering import render_turn
     from mnemos.suppression import UpdateRule
     from workers.models import load_encoder, load_reranker, load_truncation_counter

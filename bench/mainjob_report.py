@@ -29,7 +29,7 @@ from workers.models import resolve_device
 from workers.query import feature_settings
 
 if TYPE_CHECKING:
-    from bench.mainjob import Asked, ServiceRecord
+    from bench.mainjob_records import Asked, ServiceRecord
     from bench.mainjob_replay import ReplayRecord
     from workers.settings import Settings
 
