@@ -31,7 +31,7 @@ from workers.migrate import ensure_database, run_migrations
 from workers.settings import FAKE_MODEL, Settings, to_environment
 
 if TYPE_CHECKING:
-    from bench.fault_shards import ShardFigures
+    from bench.fault_shard_figures import ShardFigures
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class PhaseReport:
     published_after: int = 0
     unacked_at_restart: int = 0
     upstream_lost: int = 0
-    # shards phase: each shard's figures (bench.fault_shards.ShardFigures) and how long its Redis was down
+    # shards phase: each shard's figures (bench.fault_shard_figures.ShardFigures) and how long its Redis was down
     per_shard: list[ShardFigures] = field(default_factory=list)
     outage_s: float = 0.0
     settled: bool = False

@@ -39,6 +39,7 @@ from api.validation import limits_of
 from bench.fault_phases import dedupe_violations, turn_traffic
 from bench.fault_run import FaultPlan, FaultRun, PhaseReport, count_turns, publish_paced, words
 from bench.fault_servers import RedisServer, WorkerProcess
+from bench.fault_shard_figures import ShardFigures
 from workers.connections import redis_client
 from workers.settings import Settings, to_environment
 from workers.store.audit import Audit
@@ -60,40 +61,6 @@ class Ask:
     named_shard: int | None = None  # the shard a ShardUnavailable named
     foreign_hits: int = 0
     first: bool = False  # the tenant's first retrieval (a cold index load)
-
-
-@dataclass
-class ShardFigures:
-    """One shard's figures in the shards phase (seconds are wall-clock seconds of one retrieval)."""
-
-    shard: int
-    tenants: int = 0
-    turns: int = 0  # turns accepted for this shard's tenants
-    lost: int = 0
-    duplicated: int = 0
-    answered: int = 0
-    failed: dict[str, int] = field(default_factory=dict)  # error class -> retrievals
-    answered_during: int = 0  # answered retrievals begun while shard DOWN's Redis was down
-    failed_during: int = 0
-    unavailable_named: int = 0  # failures raised as ShardUnavailable naming this shard
-    max_fail_s: float = 0.0
-    p50_before_s: float | None = None
-    p95_before_s: float | None = None
-    p50_during_s: float | None = None
-    p95_during_s: float | None = None
-    p50_after_s: float | None = None
-    p95_after_s: float | None = None
-
-    def summary(self) -> str:
-        def ms(value: float | None) -> str:
-            return "-" if value is None else f"{value * 1000:.0f}ms"
-
-        return (f"shard{self.shard}[turns={self.turns} lost={self.lost} duplicated={self.duplicated} "
-                f"answered={self.answered} failed={self.failed or '{}'} answered_during={self.answered_during} "
-                f"failed_during={self.failed_during} shard_unavailable_named={self.unavailable_named} "
-                f"max_fail_s={self.max_fail_s:.2f} p50/p95 before={ms(self.p50_before_s)}/{ms(self.p95_before_s)} "
-                f"during={ms(self.p50_during_s)}/{ms(self.p95_during_s)} "
-                f"after={ms(self.p50_after_s)}/{ms(self.p95_after_s)}]")
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
