@@ -71,11 +71,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def shard_tenants(per_shard: int, shards: int, seed: int) -> dict[int, list[str]]:
-    """``per_shard`` tenant ids on each of ``shards`` shards of the ring, the first ones found."""
+def shard_tenants(per_shard: int, shards: int, prefix: str = "tenant") -> dict[int, list[str]]:
+    """``per_shard`` tenant ids (``<prefix>-<n>``, n = 0, 1, ...) on each of ``shards`` shards of the
+    ring, the first ones found; shared by this phase and the shard tests."""
     found: dict[int, list[str]] = {shard: [] for shard in range(shards)}
     for number in itertools.count():
-        tenant = f"tenant-{seed}-{number}"
+        tenant = f"{prefix}-{number}"
         owned = found[sharding.shard_of(tenant, shards)]
         if len(owned) < per_shard:
             owned.append(tenant)
@@ -321,7 +322,7 @@ def run_shards(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         for server in servers:
             server.start()
         settings = shard_settings(run, plan, servers)
-        tenants = shard_tenants(plan.tenants, SHARDS, plan.seed)
+        tenants = shard_tenants(plan.tenants, SHARDS, prefix=f"tenant-{plan.seed}")
         workers = start_workers(run, settings)
         client = sharded_client(settings)
         for shard in range(SHARDS):

@@ -25,9 +25,9 @@ import pytest
 import redis
 from psycopg import sql
 
-from api import sharding
 from api.errors import RetrievalFailed, ShardUnavailable
 from bench.fault_servers import spare_port
+from bench.fault_shards import shard_tenants
 from tests.integration.factories import (
     conversation_turns,
     drain,
@@ -62,17 +62,6 @@ def cluster(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
         yield value
 
 
-def _tenants_by_shard(per_shard: int) -> dict[int, list[str]]:
-    found: dict[int, list[str]] = {shard: [] for shard in range(SHARDS)}
-    for number in itertools.count():
-        tenant = f"tenant-{number}"
-        owned = found[sharding.shard_of(tenant, SHARDS)]
-        if len(owned) < per_shard:
-            owned.append(tenant)
-        if all(len(t) == per_shard for t in found.values()):
-            return found
-    raise AssertionError("unreachable")
-
 
 
 
@@ -87,7 +76,7 @@ def test_every_shard_s_tenants_live_and_are_answered_on_its_own_servers(cluster:
     migrate_shards(settings, echo=lines.append)
     assert all(line.endswith("up to date") for line in lines)
 
-    by_shard = _tenants_by_shard(per_shard=2)
+    by_shard = shard_tenants(per_shard=2, shards=SHARDS)
     client = sharded_client(settings)
     turns = [t for tenant in itertools.chain(*by_shard.values()) for t in conversation_turns(tenant, f"{tenant}-")]
     client.publish_turns(turns)
@@ -156,7 +145,7 @@ def test_the_cli_migrates_checks_and_forgets_on_each_shard_s_servers(cluster: Cl
     for shard, server in enumerate(cluster.servers):
         assert f"ok   shard {shard} redis: redis://127.0.0.1:{server.port}/0" in health.output
         assert f"ok   shard {shard} postgres: {cluster.database_urls[shard]}" in health.output
-    tenant = _tenants_by_shard(per_shard=1)[2][0]
+    tenant = shard_tenants(per_shard=1, shards=SHARDS)[2][0]
     forgot = CliRunner().invoke(cli, ["forget", "--tenant", tenant], env=env)
     assert forgot.exit_code == 0, forgot.output
     streams = [redis.Redis(port=s.port).xlen(settings.for_shard(n).turns_stream) for n, s in enumerate(cluster.servers)]
@@ -180,7 +169,7 @@ def _refuse_connections(url: str, refuse: bool) -> None:
 def test_one_shard_s_postgres_down_fails_only_its_retrievals_by_name(cluster: Cluster) -> None:
     settings = cluster.settings.replace(retrieve_timeout_s=20.0)
     migrate_shards(settings, echo=lambda _: None)
-    tenants = {shard: owned[0] for shard, owned in _tenants_by_shard(per_shard=1).items()}
+    tenants = {shard: owned[0] for shard, owned in shard_tenants(per_shard=1, shards=SHARDS).items()}
     client = sharded_client(settings)
     client.publish_turns([t for tenant in tenants.values() for t in conversation_turns(tenant, f"{tenant}-")])
     with ExitStack() as stack:

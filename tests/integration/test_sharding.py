@@ -9,7 +9,6 @@ gives the new shard, and every turn published before and after the change is sto
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from api import sharding
 from api.client import MnemosClient
 from api.schemas import Outcome
 from api.validation import limits_of
+from bench.fault_shards import shard_tenants
 from tests.integration.factories import (
     conversation_turns,
     drain,
@@ -54,17 +54,6 @@ def _client(settings: Settings, connection: redis.Redis, shards: int) -> MnemosC
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s, shards=shards)
 
 
-def _tenants_by_shard(per_shard: int, shards: int) -> dict[int, list[str]]:
-    found: dict[int, list[str]] = {shard: [] for shard in range(shards)}
-    for number in itertools.count():
-        tenant = f"tenant-{number}"
-        owned = found[sharding.shard_of(tenant, shards)]
-        if len(owned) < per_shard:
-            owned.append(tenant)
-        if all(len(t) == per_shard for t in found.values()):
-            return found
-    raise AssertionError("unreachable")
-
 
 def _tenants_in(connection: redis.Redis, stream: str) -> set[str]:
     return {fields[b"tenant_id"].decode() for _, fields in connection.xrange(stream)}
@@ -92,7 +81,7 @@ def _retrieve_through(client: MnemosClient, tenant: str, services: dict[int, Que
 
 def test_each_tenant_is_served_by_its_shard_s_workers(settings: Settings, redis_client: redis.Redis,
                                                       store: PostgresStore) -> None:
-    by_shard = _tenants_by_shard(per_shard=2, shards=2)
+    by_shard = shard_tenants(per_shard=2, shards=2)
     client = _client(settings, redis_client, shards=2)
     turns = [t for pair in zip(*(conversation_turns(x, f"{x}-") for x in by_shard[0] + by_shard[1]), strict=True)
              for t in pair]  # tenants interleaved, as a real mix arrives
