@@ -209,7 +209,7 @@ class MnemosClient:
 
     @staticmethod
     def _fields(turn: Turn, readd: bool) -> dict[str, str]:
-        fields = {key: str(value) for key, value in turn.to_stream_fields().items()}
+        fields = turn.to_stream_fields()  # already flat strings, a new dict per call
         if readd:
             fields[READD_FIELD] = "1"
         return fields
@@ -236,8 +236,7 @@ class MnemosClient:
             values.update(scope=ForgetScope.TURNS.value, turn_ids=list(turn_ids))
         request = ForgetRequest.parse(values, self.limits)
         if self.directory is not None:
-            fields = {key: str(value) for key, value in request.to_stream_fields().items()}
-            return self.directory.publish([(request.tenant_id, fields)], self.home_shard)[0]
+            return self.directory.publish([(request.tenant_id, request.to_stream_fields())], self.home_shard)[0]
         stream = self.turns_stream_of(request.tenant_id)
         try:
             stream_id = self.connection_of(request.tenant_id).xadd(stream, request.to_stream_fields())  # type: ignore[arg-type]
