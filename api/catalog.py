@@ -1,7 +1,7 @@
 """Catalog reads of a tenant's stored memory (wire schema ``v`` = 1): its sessions, or turns by id.
 
 A catalog request is an rq job on the query workers' queue like a retrieval (JSON, never pickle),
-so the queue stays the one path into the workers: the job function ``workers.catalog.catalog_job``
+so the queue stays the one path into the workers: the job function ``workers.query.catalog.catalog_job``
 reads Postgres in one transaction scoped to the tenant (row-level security underneath) and returns
 a :class:`CatalogResult`. Nothing is ranked, no outcome is sent, and nothing is cached.
 
@@ -27,7 +27,7 @@ from typing import Any
 from api.errors import InvalidInputError, Reason
 from api.validation import SCHEMA_VERSION, Limits, check_id, check_id_list, check_version, check_zoned_time
 
-CATALOG_JOB = "workers.catalog.catalog_job"  # resolved by the query worker, never imported here
+CATALOG_JOB = "workers.query.catalog.catalog_job"  # resolved by the query worker, never imported here
 
 
 class CatalogKind(StrEnum):

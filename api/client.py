@@ -64,9 +64,9 @@ from api.validation import Limits
 
 log = logging.getLogger(__name__)
 
-RETRIEVAL_JOB = "workers.query.retrieval_job"  # resolved by the query worker, never imported here
+RETRIEVAL_JOB = "workers.query.worker.retrieval_job"  # resolved by the query worker, never imported here
 JOB_ID_PREFIX = "mnemos-"  # every retrieval's rq job id starts with it (job_id_for)
-INGEST_GROUP = "ingest"  # the turns stream's consumer group (workers.ingest.GROUP): it acknowledges after the commit
+INGEST_GROUP = "ingest"  # the turns stream's consumer group (workers.ingest.worker.GROUP): it acknowledges after the commit
 T = TypeVar("T")
 
 

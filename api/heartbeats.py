@@ -1,6 +1,6 @@
 """Worker heartbeats in Redis: the key layout, and reading which workers are alive.
 
-Each worker's loop renews one record (the writer is ``workers.heartbeats``):
+Each worker's loop renews one record (the writer is ``workers.runtime.heartbeats``):
 
 * ``<prefix>:heartbeat:<kind>:<name>``: a JSON object (``kind``, ``name``, ``host``, ``pid``,
   ``at`` Unix seconds, ``ttl_s``, ``busy``, and per kind ``queue``, ``rendering``, ``dim``) with a

@@ -184,7 +184,7 @@ def cached_bi_encoder(
 
     from mnemos.encoder import SentenceTransformerEncoder
     from mnemos.precision import Precision, resolve_precision
-    from workers.models import TruncationCounter
+    from workers.runtime.models import TruncationCounter
 
     resolved = resolve_precision(precision, device)
     if resolved is Precision.FP16 and device.startswith("cpu"):

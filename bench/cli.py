@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from workers.models import PROVENANCE_FILE
+from workers.runtime.models import PROVENANCE_FILE
 
 if TYPE_CHECKING:
     from bench.caches import PersistentEncoder
@@ -257,7 +257,7 @@ def run_quality_command(request: QualityCommand) -> int:
     from bench.quality import run_quality
     from bench.training.sources import file_sha256
     from mnemos.errors import MnemosError
-    from workers.models import resolve_device
+    from workers.runtime.models import resolve_device
 
     torch.set_num_threads(request.threads)
     device = resolve_device(request.device)

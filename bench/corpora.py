@@ -34,7 +34,7 @@ __all__ = ["CorpusMode", "SessionIndex", "Tenant", "UnreadOf", "build_tenants", 
 
 UnreadOf = Callable[[Sequence[str]], Sequence[str]]
 """Per rendered text, the end the bi-encoder does not read (``""``: all read), as
-:meth:`workers.models.TruncationCounter.unread`; dedupe compares its words (:func:`mnemos.dedupe.turn_signature`)."""
+:meth:`workers.runtime.models.TruncationCounter.unread`; dedupe compares its words (:func:`mnemos.dedupe.turn_signature`)."""
 
 
 class CorpusMode(StrEnum):

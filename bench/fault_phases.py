@@ -30,9 +30,9 @@ from bench.fault_run import (
     words,
 )
 from mnemos.suppression import UpdateRule, outcome_deltas
+from workers.query.wire import outcome_record
 from workers.settings import Settings
 from workers.store.audit import Audit
-from workers.wire import outcome_record
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from api.client import MnemosClient
 from api.errors import ServiceUnavailable
 from api.validation import limits_of
 from bench.fault_servers import PostgresCluster, RedisServer, WorkerProcess
-from workers.errors import StoreError
-from workers.migrate import ensure_database, run_migrations
+from workers.ops.migrate import ensure_database, run_migrations
+from workers.runtime.errors import StoreError
 from workers.settings import FAKE_MODEL, Settings, to_environment
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ from bench.fault_phases import dedupe_violations, turn_traffic
 from bench.fault_run import FaultPlan, FaultRun, PhaseReport, count_turns, publish_paced, words
 from bench.fault_servers import RedisServer, WorkerProcess
 from bench.fault_shard_figures import ShardFigures
-from workers.connections import redis_client
+from workers.runtime.connections import redis_client
 from workers.settings import Settings, to_environment
 from workers.store.audit import Audit
 

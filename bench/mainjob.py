@@ -3,7 +3,7 @@
 Protocol:
 
 1. Services: Redis and Postgres at the configured URLs; when a URL was not configured and nothing
-   answers there, embedded ones are started (:mod:`workers.embedded`) and the run says so. The run
+   answers there, embedded ones are started (:mod:`workers.runtime.embedded`) and the run says so. The run
    gets its own database, stream prefix and queue; the ingest, query and suppression workers run as
    processes with the service's settings as they are (reranker, deep pass, suppression, K,
    bootstrap, post-rerank features): only names, ports and timeouts are the run's own.
@@ -60,11 +60,11 @@ from bench.service import (
     run_stamp,
     running_service,
 )
-from workers.embedded import EmbeddedServices
-from workers.errors import EmbeddedServicesError, ModelSetupError
-from workers.models import cross_encoder_location, reranker_provenance
+from workers.runtime.embedded import EmbeddedServices
+from workers.runtime.errors import EmbeddedServicesError, ModelSetupError
+from workers.runtime.models import cross_encoder_location, reranker_provenance
 from workers.settings import Settings, quiet_model_loading
-from workers.suppression import GROUP as SUPPRESSION_GROUP
+from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +337,8 @@ def service(ctx: click.Context, data: Path | None, reranker: str | None, limit: 
 def _trained_summary(location: str | None, trained: Sequence[str]) -> str:
     """What the reranker learned from, in one short line: each training source of its provenance
     with its licence and item count, or the item ids themselves when no source is recorded."""
-    from workers.model_licences import training_sources
-    from workers.models import reranker_provenance
+    from workers.runtime.model_licences import training_sources
+    from workers.runtime.models import reranker_provenance
 
     sources = training_sources(reranker_provenance(location) or {})
     if sources:

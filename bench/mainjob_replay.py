@@ -57,8 +57,8 @@ def replay_in_process(record: ServiceRecord, *, sample_pairs: int, seed: int) ->
     from bench.mainjob_records import progress_bar  # the phases' bars
     from mnemos.rendering import render_turn
     from mnemos.suppression import UpdateRule
-    from workers.models import load_encoder, load_reranker, load_truncation_counter
-    from workers.query import retrieval_config
+    from workers.query.worker import retrieval_config
+    from workers.runtime.models import load_encoder, load_reranker, load_truncation_counter
 
     settings = record.settings
     encoder = load_encoder(settings)

@@ -25,8 +25,8 @@ from bench.service import machine, percentile
 from bench.stats import bootstrap_ci
 from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics
 from mnemos.precision import resolve_precision
-from workers.models import resolve_device
-from workers.query import feature_settings
+from workers.query.worker import feature_settings
+from workers.runtime.models import resolve_device
 
 if TYPE_CHECKING:
     from bench.mainjob_records import Asked, ServiceRecord

@@ -50,7 +50,7 @@ def delete_queue(client: redis.Redis, queue_name: str) -> int:
     count = delete_queue_jobs(client, queue_name)
     queue = Queue(queue_name, connection=client)
     client.delete(queue.key, *(registry.key for registry in _registries(queue)))
-    # the query workers' records of stranded-job sightings (workers/intermediate.py), kept up to an hour
+    # the query workers' records of stranded-job sightings (workers/query/intermediate.py), kept up to an hour
     sightings = list(client.scan_iter(match=f"{queue.intermediate_queue_key}:*", count=500))
     if sightings:
         client.delete(*sightings)

@@ -23,7 +23,7 @@ import click
 
 from bench.extras import require_extra
 from bench.training.sources import teacher_sources, training_positives
-from workers.models import resolve_device
+from workers.runtime.models import resolve_device
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -203,7 +203,7 @@ def _store_fp16(model_dir: Path) -> None:
     import torch
     from sentence_transformers.cross_encoder import CrossEncoder
 
-    from workers.models import PROVENANCE_FILE
+    from workers.runtime.models import PROVENANCE_FILE
 
     model = CrossEncoder(str(model_dir), device="cpu", activation_fn=torch.nn.Identity())
     model.model.half()
@@ -239,7 +239,7 @@ def run_check(
     from bench.datasets import load_locomo
     from bench.training.pairs import turn_passages
     from mnemos.tokenizer import tokenize
-    from workers.models import PROVENANCE_FILE
+    from workers.runtime.models import PROVENANCE_FILE
 
     torch.set_num_threads(threads)
     try:

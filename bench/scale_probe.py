@@ -31,8 +31,8 @@ from rq.serializers import JSONSerializer
 
 from api.client import job_id_for
 from bench.service import ServiceRun
+from workers.runtime.supervisor import spawn_workers
 from workers.settings import Settings
-from workers.supervisor import spawn_workers
 
 CACHE_HITS = "mnemos_query_tenant_cache_hits_total"
 CACHE_MISSES = "mnemos_query_tenant_cache_misses_total"

@@ -53,7 +53,7 @@ from bench.service import (
     running_service,
     turn_message,
 )
-from workers.ingest import GROUP as INGEST_GROUP
+from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.settings import Settings
 
 __all__ = ["reshard_phase"]

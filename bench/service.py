@@ -36,14 +36,14 @@ from api.validation import limits_of
 from bench.datasets import Conversation, load_locomo
 from bench.datasets import Turn as DatasetTurn
 from bench.queue_cleanup import delete_queue
-from workers.ingest import GROUP as INGEST_GROUP
-from workers.migrate import ensure_database, run_migrations
-from workers.models import cross_encoder_location, reranker_provenance
+from workers.ingest.worker import GROUP as INGEST_GROUP
+from workers.ops.migrate import ensure_database, run_migrations
+from workers.runtime.models import cross_encoder_location, reranker_provenance
+from workers.runtime.supervisor import WORKER_KINDS, spawn_workers, stop_workers
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.store.schema import drop_database
-from workers.supervisor import WORKER_KINDS, spawn_workers, stop_workers
-from workers.suppression import GROUP as SUPPRESSION_GROUP
+from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
     """
     ensure_database(settings.database_url)
     run_migrations(settings.database_url)
-    from workers.connections import redis_client  # the workers' socket timeout and TLS settings
+    from workers.runtime.connections import redis_client  # the workers' socket timeout and TLS settings
 
     connection = redis_client(settings)
     client = run_client(settings, connection)

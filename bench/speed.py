@@ -121,7 +121,7 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
                     sweep_from: tuple[Path, ...] = (), markdown: Path | None = None) -> int:
     from bench.corpora import rendered_texts
     from bench.engine import prepare_questions
-    from workers.models import load_encoder, load_reranker
+    from workers.runtime.models import load_encoder, load_reranker
 
     stamp = run_stamp()
     run_settings = bench_settings(settings, reranker=reranker, stamp=stamp)

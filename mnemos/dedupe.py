@@ -241,7 +241,7 @@ def turn_signature(role: str, text: str, image_caption: str | None = None, *, un
     The speaker is part of it under every rendering version: turns of different speakers are
     different memories even when their texts are equal. The caption is read as its own text (its
     first word starts a sentence). ``unread`` is the end of the turn's rendering that the
-    bi-encoder cut off (``workers.models.TruncationCounter.unread``; ``""`` when it read it all):
+    bi-encoder cut off (``workers.runtime.models.TruncationCounter.unread``; ``""`` when it read it all):
     a turn whose embedding did not see its end aliases only a turn with the same unread words.
 
     Raises:

@@ -32,14 +32,14 @@ from psycopg import sql
 
 from bench.fault_servers import RedisServer, redis_binaries
 from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
-from workers.ingest import GROUP as INGEST_GROUP
-from workers.ingest import IngestWorker
-from workers.migrate import ensure_database, run_migrations
+from workers.ingest.worker import GROUP as INGEST_GROUP
+from workers.ingest.worker import IngestWorker
+from workers.ops.migrate import ensure_database, run_migrations
+from workers.runtime.streams import run_consumer
 from workers.settings import FAKE_MODEL, Settings, to_environment
 from workers.store import PostgresStore
-from workers.streams import run_consumer
-from workers.suppression import GROUP as SUPPRESSION_GROUP
-from workers.suppression import SuppressionWorker
+from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
+from workers.suppression.worker import SuppressionWorker
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -1,7 +1,7 @@
 """The ``mnemos`` command: a thin layer that builds settings once and calls ``run_*`` functions.
 
 Logging is configured here and nowhere else (:func:`configure_logging`), with the passwords of the
-configured URLs masked in every record (:mod:`workers.redaction`). Model environment variables
+configured URLs masked in every record (:mod:`workers.runtime.redaction`). Model environment variables
 (offline hub, single-threaded tokenizers) are set at the top of :func:`main`, before any model
 library loads (:func:`workers.settings.prepare_offline_models`, the one place that sets them).
 
@@ -30,9 +30,9 @@ from typing import Any, TextIO
 
 import click
 
-from workers.errors import ModelSetupError, SettingsError, StoreStateError, WorkerError
-from workers.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
-from workers.redaction import install_redaction, redact, secrets_of
+from workers.runtime.errors import ModelSetupError, SettingsError, StoreStateError, WorkerError
+from workers.runtime.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
+from workers.runtime.redaction import install_redaction, redact, secrets_of
 from workers.settings import Settings, prepare_offline_models
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def _settings(ctx: click.Context) -> Settings:
 @click.pass_context
 def migrate(ctx: click.Context, only_shard: int | None) -> None:
     """Create the database if needed and apply pending migrations (every shard's, or one)."""
-    from workers.migrate import ensure_database, migrate_shards, run_migrations
+    from workers.ops.migrate import ensure_database, migrate_shards, run_migrations
 
     settings = _settings(ctx)
     if settings.shard_map is not None or only_shard is not None:
@@ -140,9 +140,9 @@ def migrate(ctx: click.Context, only_shard: int | None) -> None:
 def reindex(ctx: click.Context, tenant_id: str | None, progress: bool) -> None:
     """Re-embed the stored turns of tenants made with another rendering or encoder dimension.
 
-    Resumable (run it again after an interruption) and safe while workers run; see workers/reindex.py.
+    Resumable (run it again after an interruption) and safe while workers run; see workers/ingest/reindex.py.
     """
-    from workers.reindex import run_reindex
+    from workers.ingest.reindex import run_reindex
 
     report = run_reindex(_settings(ctx), tenant_id=tenant_id, progress=progress)
     click.echo(f"reindexed {report.tenants} tenant(s) to {report.target}: {report.embedded} turns embedded, "
@@ -158,7 +158,7 @@ def reindex(ctx: click.Context, tenant_id: str | None, progress: bool) -> None:
 @click.pass_context
 def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> None:
     """Run one worker until SIGTERM/SIGINT."""
-    from workers import process
+    from workers.runtime import process
 
     settings = _settings(ctx)
     if kind == "ingest":
@@ -173,7 +173,7 @@ def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> Non
 def _client(settings: Settings):
     from api.client import MnemosClient
     from api.validation import limits_of
-    from workers.connections import client_connections
+    from workers.runtime.connections import client_connections
 
     return MnemosClient(client_connections(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                         limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
@@ -253,7 +253,7 @@ def retrieve(ctx: click.Context, tenant: str, k: int | None, timeout_s: float | 
     """Ask one question through the query workers and print the hits (and, with --budget, the
     evidence packet and what it left out)."""
     from api.errors import MnemosClientError
-    from workers.demo import format_result
+    from workers.ops.demo import format_result
 
     filters: dict[str, object] = {}
     if sessions:
@@ -283,7 +283,7 @@ def health(ctx: click.Context, models: bool, require: tuple[str, ...], shard: in
     """Check Redis, Postgres (exists, migrated), stored embedding versions, the models, and list the
     workers seen by their heartbeats; exit code 0 when all are fine, else 2 or 1 as for every
     command, with one ``Error:`` line on stderr (one per failing shard with --all-shards)."""
-    from workers.health import run_health
+    from workers.ops.health import run_health
 
     settings = _settings(ctx)
     shards = range(settings.shards) if all_shards else [settings.shard if shard is None else shard]
@@ -305,7 +305,7 @@ def reshard_move(ctx: click.Context, tenant_id: str, target: int) -> None:
     """Freeze the tenant, copy its rows (entry ids renumbered), move its pending turns and outcomes,
     delete it from its shard, and flip its routing. Run it again to finish a move that failed after
     the copy; the tenant's clients wait meanwhile."""
-    from workers.tenant_move import move_tenant
+    from workers.ops.tenant_move import move_tenant
 
     click.echo(move_tenant(_settings(ctx), tenant_id, target, echo=click.echo).line())
 
@@ -326,7 +326,7 @@ def reshard_where(ctx: click.Context, tenant_id: str) -> None:
 @click.pass_context
 def up(ctx: click.Context, embedded: bool) -> None:
     """Migrations plus ingest, query and suppression workers, until Ctrl-C."""
-    from workers.supervisor import run_up
+    from workers.runtime.supervisor import run_up
 
     sys.exit(run_up(_settings(ctx), allow_embedded=embedded))
 
@@ -338,10 +338,10 @@ def up(ctx: click.Context, embedded: bool) -> None:
 @click.pass_context
 def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     """Publish a small two-tenant conversation, wait until it is stored, ask questions, print hits."""
-    from workers.demo import run_demo
-    from workers.embedded import EmbeddedServices
+    from workers.ops.demo import run_demo
+    from workers.runtime.embedded import EmbeddedServices
+    from workers.runtime.supervisor import prepare, spawn_workers, stop_workers
     from workers.store import PostgresStore
-    from workers.supervisor import prepare, spawn_workers, stop_workers
 
     settings = _settings(ctx)
     if settings.shard_map is not None:  # each shard on its own servers: its own workers and store
@@ -362,10 +362,10 @@ def _sharded_demo(settings: Settings, spawn: bool, wait_s: float) -> int:
     one port per kind on this machine), each tenant's turns stored and asked on its shard's servers."""
     from contextlib import ExitStack
 
-    from workers.demo import run_demo
-    from workers.migrate import migrate_shards
+    from workers.ops.demo import run_demo
+    from workers.ops.migrate import migrate_shards
+    from workers.runtime.supervisor import spawn_workers, stop_workers
     from workers.store import PostgresStore
-    from workers.supervisor import spawn_workers, stop_workers
 
     shards = [settings.for_shard(s) for s in range(settings.shards)]
     if spawn:

@@ -26,10 +26,10 @@ from mnemos.dedupe import DEFAULT_THRESHOLD as DEFAULT_DEDUPE_THRESHOLD
 from mnemos.packets import PacketConfig
 from mnemos.pipeline import RetrievalConfig
 from mnemos.suppression import DEFAULT_BOOTSTRAP_FACTOR, DEFAULT_CLUSTERS_K, DEFAULT_ETA, DEFAULT_UPDATE_RULE
-from workers.errors import SettingsError
-from workers.redaction import redact_url
-from workers.server_urls import check_database_url, check_redis_url
-from workers.shard_map import ShardServers, map_text, parse_shard_map
+from workers.runtime.errors import SettingsError
+from workers.runtime.redaction import redact_url
+from workers.runtime.server_urls import check_database_url, check_redis_url
+from workers.runtime.shard_map import ShardServers, map_text, parse_shard_map
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/mnemos"
@@ -59,7 +59,7 @@ class Settings:
     # ":{shard-<n>}") and a worker consumes only those of `shard`
     shards: int = 1
     shard: int = 0
-    # each shard's own Redis and Postgres (workers.shard_map): inline JSON/YAML or a file; None: every shard
+    # each shard's own Redis and Postgres (workers.runtime.shard_map): inline JSON/YAML or a file; None: every shard
     # uses redis_url and database_url. With a map, redis_url and database_url are those of `shard`
     shard_map: str | None = None
     # models

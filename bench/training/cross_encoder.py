@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.training.errors import TrainingDataError
 from bench.training.pairs import LabelledPair
-from workers.models import PROVENANCE_FILE
+from workers.runtime.models import PROVENANCE_FILE
 
 __all__ = [
     "PROVENANCE_FILE",

@@ -30,7 +30,7 @@ from scipy.special import expit
 
 from bench.training.errors import TrainingDataError
 from bench.training.pairs import LabelledPair
-from workers.models import PROVENANCE_FILE, reranker_provenance
+from workers.runtime.models import PROVENANCE_FILE, reranker_provenance
 
 __all__ = [
     "DistilConfig",

@@ -3,7 +3,7 @@
 ``mnemos reranker train`` (:mod:`bench.reranker_cli`) combines sources in one run: LoCoMo
 conversations, LongMemEval questions (S and oracle files, folds by question) and a JSONL pairs
 file. Each becomes a source record in ``mnemos_provenance.json`` with its SPDX licence, file name
-and sha256 and the items used (:mod:`workers.model_licences` reads them back), and the union of
+and sha256 and the items used (:mod:`workers.runtime.model_licences` reads them back), and the union of
 items becomes ``training_conversations``, what the benchmarks refuse to grade the model on.
 """
 
@@ -21,8 +21,8 @@ __all__ = ["file_sha256", "locomo_source", "longmemeval_sources", "teacher_sourc
 def teacher_sources(teacher: Path) -> list[dict[str, object]]:
     """The teacher's training sources as source records marked ``via`` the teacher: a student
     distilled from a model inherits the licences of that model's training data."""
-    from workers.model_licences import training_sources
-    from workers.models import reranker_provenance
+    from workers.runtime.model_licences import training_sources
+    from workers.runtime.models import reranker_provenance
 
     record = reranker_provenance(str(teacher)) or {}
     raw = record.get("sources")
@@ -86,7 +86,7 @@ def locomo_source(data: Path, conversations: list[str] | None, fold: tuple[int, 
     """LoCoMo positives (observations and QA evidence of categories 1-4), corpora and source record."""
     from bench.datasets import load_locomo
     from bench.training import pairs as training_pairs
-    from workers.model_licences import DATASET_LICENCES
+    from workers.runtime.model_licences import DATASET_LICENCES
 
     convs = load_locomo(data)
     all_ids = sorted(c.conversation_id for c in convs)
@@ -123,7 +123,7 @@ def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | 
     so a question held out of one file is held out of every file."""
     from bench.datasets import load_longmemeval
     from bench.training import pairs as training_pairs
-    from workers.model_licences import DATASET_LICENCES
+    from workers.runtime.model_licences import DATASET_LICENCES
 
     loaded = [(path, load_longmemeval(path)) for path in files]
     types: dict[str, str | None] = {}

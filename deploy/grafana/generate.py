@@ -6,7 +6,7 @@ Grafana JSON model (schemaVersion 39, Grafana 10/11). Edit the panels here, then
     python deploy/grafana/generate.py
 
 and commit the JSON beside it; tests/deploy fails when the two drift apart, and checks that every
-expression parses and names only metrics that workers/metrics.py registers.
+expression parses and names only metrics that workers/runtime/metrics.py registers.
 
 Every panel queries the raw metrics (not the recording rules of deploy/prometheus), so the
 dashboards work before the rules are loaded, and every query selects the dashboard's namespace

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import click
 
-from workers.errors import SettingsError
+from workers.runtime.errors import SettingsError
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,8 @@ def run_mcp(settings: Settings, *, transport: str) -> int:
     from integrations.mcp_server.server import build_server, fixed_tenant, token_tenant
     from integrations.mcp_server.tokens import TenantTokenVerifier, TokenTable
     from integrations.mcp_server.tools import MemoryTools
-    from workers.connections import client_connections
-    from workers.metrics import MCP, ServiceMetrics, serve
+    from workers.runtime.connections import client_connections
+    from workers.runtime.metrics import MCP, ServiceMetrics, serve
 
     client = MnemosClient(client_connections(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
                           limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,

@@ -34,7 +34,7 @@ from integrations.mcp_server.tools import (
     RememberResult,
     SessionsResult,
 )
-from workers.metrics import ServiceMetrics
+from workers.runtime.metrics import ServiceMetrics
 
 Tenancy = Callable[[Context], str]
 """Decides the tenant of one tool call from its context (never from its arguments)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from mcp.server.auth.provider import AccessToken
 
 from api.validation import Limits, check_id
-from workers.errors import SettingsError
+from workers.runtime.errors import SettingsError
 from workers.settings import Settings
 
 MIN_TOKEN_CHARS = 16

@@ -3,7 +3,7 @@
 thread and readers of what the workers stored.
 
 Workers run in-process here (fake models, a fresh metrics registry each); the stream workers run
-their real consumer loop (:func:`workers.streams.run_consumer`) in a thread, so a message that
+their real consumer loop (:func:`workers.runtime.streams.run_consumer`) in a thread, so a message that
 wedges the loop shows up as a bounded wait that never completes.
 """
 

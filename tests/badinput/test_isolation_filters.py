@@ -29,7 +29,7 @@ from tests.badinput.harness import (
     turn_ids,
 )
 from tests.support import JOB_TTLS
-from workers.query import build_worker
+from workers.query.worker import build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -98,7 +98,7 @@ def test_filters_naming_beta_never_reach_beta(settings, redis_client, store) -> 
     for tenant in ("alpha", "beta"):
         for f, _ in FILTERS:
             request = RetrievalRequest.parse({"v": 1, "tenant_id": tenant, "query": "spare key mat", "filters": f})
-            jobs.append((tenant, queue.enqueue("workers.query.retrieval_job", request.to_payload(),
+            jobs.append((tenant, queue.enqueue("workers.query.worker.retrieval_job", request.to_payload(),
                                                job_id=request.request_id, **JOB_TTLS)))
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-fiso").work(burst=True)
     beta_found_secret = False

@@ -35,7 +35,7 @@ from tests.badinput.harness import (
     turn_ids,
 )
 from tests.support import JOB_TTLS, spawn_logged, wait_for
-from workers.query import QueryService, build_worker
+from workers.query.worker import QueryService, build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -163,7 +163,7 @@ def test_rq_jobs_of_two_tenants_share_one_worker_without_mixing(settings, redis_
         for tenant in ("alpha", "beta"):
             for q in QUERIES[:5]:
                 request = RetrievalRequest(tenant, q, k=10, request_id=f"{tenant}-{round_}-{len(jobs)}")
-                jobs.append((tenant, queue.enqueue("workers.query.retrieval_job", request.to_payload(),
+                jobs.append((tenant, queue.enqueue("workers.query.worker.retrieval_job", request.to_payload(),
                                                    job_id=request.request_id, **JOB_TTLS)))
     service = query_service(settings, redis_client, store, FakeReranker())
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-iso").work(burst=True)

@@ -28,9 +28,9 @@ from tests.badinput.harness import (
     turn,
     turn_ids,
 )
+from workers.query.wire import outcome_record
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.wire import outcome_record
 
 pytestmark = pytest.mark.integration
 

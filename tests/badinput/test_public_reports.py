@@ -51,10 +51,10 @@ from tests.badinput.harness import (
     turn_ids,
 )
 from tests.support import spawn_logged, stop_process, wait_for
-from workers.ingest import GROUP as INGEST_GROUP
+from workers.ingest.worker import GROUP as INGEST_GROUP
+from workers.query.wire import outcome_record
+from workers.runtime.streams import StreamMessage
 from workers.store import PostgresStore
-from workers.streams import StreamMessage
-from workers.wire import outcome_record
 
 
 def version(store: PostgresStore, tenant: str) -> int | None:

@@ -1,6 +1,6 @@
 """Bad-input catalogue, query side: odd requests and odd tenants through the query worker.
 
-Requests run through :class:`workers.query.QueryService` (and, for raw payloads that bypass the
+Requests run through :class:`workers.query.worker.QueryService` (and, for raw payloads that bypass the
 client, through an rq ``QueryWorker`` in burst mode). The reranker is a counting
 :class:`mnemos.rerank.FakeReranker`, so "no reranker call" is observable.
 """
@@ -27,8 +27,8 @@ from tests.badinput.harness import (
     turn_ids,
 )
 from tests.support import JOB_TTLS
-from workers.models import TruncationCounter, bi_encoder_dir
-from workers.query import build_worker
+from workers.query.worker import build_worker
+from workers.runtime.models import TruncationCounter, bi_encoder_dir
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -52,7 +52,7 @@ def outcomes_published(settings: Settings, connection: redis.Redis) -> int:
 
 def run_raw_job(settings: Settings, connection: redis.Redis, store: PostgresStore, payload: Any):
     queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
-    job = queue.enqueue("workers.query.retrieval_job", payload, **JOB_TTLS)
+    job = queue.enqueue("workers.query.worker.retrieval_job", payload, **JOB_TTLS)
     service = query_service(settings, connection, store)
     build_worker(settings, connection, service, name=f"{settings.stream_prefix}-{job.id[:8]}").work(burst=True)
     return job, service

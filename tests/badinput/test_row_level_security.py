@@ -27,10 +27,10 @@ from tests.badinput.harness import (
     turn_ids,
     wire_fields,
 )
-from workers.metrics import STAGES
+from workers.runtime.metrics import STAGES
+from workers.runtime.streams import StreamSampler
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.streams import StreamSampler
 
 pytestmark = pytest.mark.integration
 

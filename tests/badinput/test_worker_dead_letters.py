@@ -28,8 +28,8 @@ from tests.badinput.harness import (
     turn_ids,
     wire_fields,
 )
-from workers.dead_letters import MAX_PAYLOAD_FIELD_CHARS
-from workers.ingest import IngestWorker
+from workers.ingest.dead_letters import MAX_PAYLOAD_FIELD_CHARS
+from workers.ingest.worker import IngestWorker
 from workers.settings import Settings
 from workers.store import PostgresStore
 

@@ -38,17 +38,17 @@ def _registries_of(module) -> list:
 
 @pytest.fixture(scope="session")
 def registered_series() -> set[str]:
-    """Every mnemos_* series name workers/metrics.py registers (histograms with _bucket/_sum/_count,
+    """Every mnemos_* series name workers/runtime/metrics.py registers (histograms with _bucket/_sum/_count,
     counters with _total). Skips while the module does not exist yet."""
-    if importlib.util.find_spec("workers.metrics") is None:
-        pytest.skip("workers/metrics.py does not exist yet: expressions are only checked against the contract's names")
+    if importlib.util.find_spec("workers.runtime.metrics") is None:
+        pytest.skip("workers/runtime/metrics.py does not exist yet: expressions are only checked against the contract's names")
     from tests.deploy.promql import series_of_registry
 
-    module = importlib.import_module("workers.metrics")
+    module = importlib.import_module("workers.runtime.metrics")
     names: set[str] = set()
     for registry in _registries_of(module):
         names |= {n for n in series_of_registry(registry) if n.startswith("mnemos_")}
-    assert names, "workers.metrics registers no mnemos_* metric (neither globally nor through a factory)"
+    assert names, "workers.runtime.metrics registers no mnemos_* metric (neither globally nor through a factory)"
     return names
 
 

@@ -3,7 +3,7 @@
 ``SPEC_METRICS`` is the metric contract (docs/architecture.md "Metrics"): the names, types and
 labels deploy/ relies on. :func:`series_of_registry` derives the series names a prometheus_client
 registry exposes (counters gain ``_total``, histograms ``_bucket``/``_sum``/``_count``), so the
-expressions in rules and dashboards can be checked against what workers/metrics.py registers.
+expressions in rules and dashboards can be checked against what workers/runtime/metrics.py registers.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ SPEC_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_worker_up": ("gauge", ("worker",)),
     "mnemos_dead_letters_total": ("counter", ("reason",)),
 }
-# Exported by workers/metrics.py beyond the contract's list (checked against the registry when it imports).
+# Exported by workers/runtime/metrics.py beyond the contract's list (checked against the registry when it imports).
 CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_ingest_encoder_truncated_total": ("counter", ()),
     "mnemos_query_rerank_cache_hits_total": ("counter", ()),

@@ -228,7 +228,7 @@ def test_models_baked_at_build_time_and_offline_at_run_time():
 
 
 def test_migrations_ship_as_package_data_and_the_build_checks_the_installed_migrator():
-    # the SQL files are package data of `migrations` (workers.migrate finds them with importlib.resources),
+    # the SQL files are package data of `migrations` (workers.ops.migrate finds them with importlib.resources),
     # so installing /src installs them: no step copies them by hand any more
     assert "migrations*" in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
     assert "*.sql" in PYPROJECT["tool"]["setuptools"]["package-data"]["*"]
@@ -241,7 +241,7 @@ def test_migrations_ship_as_package_data_and_the_build_checks_the_installed_migr
     check_at = _index(BUILD, lambda i, v: i == "RUN" and "discover()" in v)
     assert check_at >= project_at
     check = BUILD.instructions[check_at][1]
-    assert "python -P -c" in check and "from workers.migrate import discover" in check
+    assert "python -P -c" in check and "from workers.ops.migrate import discover" in check
     assert "/src/migrations" in check and "found == expected > 0" in check
 
 

@@ -92,7 +92,7 @@ def test_every_target_reads_only_registered_metrics(registered_series):
     for name, dashboard in DASHBOARDS.items():
         bad.update({f"{name}: {e}": n for e, n in promql.unknown_series(_exprs(dashboard), registered_series,
                                                                          set()).items()})
-    assert not bad, f"panels on metrics workers/metrics.py does not register: {bad}"
+    assert not bad, f"panels on metrics workers/runtime/metrics.py does not register: {bad}"
 
 
 def test_overview_shows_traffic_latency_backlog_and_errors():

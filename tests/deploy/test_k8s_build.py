@@ -16,7 +16,7 @@ import yaml
 
 from tests.deploy import manifests
 from tests.deploy.manifests import DEPLOY, K8S, K8S_VERSIONS, WORKERS
-from workers.metrics import LIVENESS_PATH
+from workers.runtime.metrics import LIVENESS_PATH
 from workers.settings import ENV_VARS, Settings
 
 DEV = K8S / "overlays" / "dev"

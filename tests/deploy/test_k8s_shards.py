@@ -3,8 +3,8 @@
 The committed overlay (2 shards) is what its generate.py writes. Rendered, every shard's Deployments
 run with ``MNEMOS_SHARDS=N`` and ``MNEMOS_SHARD=n``, and every ScaledObject scales its own shard's
 Deployment on the Redis key that shard's workers read, as the code names it: the expected names
-come from ``api.sharding`` (and rq's list prefix and the consumer groups of ``workers.ingest`` and
-``workers.suppression``), and are checked again against ``Settings`` built from the environment the
+come from ``api.sharding`` (and rq's list prefix and the consumer groups of ``workers.ingest.worker`` and
+``workers.suppression.worker``), and are checked again against ``Settings`` built from the environment the
 shard's pods get. Every shard's workers, migration Job and KEDA TriggerAuthentication read the
 shard's own Secret ``mnemos-connections-shard-<n>`` (its Redis address and URLs), so each shard's
 triggers watch that shard's Redis. ``test_the_checks_catch_a_miswired_shard`` shows that the checks fail on a broken
@@ -23,8 +23,9 @@ from api import sharding
 from tests.deploy import manifests
 from tests.deploy.manifests import K8S, K8S_VERSIONS, KUSTOMIZATION, WORKERS
 from tests.deploy.test_k8s_build import SETTINGS
-from workers import ingest, suppression
+from workers.ingest import worker as ingest
 from workers.settings import Settings
+from workers.suppression import worker as suppression
 
 SHARDS_DIR = K8S / "overlays" / "shards"
 SHARD_LABEL = "mnemos/shard"

@@ -1,4 +1,4 @@
-"""The metric names deploy/ relies on, against workers/metrics.py; and the PromQL checker itself."""
+"""The metric names deploy/ relies on, against workers/runtime/metrics.py; and the PromQL checker itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.deploy import promql
 
 def test_registry_exports_every_spec_metric(registered_series):
     missing = promql.spec_series() - registered_series
-    assert not missing, f"contract names (docs/architecture.md \"Metrics\") that workers/metrics.py does not register: {sorted(missing)}"
+    assert not missing, f"contract names (docs/architecture.md \"Metrics\") that workers/runtime/metrics.py does not register: {sorted(missing)}"
 
 
 def test_registry_exports_the_extra_metrics_the_dashboards_use(registered_series):

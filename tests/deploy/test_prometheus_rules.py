@@ -49,7 +49,7 @@ def test_expression_reads_only_known_metrics(rule):
 @pytest.mark.parametrize("rule", RULES, ids=_id)
 def test_expression_reads_only_registered_metrics(rule, registered_series):
     bad = promql.unknown_series([str(rule["expr"])], registered_series, RECORDED)
-    assert not bad, f"{_id(rule)} reads series workers/metrics.py does not register: {bad}"
+    assert not bad, f"{_id(rule)} reads series workers/runtime/metrics.py does not register: {bad}"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=_id)

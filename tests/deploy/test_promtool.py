@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.manifests import DEPLOY
-from workers.metrics import ServiceMetrics
+from workers.runtime.metrics import ServiceMetrics
 
 RULE_FILE = DEPLOY / "prometheus" / "prometheusrule.yaml"
 SCENARIOS = sorted((DEPLOY / "prometheus" / "tests").glob("*.yml"))

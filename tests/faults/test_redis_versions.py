@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from bench.fault_servers import RedisServer, redis_binaries, redis_version
-from workers.metrics import ServiceMetrics
-from workers.streams import StreamConsumer, StreamSampler, safe_trim
+from workers.runtime.metrics import ServiceMetrics
+from workers.runtime.streams import StreamConsumer, StreamSampler, safe_trim
 
 pytestmark = pytest.mark.faults
 

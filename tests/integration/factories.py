@@ -14,16 +14,16 @@ from rq.serializers import JSONSerializer
 
 from api.client import MnemosClient
 from api.validation import limits_of
-from workers.ingest import IngestWorker
-from workers.metrics import ServiceMetrics
-from workers.models import TruncationCounter, load_encoder, load_truncation_counter
+from workers.ingest.worker import IngestWorker
+from workers.runtime.metrics import ServiceMetrics
+from workers.runtime.models import TruncationCounter, load_encoder, load_truncation_counter
 from workers.settings import Settings
 from workers.store import PostgresStore
 
 if TYPE_CHECKING:
     from mnemos.rerank import Reranker
-    from workers.query import QueryService
-    from workers.suppression import SuppressionWorker
+    from workers.query.worker import QueryService
+    from workers.suppression.worker import SuppressionWorker
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 T = TypeVar("T")
@@ -36,7 +36,7 @@ def client_for(settings: Settings, connection: redis.Redis) -> MnemosClient:
 
 def sharded_client(settings: Settings, **options: Any) -> MnemosClient:
     """A client of every shard of ``settings`` (one Redis client per shard, from its shard map)."""
-    from workers.connections import redis_client
+    from workers.runtime.connections import redis_client
 
     connections = [redis_client(settings.for_shard(s)) for s in range(settings.shards)]
     return MnemosClient(connections, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
@@ -48,7 +48,7 @@ def retrieve_on_shard(client: MnemosClient, tenant: str, service: Any, query: st
                       k: int = 3) -> list[str]:
     """``client.retrieve`` in a thread, answered by a burst of a query worker of ``service`` (the
     tenant's shard's); returns the hits' turn ids."""
-    from workers.query import build_worker
+    from workers.query.worker import build_worker
 
     connection = client.connection_of(tenant)
     worker = build_worker(service.settings, connection, service, name=f"q-{tenant}-{time.monotonic_ns()}")
@@ -102,8 +102,8 @@ def ingest_turns(settings: Settings, connection: redis.Redis, store: PostgresSto
 def query_service(settings: Settings, connection: redis.Redis, store: PostgresStore,
                   reranker: Reranker | None | str = "settings") -> QueryService:
     """A query service with the settings' encoder and, unless given, their reranker (``None``: none)."""
-    from workers.models import load_reranker
-    from workers.query import QueryService
+    from workers.query.worker import QueryService
+    from workers.runtime.models import load_reranker
 
     chosen = load_reranker(settings) if reranker == "settings" else reranker
     return QueryService(settings, connection, store, load_encoder(settings), chosen,  # type: ignore[arg-type]
@@ -111,7 +111,7 @@ def query_service(settings: Settings, connection: redis.Redis, store: PostgresSt
 
 
 def suppression_worker(settings: Settings, connection: redis.Redis, store: PostgresStore) -> SuppressionWorker:
-    from workers.suppression import SuppressionWorker
+    from workers.suppression.worker import SuppressionWorker
 
     return SuppressionWorker(settings, connection, store, ServiceMetrics())
 
@@ -137,7 +137,7 @@ def answered_by_worker(settings: Settings, connection: redis.Redis, service: Any
                        *args: Any, **kwargs: Any) -> T:
     """``call(*args, **kwargs)`` (which enqueues one retrieval and waits) answered by a burst of the
     real query worker; ``call`` runs in a thread because the rq worker must own the main thread."""
-    from workers.query import build_worker
+    from workers.query.worker import build_worker
 
     queue = Queue(settings.queue_name, connection=connection, serializer=JSONSerializer)
     worker = build_worker(settings, connection, service, name=f"{settings.stream_prefix}-w{time.monotonic_ns()}")

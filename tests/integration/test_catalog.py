@@ -22,8 +22,8 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import JOB_TTLS
-from workers.catalog import answer_catalog
-from workers.ingest import GROUP
+from workers.ingest.worker import GROUP
+from workers.query.catalog import answer_catalog
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -64,7 +64,7 @@ def test_bad_catalog_requests_are_refused_before_and_after_the_queue(settings: S
     service = query_service(settings, redis_client, store)
     job = queue.enqueue(CATALOG_JOB, {"v": 1, "tenant_id": "alice", "kind": "sessions", "turn_ids": ["x"]},
                         **JOB_TTLS)
-    from workers.query import build_worker
+    from workers.query.worker import build_worker
 
     worker = build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-catalog")
     worker.work(burst=True)

@@ -13,9 +13,9 @@ from api.errors import RetrievalTimeout
 from api.schemas import RetrievalRequest
 from tests.integration.factories import client_for, query_service
 from tests.support import delete_test_keys
-from workers.heartbeats import Heartbeat
-from workers.metrics import ServiceMetrics
-from workers.query import build_worker
+from workers.query.worker import build_worker
+from workers.runtime.heartbeats import Heartbeat
+from workers.runtime.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -30,12 +30,12 @@ def test_teardown_deletes_every_job_and_result_of_the_test_queue(settings: Setti
                                                                  store: PostgresStore) -> None:
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     # rq's default ttls (a failed job is kept one year), as a careless raw enqueue would leave them
-    done = queue.enqueue("workers.query.retrieval_job", RetrievalRequest("alice", "cat", k=1).to_payload())
-    failed = queue.enqueue("workers.query.retrieval_job", {"v": 99, "tenant_id": "alice", "query": "q"})
+    done = queue.enqueue("workers.query.worker.retrieval_job", RetrievalRequest("alice", "cat", k=1).to_payload())
+    failed = queue.enqueue("workers.query.worker.retrieval_job", {"v": 99, "tenant_id": "alice", "query": "q"})
     build_worker(settings, redis_client, query_service(settings, redis_client, store),
                  name=f"{settings.stream_prefix}-w").work(burst=True)
     assert failed.get_status() == "failed" and done.latest_result() is not None
-    queued = queue.enqueue("workers.query.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "never run"})
+    queued = queue.enqueue("workers.query.worker.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "never run"})
     Heartbeat(redis_client, settings, "query", "silent", metrics=ServiceMetrics(),
               info={"queue": settings.queue_name}).idle()  # live, but takes no job
     with pytest.raises(RetrievalTimeout):  # its job is canceled

@@ -28,7 +28,7 @@ from api.heartbeats import live_workers
 from tests.integration.factories import conversation_turns, ingest_turns
 from tests.support import PG_ADMIN_URL, REDIS_URL, REPO, process_env
 from workers.cli import cli
-from workers.migrate import ensure_database
+from workers.ops.migrate import ensure_database
 from workers.settings import Settings
 from workers.store import PostgresStore
 

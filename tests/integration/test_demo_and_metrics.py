@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from api.schemas import Hit, RetrievalResult
-from workers.demo import format_result
-from workers.metrics import MCP, WORKERS, ServiceMetrics, serve
+from workers.ops.demo import format_result
+from workers.runtime.metrics import MCP, WORKERS, ServiceMetrics, serve
 
 WHEN = datetime(2024, 4, 2, 18, 0, tzinfo=UTC)
 
@@ -38,7 +38,7 @@ def test_a_taken_metrics_port_is_a_warning_and_the_worker_goes_on(caplog: pytest
         taken.listen()
         port = taken.getsockname()[1]
         metrics = ServiceMetrics()
-        with caplog.at_level(logging.WARNING, logger="workers.metrics"):
+        with caplog.at_level(logging.WARNING, logger="workers.runtime.metrics"):
             assert serve(metrics, port, "suppression") is False
     assert f"port {port}" in caplog.text and "MNEMOS_SUPPRESSION_METRICS_PORT" in caplog.text
     assert metrics.worker_up.labels(worker="suppression")._value.get() == 1

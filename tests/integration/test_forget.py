@@ -27,9 +27,9 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import wait_for
+from workers.runtime.streams import run_consumer
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.streams import run_consumer
 
 pytestmark = pytest.mark.integration
 

@@ -46,10 +46,10 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import queue_job_ids, spawn_logged, stop_process, wait_for
-from workers.query import QueryService, build_worker
+from workers.query.worker import QueryService, build_worker
+from workers.runtime.streams import run_consumer
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.streams import run_consumer
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from api.errors import NoQueryWorker
 from api.heartbeats import heartbeat_key, live_workers, worker_beats
 from tests.integration.factories import answered_by_worker, client_for, ingest_worker, query_service, turn
 from tests.support import REPO, process_env, wait_until
-from workers.heartbeats import Heartbeat
-from workers.metrics import ServiceMetrics
+from workers.runtime.heartbeats import Heartbeat
+from workers.runtime.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import PostgresStore
 

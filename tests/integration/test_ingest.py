@@ -11,10 +11,10 @@ import redis
 
 from tests.integration.factories import client_for, drain, ingest_worker, turn
 from tests.support import run_loop_until
-from workers.errors import StoreError
-from workers.ingest import IngestWorker
-from workers.metrics import ServiceMetrics
-from workers.models import TruncationCounter, bi_encoder_dir
+from workers.ingest.worker import IngestWorker
+from workers.runtime.errors import StoreError
+from workers.runtime.metrics import ServiceMetrics
+from workers.runtime.models import TruncationCounter, bi_encoder_dir
 from workers.settings import Settings
 from workers.store import PostgresStore
 

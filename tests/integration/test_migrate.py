@@ -8,8 +8,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from workers.errors import MigrationError
-from workers.migrate import discover, run_migrations
+from workers.ops.migrate import discover, run_migrations
+from workers.runtime.errors import MigrationError
 from workers.store import PostgresStore
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from tests.support import PG_ADMIN_URL
-from workers.migrate import discover, run_migrations
+from workers.ops.migrate import discover, run_migrations
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import JOB_TTLS
-from workers.errors import OutsideQueryWorkerError
-from workers.heartbeats import Heartbeat
-from workers.metrics import ServiceMetrics
-from workers.query import build_worker, retrieval_job
+from workers.query.worker import build_worker, retrieval_job
+from workers.runtime.errors import OutsideQueryWorkerError
+from workers.runtime.heartbeats import Heartbeat
+from workers.runtime.metrics import ServiceMetrics
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -84,8 +84,8 @@ def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_cl
     service = query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     request = RetrievalRequest("alice", "cello teacher Ines", k=3)
-    job = queue.enqueue("workers.query.retrieval_job", request.to_payload(), job_id=request.request_id, **JOB_TTLS)
-    bad = queue.enqueue("workers.query.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "  "}, **JOB_TTLS)
+    job = queue.enqueue("workers.query.worker.retrieval_job", request.to_payload(), job_id=request.request_id, **JOB_TTLS)
+    bad = queue.enqueue("workers.query.worker.retrieval_job", {"v": 1, "tenant_id": "alice", "query": "  "}, **JOB_TTLS)
     worker = build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w")
     worker.work(burst=True)
     result = job.latest_result()
@@ -125,7 +125,7 @@ def test_client_times_out_with_a_typed_error_when_no_worker_takes_the_job(settin
 def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
     service = query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
-    job = queue.enqueue("workers.query.retrieval_job", {"v": 99, "tenant_id": "a", "query": "q"}, **JOB_TTLS)
+    job = queue.enqueue("workers.query.worker.retrieval_job", {"v": 99, "tenant_id": "a", "query": "q"}, **JOB_TTLS)
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w2").work(burst=True)
     client = client_for(settings, redis_client)
     with pytest.raises(RetrievalFailed, match="unsupported_version"):
@@ -169,9 +169,9 @@ def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
     """Real bi-encoder: the two phone numbers (cosine 0.98) stay two entries and the new one is found;
     a word only the alias says finds the canonical entry listing the alias, whether the query worker
     folds the alias into a warm index or builds the tenant from scratch."""
-    from workers.metrics import ServiceMetrics
-    from workers.models import load_reranker
-    from workers.query import QueryService
+    from workers.query.worker import QueryService
+    from workers.runtime.metrics import ServiceMetrics
+    from workers.runtime.models import load_reranker
 
     settings = settings.replace(bi_encoder="bundled")
     ingest = ingest_worker(settings, redis_client, store)

@@ -26,7 +26,7 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import JOB_TTLS
-from workers.query import QueryService, build_worker
+from workers.query.worker import QueryService, build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -123,7 +123,7 @@ def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settin
 
     service = query_service(settings, redis_client, store)
     raw = {"v": 1, "tenant_id": "alice", "query": "cat", "filters": {"roles": "user"}}
-    job = queue.enqueue("workers.query.retrieval_job", raw, **JOB_TTLS)
+    job = queue.enqueue("workers.query.worker.retrieval_job", raw, **JOB_TTLS)
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-bad").work(burst=True)
     with pytest.raises(RetrievalFailed, match="bad_filter"):
         request = RetrievalRequest("alice", "cat", request_id=job.id)
@@ -133,17 +133,17 @@ def test_bad_filters_are_refused_by_the_client_and_fail_the_job(settings: Settin
 
 def test_as_of_is_the_reference_time_of_the_core(settings: Settings, redis_client: redis.Redis, store: PostgresStore,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.query
+    import workers.query.worker
 
     ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
     seen: list[dict[str, Any]] = []
-    real = workers.query.retrieve
+    real = workers.query.worker.retrieve
 
     def spy(*args: Any, **kwargs: Any):
         seen.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(workers.query, "retrieve", spy)
+    monkeypatch.setattr(workers.query.worker, "retrieve", spy)
     service = query_service(settings, redis_client, store)
     service.answer(RetrievalRequest("alice", "what did I do last week", k=3))
     service.answer(RetrievalRequest.parse({"v": 1, "tenant_id": "alice", "query": "what did I do last week",

@@ -20,7 +20,7 @@ import redis
 
 from tests.integration.factories import client_for, drain, ingest_worker, query_service, turn
 from tests.support import spawn_logged, stop_process, wait_for
-from workers.query import PUBSUB_POLL_S, build_worker
+from workers.query.worker import PUBSUB_POLL_S, build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
 

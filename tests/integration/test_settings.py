@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from workers.errors import ModelSetupError, SettingsError
-from workers.models import cross_encoder_location, load_encoder, load_reranker, reranker_provenance
+from workers.runtime.errors import ModelSetupError, SettingsError
+from workers.runtime.models import cross_encoder_location, load_encoder, load_reranker, reranker_provenance
 from workers.settings import ENV_VARS, Settings, to_environment
 
 
@@ -45,7 +45,7 @@ def test_cross_encoder_none_means_no_reranker() -> None:
 
 
 def test_the_shipped_cross_encoder_resolves_inside_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    import workers.models as models
+    import workers.runtime.models as models
 
     monkeypatch.setattr(models, "shipped_reranker_path", lambda: tmp_path)
     with pytest.raises(ModelSetupError, match="shipped cross-encoder is not in this installation"):
@@ -81,7 +81,7 @@ def test_a_missing_cross_encoder_is_warned_when_the_reranker_is_loaded_not_when_
     with caplog.at_level(logging.WARNING):
         settings = Settings.from_env({"MNEMOS_CROSS_ENCODER": "none"})
     assert not caplog.records
-    with caplog.at_level(logging.WARNING, logger="workers.models"):
+    with caplog.at_level(logging.WARNING, logger="workers.runtime.models"):
         assert load_reranker(settings) is None
     assert [r.getMessage() for r in caplog.records if "MNEMOS_CROSS_ENCODER is none" in r.getMessage()]
 
@@ -113,7 +113,7 @@ def test_rerank_precision_defaults_to_auto_and_refuses_fp16_on_a_cpu(monkeypatch
     with pytest.raises(SettingsError, match="fp16 needs a GPU"):
         Settings.from_env({"MNEMOS_RERANK_PRECISION": "fp16", "MNEMOS_DEVICE": "cpu"})
     auto = Settings.from_env({"MNEMOS_RERANK_PRECISION": "fp16", "MNEMOS_CROSS_ENCODER": "/models/ce"})
-    monkeypatch.setattr("workers.models.resolve_device", lambda spec: "cpu")  # auto found no GPU
+    monkeypatch.setattr("workers.runtime.models.resolve_device", lambda spec: "cpu")  # auto found no GPU
     with pytest.raises(SettingsError, match="fp16 needs a GPU"):
         load_reranker(auto)
 
@@ -126,7 +126,7 @@ def test_encoder_precision_defaults_to_auto_and_refuses_fp16_on_a_cpu(monkeypatc
     with pytest.raises(SettingsError, match="ENCODER_PRECISION=fp16 needs a GPU"):
         Settings.from_env({"MNEMOS_ENCODER_PRECISION": "fp16", "MNEMOS_DEVICE": "cpu"})
     auto = Settings.from_env({"MNEMOS_ENCODER_PRECISION": "fp16"})
-    monkeypatch.setattr("workers.models.resolve_device", lambda spec: "cpu")  # auto found no GPU
+    monkeypatch.setattr("workers.runtime.models.resolve_device", lambda spec: "cpu")  # auto found no GPU
     with pytest.raises(SettingsError, match="ENCODER_PRECISION=fp16 needs a GPU"):
         load_encoder(auto)
 

@@ -44,8 +44,8 @@ from tests.support import (
     shard_cluster,
     shard_map_json,
 )
-from workers.errors import MigrationError
-from workers.migrate import migrate_shards
+from workers.ops.migrate import migrate_shards
+from workers.runtime.errors import MigrationError
 from workers.settings import Settings
 from workers.store import PostgresStore
 

@@ -30,7 +30,7 @@ from tests.integration.factories import (
     suppression_worker,
 )
 from tests.support import delete_queue_jobs
-from workers.query import QueryService, build_worker
+from workers.query.worker import QueryService, build_worker
 from workers.settings import Settings
 from workers.store import PostgresStore
 

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from workers.errors import StoreError
+from workers.runtime.errors import StoreError
+from workers.runtime.store_state import check_schema
 from workers.store import NewEntry, StagedEmbedding, Store, TenantLock
-from workers.store_state import check_schema
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from workers.dead_letters import DeadLetter
-from workers.errors import StoreError
+from workers.ingest.dead_letters import DeadLetter
+from workers.runtime.errors import StoreError
 from workers.store import NewEntry, Store, TenantLock, Tombstone
 
 pytestmark = pytest.mark.integration

@@ -24,12 +24,18 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import PG_ADMIN_URL
-from workers.errors import EmbeddingVersionError, ReindexError, SchemaOutdatedError
-from workers.migrate import discover, ensure_database, run_migrations
-from workers.reindex import run_reindex
+from workers.ingest.reindex import run_reindex
+from workers.ops.migrate import discover, ensure_database, run_migrations
+from workers.runtime.errors import EmbeddingVersionError, ReindexError, SchemaOutdatedError
+from workers.runtime.store_state import (
+    EmbeddingVersion,
+    check_schema,
+    check_store,
+    current_version,
+    tenant_versions,
+)
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.store_state import EmbeddingVersion, check_schema, check_store, current_version, tenant_versions
 
 pytestmark = pytest.mark.integration
 

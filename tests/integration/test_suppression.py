@@ -14,9 +14,9 @@ from tests.integration.factories import (
     query_service,
     suppression_worker,
 )
+from workers.query.wire import outcome_record
 from workers.settings import Settings
 from workers.store import PostgresStore
-from workers.wire import outcome_record
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ Two throwaway ``redis-server`` processes and two Postgres databases, an ingest w
 running in a thread. Tenant T (ring shard 0) has stored turns, an alias, a forgotten turn (a
 tombstone), suppression scores and a ledger row on shard 0, and tenant V on shard 1 holds the same
 entry ids there, so T's ids must be renumbered. A thread keeps publishing T's turns through the
-client while :func:`workers.tenant_move.move_tenant` moves T to shard 1, and shard 0's ingest worker
+client while :func:`workers.ops.tenant_move.move_tenant` moves T to shard 1, and shard 0's ingest worker
 holds some of T's turns, read and waiting for T's lock, when the move begins; then every published turn
 is stored on shard 1 exactly once, nothing of T is left in shard 0's database or streams, its alias,
 scores, ledger and tombstone point at its new ids, a retrieval through the client is answered by
@@ -41,12 +41,12 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import ShardCluster, postgres_tenants, redis_tenants, shard_cluster
-from workers.connections import redis_client
-from workers.migrate import migrate_shards
+from workers.ops.migrate import migrate_shards
+from workers.ops.tenant_move import MoveReport, move_tenant
+from workers.runtime.connections import redis_client
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.store.rows import TenantLock
-from workers.tenant_move import MoveReport, move_tenant
 
 pytestmark = pytest.mark.integration
 SHARDS = 2
@@ -268,8 +268,8 @@ def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[st
 
 def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluster: ShardCluster,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.tenant_move as tenant_move
-    from workers.errors import StoreError, TenantMoveError
+    import workers.ops.tenant_move as tenant_move
+    from workers.runtime.errors import StoreError, TenantMoveError
 
     settings = cluster.settings
     a, b = cluster.database_urls

@@ -14,8 +14,8 @@ import redis
 
 from api.heartbeats import live_workers
 from tests.support import wait_until
+from workers.runtime.supervisor import spawn_workers, stop_workers
 from workers.settings import Settings, child_environment
-from workers.supervisor import spawn_workers, stop_workers
 
 
 def start_workers(settings: Settings, connection: redis.Redis,

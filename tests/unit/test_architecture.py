@@ -44,7 +44,7 @@ def _offenders(package: str, forbidden: set[str]) -> list[str]:
 
 def test_the_walker_sees_imports_inside_functions() -> None:
     found = {name for _, name in _imported(REPO / "workers" / "cli.py")}
-    assert {"click", "workers.supervisor"} <= found  # the second one inside a command function
+    assert {"click", "workers.runtime.supervisor"} <= found  # the second one inside a command function
 
 
 @pytest.mark.parametrize("package", ["workers", "api"])
@@ -69,7 +69,7 @@ def test_the_integrations_reach_the_workers_only_through_the_client() -> None:
     """integrations/ use the client (api) and the core never; of the service, the MCP command reads its
     settings and serves metrics like a worker, the LangChain adapters nothing (docs/architecture.md "Agents")."""
     assert _offenders("integrations", {"mnemos", "bench", "tests"}) == []
-    allowed = {"workers.settings", "workers.errors", "workers.metrics", "workers.connections"}
+    allowed = {"workers.settings", "workers.runtime.errors", "workers.runtime.metrics", "workers.runtime.connections"}
     used = {name for path in _modules("integrations") for _, name in _imported(path) if name.startswith("workers")}
     assert used <= allowed, used - allowed
     assert _offenders("integrations/langchain", {"workers"}) == []

@@ -22,7 +22,7 @@ from bench.training.distil import (
 )
 from bench.training.errors import TrainingDataError
 from bench.training.pairs import LabelledPair
-from workers.models import PROVENANCE_FILE
+from workers.runtime.models import PROVENANCE_FILE
 
 
 def _sigmoid(x: float) -> float:

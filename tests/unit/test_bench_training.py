@@ -26,7 +26,7 @@ from bench.training.pairs import (
     turn_passages,
 )
 from mnemos.tokenizer import tokenize
-from workers.models import PROVENANCE_FILE
+from workers.runtime.models import PROVENANCE_FILE
 
 T0 = datetime(2023, 5, 8, tzinfo=UTC)
 TEXTS = [

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from workers.errors import SettingsError
-from workers.models import limit_blas_threads
+from workers.runtime.errors import SettingsError
+from workers.runtime.models import limit_blas_threads
 from workers.settings import Settings
 
 

@@ -102,7 +102,7 @@ def test_mcp_without_its_extra_says_which_install_brings_it(monkeypatch: pytest.
     import importlib.util
 
     from integrations.mcp_server.command import require_sdk
-    from workers.errors import SettingsError
+    from workers.runtime.errors import SettingsError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("mcp") else real(name, *a))

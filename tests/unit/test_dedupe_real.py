@@ -123,8 +123,8 @@ LONG_PAIR = (FILLER + "That was all.", FILLER + "Oh, and the vault access phrase
 
 def test_a_fact_past_the_encoder_window_is_not_aliased(encoder):
     """The encoder reads 256 word pieces: two long turns that differ only after them embed alike,
-    and only the words it did not read (workers.models.TruncationCounter) keep them apart."""
-    from workers.models import TruncationCounter
+    and only the words it did not read (workers.runtime.models.TruncationCounter) keep them apart."""
+    from workers.runtime.models import TruncationCounter
 
     window = TruncationCounter.for_model_dir(bundled_bi_encoder_path())
     rendered = [render_turn("user", text) for text in LONG_PAIR]

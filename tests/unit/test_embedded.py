@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.embedded import EmbeddedServices, postgres_answers, redis_answers
+from workers.runtime.embedded import EmbeddedServices, postgres_answers, redis_answers
 from workers.settings import Settings
 
 

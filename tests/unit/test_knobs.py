@@ -124,7 +124,7 @@ def test_settings_name_the_twin_instead_of_writing_a_literal(name: str) -> None:
 
 KNOB_NAMES = {"rrf_k", "default_k", "max_k", "k"}
 LITERAL_ALLOWED = {("mnemos/evaluation.py", "ndcg_at_k"): "the metric's cutoff (NDCG@10), not a request's k",
-                   ("workers/demo.py", "run_demo"): "the demo's own number of hits to show"}
+                   ("workers/ops/demo.py", "run_demo"): "the demo's own number of hits to show"}
 
 
 def _literal_knobs(path: Path) -> list[str]:

@@ -13,7 +13,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra is not install
 
 from integrations.mcp_server import tokens as tokens_module  # noqa: E402
 from integrations.mcp_server.tokens import TenantTokenVerifier, TokenTable  # noqa: E402
-from workers.errors import SettingsError  # noqa: E402
+from workers.runtime.errors import SettingsError  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 
 A = "a" * 16 + "-alice"

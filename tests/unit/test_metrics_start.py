@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from api.errors import Reason
-from workers.metrics import JOB_STATUSES, ServiceMetrics
+from workers.runtime.metrics import JOB_STATUSES, ServiceMetrics
 
 
 def test_every_dead_letter_reason_and_job_status_is_exported_at_zero_from_the_start() -> None:

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from workers.errors import SettingsError
-from workers.redaction import RedactingFilter, redact, redact_url, secrets_of
+from workers.runtime.errors import SettingsError
+from workers.runtime.redaction import RedactingFilter, redact, redact_url, secrets_of
 from workers.settings import Settings
 
 SECRET = "s3cr3t-Pass"

@@ -21,7 +21,7 @@ from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Entry
 from mnemos.rerank import FakeReranker
 from mnemos.tenant_index import TenantIndex
-from workers.packets import build_packet
+from workers.query.packets import build_packet
 from workers.settings import Settings
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""MNEMOS_SHARD_MAP (workers/shard_map.py): each shard's own Redis and Postgres, read once by the
+"""MNEMOS_SHARD_MAP (workers/runtime/shard_map.py): each shard's own Redis and Postgres, read once by the
 settings, refused in one line when it names an unknown shard, repeats a URL or disagrees with
 MNEMOS_SHARDS; without a map every shard keeps the single URLs."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.errors import SettingsError
+from workers.runtime.errors import SettingsError
 from workers.settings import Settings, to_environment
 
 MAP = {str(n): {"redis_url": f"redis://127.0.0.1:{7000 + n}/0",
@@ -91,7 +91,7 @@ def test_a_child_of_another_shard_is_not_handed_this_process_s_url(monkeypatch: 
 
 def test_every_client_gets_one_redis_per_shard_from_the_map() -> None:
     # the CLI's client and the MCP server's build on the same connections: each shard's own server
-    from workers.connections import client_connections
+    from workers.runtime.connections import client_connections
 
     connections = client_connections(Settings.from_env(_env(MAP)))
     assert isinstance(connections, list)

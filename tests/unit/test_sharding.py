@@ -18,7 +18,7 @@ import pytest
 from api import sharding
 from api.client import MnemosClient
 from tests.unit.worker_fakes import RecordingRedis
-from workers.errors import SettingsError
+from workers.runtime.errors import SettingsError
 from workers.settings import Settings
 
 TENANTS = [f"tenant-{i}" for i in range(10_000)]

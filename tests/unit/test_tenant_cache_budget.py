@@ -1,4 +1,4 @@
-"""The query worker's tenant cache under a memory budget (workers/tenant_cache.py), against the
+"""The query worker's tenant cache under a memory budget (workers/query/tenant_cache.py), against the
 in-memory store (tests/unit/worker_fakes.py).
 
 Least recently used tenant indexes are evicted once the estimated bytes of all of them exceed the
@@ -16,7 +16,7 @@ import pytest
 
 from api.schemas import RetrievalRequest
 from tests.unit.worker_fakes import RecordingRedis, conversation, ingest_worker, query_service, unit_settings
-from workers.query import QueryService
+from workers.query.worker import QueryService
 from workers.store import FakeStore
 
 TENANTS = [f"t{i}" for i in range(6)]  # equal lengths: equal index sizes

@@ -1,5 +1,5 @@
 """Which of a moved tenant's unacknowledged messages still have an effect to move, and how a pending
-outcome's pool is renumbered (workers/tenant_move_streams.py; docs/scaling.md "Moving a tenant
+outcome's pool is renumbered (workers/ops/tenant_move_streams.py; docs/scaling.md "Moving a tenant
 between shards"). The stream moves themselves run against real servers in
 tests/integration/test_tenant_move_servers.py."""
 
@@ -10,8 +10,8 @@ import json
 from api.forget import ForgetRequest
 from api.schemas import Outcome, PoolRow
 from api.validation import Limits
+from workers.ops.tenant_move_streams import GONE_ENTRY, _keep_turn_message, _renumbered
 from workers.store.rows import Tombstone
-from workers.tenant_move_streams import GONE_ENTRY, _keep_turn_message, _renumbered
 
 LIMITS = Limits()
 

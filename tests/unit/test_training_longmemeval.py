@@ -21,8 +21,8 @@ from bench.training.pairs import (
     question_folds,
 )
 from bench.training.sources import training_positives
-from workers.model_licences import COMMERCIAL_USE_LICENCES, restricted_sources, training_sources
-from workers.models import PROVENANCE_FILE, warn_restricted_licence
+from workers.runtime.model_licences import COMMERCIAL_USE_LICENCES, restricted_sources, training_sources
+from workers.runtime.models import PROVENANCE_FILE, warn_restricted_licence
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "mnemos" / "shipped" / "reranker"
@@ -185,12 +185,12 @@ def test_loading_a_non_commercial_model_warns_once_naming_its_licence(tmp_path: 
     model.mkdir()
     (model / PROVENANCE_FILE).write_text(json.dumps(
         {"sources": [{"name": "LoCoMo", "licence": "CC-BY-NC-4.0", "items": ["conv-26"]}]}), encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="workers.models"):
+    with caplog.at_level(logging.WARNING, logger="workers.runtime.models"):
         assert warn_restricted_licence(str(model)) == ["LoCoMo (CC-BY-NC-4.0)"]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "CC-BY-NC-4.0" in warnings[0].getMessage()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="workers.models"):
+    with caplog.at_level(logging.WARNING, logger="workers.runtime.models"):
         assert warn_restricted_licence(str(SHIPPED)) == []
     assert not caplog.records
 

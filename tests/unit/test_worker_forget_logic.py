@@ -22,7 +22,7 @@ from tests.unit.worker_fakes import (
     query_service,
     turn_message,
 )
-from workers.forget import plan_promotions
+from workers.ingest.forget import plan_promotions
 from workers.store import EntryLink, FakeStore
 
 

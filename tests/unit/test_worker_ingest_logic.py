@@ -20,8 +20,8 @@ from tests.unit.worker_fakes import (
     turn_message,
     unit_settings,
 )
-from workers.errors import StoreError
-from workers.ingest import IngestWorker
+from workers.ingest.worker import IngestWorker
+from workers.runtime.errors import StoreError
 from workers.store import FakeStore, TenantLock, vectors_from_bytes
 
 

@@ -24,9 +24,9 @@ from tests.unit.worker_fakes import (
     turn_message,
     unit_settings,
 )
-from workers.errors import EmbeddingVersionError
-from workers.metrics import ServiceMetrics
-from workers.query import QueryService, RerankCounts
+from workers.query.worker import QueryService, RerankCounts
+from workers.runtime.errors import EmbeddingVersionError
+from workers.runtime.metrics import ServiceMetrics
 from workers.store import FakeStore
 
 
@@ -141,7 +141,7 @@ def test_rerank_counts_sum_along_the_chain() -> None:
 
 def test_the_fusion_settings_reach_the_retrieval_config() -> None:
     from mnemos.fusion import Fusion
-    from workers.query import retrieval_config
+    from workers.query.worker import retrieval_config
     from workers.settings import Settings
 
     default = retrieval_config(Settings(), rerank=True)

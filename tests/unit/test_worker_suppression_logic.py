@@ -24,10 +24,10 @@ from tests.unit.worker_fakes import (
     outcome,
     suppression_worker,
 )
-from workers.errors import StoreError
+from workers.query.wire import outcome_record
+from workers.runtime.errors import StoreError
+from workers.runtime.streams import StreamMessage
 from workers.store import FakeStore, TenantLock
-from workers.streams import StreamMessage
-from workers.wire import outcome_record
 
 
 def _stored(tenant: str = "alice") -> tuple[FakeStore, list[int]]:

@@ -15,14 +15,14 @@ from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Outcome, PoolRow, Turn
 from mnemos.encoder import HashingEncoder
 from mnemos.rerank import FakeReranker
-from workers.ingest import IngestWorker
-from workers.metrics import ServiceMetrics
-from workers.models import TruncationCounter
-from workers.query import QueryService
+from workers.ingest.worker import IngestWorker
+from workers.query.worker import QueryService
+from workers.runtime.metrics import ServiceMetrics
+from workers.runtime.models import TruncationCounter
+from workers.runtime.streams import StreamMessage
 from workers.settings import FAKE_MODEL, Settings
 from workers.store import FakeStore
-from workers.streams import StreamMessage
-from workers.suppression import SuppressionWorker
+from workers.suppression.worker import SuppressionWorker
 
 BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 NOW = datetime(2024, 6, 1, tzinfo=UTC)  # the ingest worker's clock: every turn above is in its past

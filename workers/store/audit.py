@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from workers.errors import StoreError
+from workers.runtime.errors import StoreError
 
 
 @dataclass(frozen=True)

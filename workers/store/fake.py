@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workers.errors import StoreError
+from workers.runtime.errors import StoreError
 from workers.store.fake_forget import FakeForget
 from workers.store.fake_tables import _Entry, _Tables
 from workers.store.rows import (
@@ -43,7 +43,7 @@ from workers.store.rows import (
 )
 
 if TYPE_CHECKING:
-    from workers.dead_letters import DeadLetter
+    from workers.ingest.dead_letters import DeadLetter
 
 
 class FakeStore:
@@ -87,7 +87,7 @@ class FakeStore:
 
     def schema_state(self) -> SchemaState:
         if self._applied is None:
-            from workers.migrate import discover  # the migrations this code ships
+            from workers.ops.migrate import discover  # the migrations this code ships
 
             return SchemaState(True, True, frozenset(m.version for m in discover()))
         return SchemaState(bool(self._applied), True, self._applied)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from workers.errors import StoreError
+from workers.runtime.errors import StoreError
 from workers.store.rows import EntryLink, Tombstone
 
 if TYPE_CHECKING:

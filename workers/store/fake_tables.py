@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from workers.store.rows import LedgerRow, TenantRow, Tombstone
 
 if TYPE_CHECKING:
-    from workers.dead_letters import DeadLetter
+    from workers.ingest.dead_letters import DeadLetter
 
 
 @dataclass

@@ -21,13 +21,13 @@ from psycopg import sql
 from psycopg.rows import class_row, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from workers.errors import DatabaseMissingError, StoreError
-from workers.redaction import redact, secrets_of
+from workers.runtime.errors import DatabaseMissingError, StoreError
+from workers.runtime.redaction import redact, secrets_of
 from workers.store.postgres_tenant import PostgresTenantSession, insert_dead_letters
 from workers.store.rows import SchemaState, TenantVersionRow
 
 if TYPE_CHECKING:
-    from workers.dead_letters import DeadLetter
+    from workers.ingest.dead_letters import DeadLetter
 
 log = logging.getLogger(__name__)
 

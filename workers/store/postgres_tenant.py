@@ -34,7 +34,7 @@ from workers.store.rows import (
 )
 
 if TYPE_CHECKING:
-    from workers.dead_letters import DeadLetter
+    from workers.ingest.dead_letters import DeadLetter
 
 R = TypeVar("R")
 

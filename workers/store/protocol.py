@@ -9,7 +9,7 @@ query worker reads a memory version and the entries behind it together) and a wr
 
 Implementations: :class:`workers.store.PostgresStore` (the service's) and
 :class:`workers.store.FakeStore` (in memory, for fast tests of the worker logic). Errors of either
-are :class:`workers.errors.StoreError` (``transient`` when retrying may help).
+are :class:`workers.runtime.errors.StoreError` (``transient`` when retrying may help).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from workers.store.rows import (
 )
 
 if TYPE_CHECKING:
-    from workers.dead_letters import DeadLetter
+    from workers.ingest.dead_letters import DeadLetter
 
 
 class TenantSession(Protocol):
@@ -80,7 +80,7 @@ class TenantSession(Protocol):
 
     def session_summaries(self) -> list[SessionRow]:
         """Every session of the tenant with its first and last turn time and its stored turns, by
-        first turn time, then session id (the catalog's ``sessions``, :mod:`workers.catalog`)."""
+        first turn time, then session id (the catalog's ``sessions``, :mod:`workers.query.catalog`)."""
         ...
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:

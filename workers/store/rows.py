@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.errors import StoreError
+from workers.runtime.errors import StoreError
 
 VECTOR_DTYPE = np.dtype("<f4")  # embeddings are stored as little-endian float32 bytes
 

@@ -1,6 +1,6 @@
 """Database administration: create and drop a database, and the bookkeeping of ``mnemos migrate``.
 
-:mod:`workers.migrate` decides which migration files run; this module holds the statements:
+:mod:`workers.ops.migrate` decides which migration files run; this module holds the statements:
 creating the database, the ``schema_migrations`` table (version, name, sha256, applied_at), the
 session-level advisory lock that serialises concurrent migrators (two pods starting at once), and
 running one file in its own transaction together with its bookkeeping row.
@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from workers.errors import MigrationError
+from workers.runtime.errors import MigrationError
 
 log = logging.getLogger(__name__)
 

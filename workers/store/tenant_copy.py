@@ -27,7 +27,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from workers.errors import StoreError
+from workers.runtime.errors import StoreError
 from workers.store.postgres_tenant import PostgresTenantSession
 from workers.store.rows import TenantLock, Tombstone
 

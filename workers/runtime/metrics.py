@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from api.errors import Reason
-from workers.liveness import Liveness
+from workers.runtime.liveness import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class ServiceMetrics:
             "by a client that gave up waiting", registry=r)
         self._register_tenant_cache(r)
         self.query_catalog_jobs = Counter(
-            "mnemos_query_catalog_jobs_total", "Catalog jobs (a tenant's sessions, or its turns by id; workers/catalog.py)",
+            "mnemos_query_catalog_jobs_total", "Catalog jobs (a tenant's sessions, or its turns by id; workers/query/catalog.py)",
             ["status"], registry=r)
         self.query_jobs_recovered = Counter(
             "mnemos_query_jobs_recovered_total",
@@ -186,7 +186,7 @@ class ServiceMetrics:
             "with another rendering or encoder dimension", ["worker"], registry=r)
 
     def _register_tenant_cache(self, r: CollectorRegistry | None) -> None:
-        """The query worker's tenant index cache (workers/tenant_cache.py): never labelled by tenant."""
+        """The query worker's tenant index cache (workers/query/tenant_cache.py): never labelled by tenant."""
         self.tenant_cache_hits = Counter(
             "mnemos_query_tenant_cache_hits_total", "Retrievals answered from a cached tenant index (possibly extended)",
             registry=r)

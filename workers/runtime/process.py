@@ -7,7 +7,7 @@ start (the database missing or not migrated, stored embeddings of another render
 dimension than this worker's, a model that does not load, Postgres unreachable). SIGTERM and
 SIGINT stop the stream workers after the current batch; rq handles them itself for the query
 worker (warm shutdown after the current job). Every loop renews a heartbeat
-(:mod:`workers.heartbeats`), which also keeps the process's :class:`~workers.liveness.Liveness`
+(:mod:`workers.runtime.heartbeats`), which also keeps the process's :class:`~workers.runtime.liveness.Liveness`
 (``GET /livez`` on the metrics port) passing while the loop advances.
 """
 
@@ -25,21 +25,22 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from workers import ingest, suppression
-from workers.connections import redis_client
-from workers.errors import ModelSetupError, StoreError, StoreStateError
-from workers.heartbeats import Heartbeat
-from workers.liveness import Liveness
-from workers.metrics import ServiceMetrics, serve
-from workers.models import limit_blas_threads, load_encoder, load_reranker, load_truncation_counter
-from workers.redaction import redact_url
+from workers.ingest import worker as ingest
+from workers.runtime.connections import redis_client
+from workers.runtime.errors import ModelSetupError, StoreError, StoreStateError
+from workers.runtime.heartbeats import Heartbeat
+from workers.runtime.liveness import Liveness
+from workers.runtime.metrics import ServiceMetrics, serve
+from workers.runtime.models import limit_blas_threads, load_encoder, load_reranker, load_truncation_counter
+from workers.runtime.redaction import redact_url
+from workers.runtime.store_state import EmbeddingVersion, check_store, current_version
+from workers.runtime.streams import StreamSampler, consumer_name
 from workers.settings import Settings
 from workers.store import PostgresStore, Store
-from workers.store_state import EmbeddingVersion, check_store, current_version
-from workers.streams import StreamSampler, consumer_name
+from workers.suppression import worker as suppression
 
 if TYPE_CHECKING:
-    from workers.query import QueryService
+    from workers.query.worker import QueryService
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
     """
     from rq.exceptions import StopRequested
 
-    from workers.query import QueryService
+    from workers.query.worker import QueryService
 
     limit_blas_threads(settings)
     try:
@@ -217,7 +218,7 @@ def _take_jobs(settings: Settings, connection: redis.Redis, service: QueryServic
     work loop ended, or lost Redis, without a stop request (in ``burst`` mode the end is the stop)."""
     from rq.exceptions import StopRequested
 
-    from workers.query import build_worker
+    from workers.query.worker import build_worker
 
     began = time.monotonic()
     liveness.extend(settings.heartbeat_ttl_s)  # starting (again) is progress: the worker beats from here on

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psycopg
 
-from workers.errors import MigrationError, WorkerError
-from workers.redaction import redact_url
+from workers.runtime.errors import MigrationError, WorkerError
+from workers.runtime.redaction import redact_url
 from workers.settings import Settings
 from workers.store.schema import ensure_database, migration_ledger
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from workers.errors import EmbeddedServicesError
+from workers.runtime.errors import EmbeddedServicesError
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.errors import SettingsError
-from workers.redaction import redact_url
-from workers.server_urls import check_database_url, check_redis_url
+from workers.runtime.errors import SettingsError
+from workers.runtime.redaction import redact_url
+from workers.runtime.server_urls import check_database_url, check_redis_url
 
 VAR = "MNEMOS_SHARD_MAP"
 

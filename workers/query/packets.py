@@ -31,8 +31,8 @@ from api.packets import Packet
 from mnemos.packets import PacketConfig, Relevance, TokenCounter, hidden_candidates, packet_from_index
 from mnemos.records import RetrievalResult
 from mnemos.tenant_index import TenantIndex
+from workers.query.wire import entry_filter, packet_message
 from workers.settings import Settings
-from workers.wire import entry_filter, packet_message
 
 __all__ = ["PacketCache", "PacketKey", "build_packet", "packet_config"]
 

@@ -15,12 +15,12 @@ request's ``as_of`` and ``filters`` as its candidate filter and ``as_of`` as the
 XADD the outcome to ``<prefix>:outcomes``; return the result. A request with ``budget_tokens`` also
 gets an evidence packet built from the retrieval's reranked pool, and the whole answer is cached per
 (tenant, query, filters, ``as_of``, budget, memory version, model versions), so a repeat at an
-unchanged memory is answered without scoring again (:mod:`workers.packets`; counted in
+unchanged memory is answered without scoring again (:mod:`workers.query.packets`; counted in
 ``mnemos_query_packet_cache_hits_total`` / ``_misses_total``).
 An unknown tenant gets an empty result (an empty packet when it asked for one; no outcome), not an
 error. A tenant whose stored embeddings were made with another rendering or encoder dimension than
 this worker's (reindexed while this worker runs, say) fails the request with
-:class:`~workers.errors.EmbeddingVersionError` instead of mixing versions. The worker renews its heartbeat (:mod:`workers.heartbeats`) from rq's
+:class:`~workers.runtime.errors.EmbeddingVersionError` instead of mixing versions. The worker renews its heartbeat (:mod:`workers.runtime.heartbeats`) from rq's
 loop: on every dequeue wait (every ``heartbeat_ttl_s / 3`` seconds while idle) and before each job.
 
 The reranker is wrapped in a :class:`mnemos.rerank.CachedReranker` of ``rerank_cache_pairs``
@@ -62,17 +62,17 @@ from mnemos.packets import token_counter
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import CachedReranker, Reranker
 from mnemos.suppression import SuppressionTable
-from workers.errors import EmbeddingVersionError, OutsideQueryWorkerError
-from workers.heartbeats import Heartbeat
-from workers.intermediate import sweep
-from workers.liveness import Liveness
-from workers.metrics import ServiceMetrics
-from workers.packets import PacketCache, PacketKey, build_packet
+from workers.query.intermediate import sweep
+from workers.query.packets import PacketCache, PacketKey, build_packet
+from workers.query.tenant_cache import CacheStats, TenantCache, TenantState
+from workers.query.wire import entry_filter, outcome_message, result_message
+from workers.runtime.errors import EmbeddingVersionError, OutsideQueryWorkerError
+from workers.runtime.heartbeats import Heartbeat
+from workers.runtime.liveness import Liveness
+from workers.runtime.metrics import ServiceMetrics
+from workers.runtime.store_state import current_version, require_tenant_version
 from workers.settings import Settings
 from workers.store import Store
-from workers.store_state import current_version, require_tenant_version
-from workers.tenant_cache import CacheStats, TenantCache, TenantState
-from workers.wire import entry_filter, outcome_message, result_message
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def bound_service(job: str = "retrieval_job") -> QueryService:
 
 
 def retrieval_job(payload: dict[str, Any]) -> dict[str, Any]:
-    """The rq job function (``workers.query.retrieval_job``): runs inside a :class:`QueryWorker`.
+    """The rq job function (``workers.query.worker.retrieval_job``): runs inside a :class:`QueryWorker`.
 
     Raises OutsideQueryWorkerError when no service is bound (e.g. a forking rq worker picked it up),
     InvalidInputError for an invalid payload.
@@ -314,7 +314,7 @@ class QueryWorker(SimpleWorker):
 
     Beyond rq's loop it caps every job at ``job_timeout_s`` (a job enqueued without a timeout would
     otherwise get rq's 180 s), observes each job's queue wait and end-to-end time, and sweeps the
-    queue's intermediate list at start and then every few seconds (:mod:`workers.intermediate`):
+    queue's intermediate list at start and then every few seconds (:mod:`workers.query.intermediate`):
     stranded jobs go back in the queue, expired ones are counted.
     """
 
@@ -373,7 +373,7 @@ class QueryWorker(SimpleWorker):
         self.sweep_intermediate()
 
     def sweep_intermediate(self, *, force: bool = True) -> None:
-        """Recover stranded jobs and count expired ones (:func:`workers.intermediate.sweep`); with
+        """Recover stranded jobs and count expired ones (:func:`workers.query.intermediate.sweep`); with
         ``force`` False at most every ``min(intermediate_grace_s, dequeue wait)`` seconds. Redis errors
         are logged: the next sweep retries."""
         settings = self.service.settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from workers.errors import SettingsError
-from workers.redaction import redact_url
+from workers.runtime.errors import SettingsError
+from workers.runtime.redaction import redact_url
 
 
 def check_redis_url(url: str, var: str = "MNEMOS_REDIS_URL") -> None:

@@ -15,9 +15,9 @@ version (reindexed while this worker runs, say) is refused: its turns stay pendi
 of that version (claimed after ``claim_idle_ms``), never written.
 
 Forget events on the same stream (:mod:`api.forget`) are applied in stream order with the
-tenant's turns, each in its own transaction under the tenant's lock (:mod:`workers.forget`);
+tenant's turns, each in its own transaction under the tenant's lock (:mod:`workers.ingest.forget`);
 turns a tombstone covers are dropped, and the streams' copies of what a batch forgot or dropped
-are deleted after the commits (:mod:`workers.forget_streams`, docs/architecture.md "Forget").
+are deleted after the commits (:mod:`workers.ingest.forget_streams`, docs/architecture.md "Forget").
 
 Turns longer than the bi-encoder window are embedded from their first 256 word pieces; the full
 text is stored and indexed by BM25, ``mnemos_ingest_encoder_truncated_total`` counts them, and
@@ -47,10 +47,9 @@ from mnemos.canonical_set import CanonicalSet
 from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.dead_letters import DeadLetter, payload_of, publish_dead_letters
-from workers.errors import EmbeddingVersionError
-from workers.forget import Verdict, apply_forget, tombstone_verdict
-from workers.forget_streams import (
+from workers.ingest.dead_letters import DeadLetter, payload_of, publish_dead_letters
+from workers.ingest.forget import Verdict, apply_forget, tombstone_verdict
+from workers.ingest.forget_streams import (
     covered_dead_letters,
     covered_entries,
     defer,
@@ -58,13 +57,14 @@ from workers.forget_streams import (
     erase_results,
     sweep_deferred,
 )
-from workers.heartbeats import Heartbeat
-from workers.metrics import ServiceMetrics
-from workers.models import TruncationCounter
+from workers.runtime.errors import EmbeddingVersionError
+from workers.runtime.heartbeats import Heartbeat
+from workers.runtime.metrics import ServiceMetrics
+from workers.runtime.models import TruncationCounter
+from workers.runtime.store_state import current_version, require_tenant_version
+from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.settings import Settings
 from workers.store import NewEntry, Store, TenantLock, TenantSession, vectors_from_bytes
-from workers.store_state import current_version, require_tenant_version
-from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class IngestWorker:
 
     def _forget(self, tenant_id: str, item: _Forget) -> None:
         """Apply one forget event in its own transaction, under the tenant's ingest lock
-        (:func:`workers.forget.apply_forget`)."""
+        (:func:`workers.ingest.forget.apply_forget`)."""
         with self.store.tenant(tenant_id) as tx:
             tx.lock(TenantLock.INGEST)
             self._check_not_moved(tenant_id)
@@ -251,7 +251,7 @@ class IngestWorker:
                  item.message.stream_id, item.request.scope.value, report.turns, report.promoted, report.dead_letters)
 
     def _erase(self, batch: Sequence[StreamMessage], totals: _BatchTotals) -> None:
-        """Delete the streams' copies of what this batch forgot or dropped (:mod:`workers.forget_streams`)."""
+        """Delete the streams' copies of what this batch forgot or dropped (:mod:`workers.ingest.forget_streams`)."""
         if not totals.forgets and not totals.dropped:
             return
         stream, own = self.settings.turns_stream, {m.stream_id for m in batch} - totals.refused
@@ -333,7 +333,7 @@ class IngestWorker:
 
     def _drop_known(self, tx: TenantSession, pending: Sequence[_Pending], outcome: _TenantOutcome) -> list[_Pending]:
         """Pending turns not stored yet; redeliveries are skipped, conflicting turn ids dead-lettered,
-        turns a forget covered dropped (:func:`workers.forget.tombstone_verdict`)."""
+        turns a forget covered dropped (:func:`workers.ingest.forget.tombstone_verdict`)."""
         turn_ids = sorted({p.turn.turn_id for p in pending})
         stored = tx.stored_turns(turn_ids)
         known: dict[str, Turn] = {
@@ -424,5 +424,5 @@ class IngestWorker:
 
     def after_ack(self) -> None:
         """After each acknowledgement: delete the stream copies of forgotten turns that were pending
-        when their forget was applied (:func:`workers.forget_streams.sweep_deferred`)."""
+        when their forget was applied (:func:`workers.ingest.forget_streams.sweep_deferred`)."""
         sweep_deferred(self.connection, self.settings.turns_stream, GROUP)

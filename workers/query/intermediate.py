@@ -7,7 +7,7 @@ the job still ``queued``: no worker ever looks at it again, and the client waits
 rq's own maintenance (``IntermediateQueue.cleanup``) only fails such a job, a minute after it first
 noticed it and at most every ten minutes, long after any client gave up.
 
-:func:`sweep` is run by every query worker at start and then periodically (``workers.query``):
+:func:`sweep` is run by every query worker at start and then periodically (``workers.query.worker``):
 
 * an id whose job is still ``queued`` and not started is put back at the head of its queue once it
   has sat in the intermediate list, seen by some sweep, for ``grace_s`` (first sightings are recorded

@@ -35,13 +35,13 @@ from api.directory import marked
 from api.errors import InvalidInputError, Reason
 from api.schemas import Outcome as OutcomeMessage
 from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas, warm_up_kmeans
-from workers.dead_letters import DeadLetter, payload_of
-from workers.heartbeats import Heartbeat
-from workers.metrics import ServiceMetrics
+from workers.ingest.dead_letters import DeadLetter, payload_of
+from workers.query.wire import outcome_record
+from workers.runtime.heartbeats import Heartbeat
+from workers.runtime.metrics import ServiceMetrics
+from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.settings import Settings
 from workers.store import Store, TenantLock, TenantSession, vectors_from_bytes
-from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
-from workers.wire import outcome_record
 
 log = logging.getLogger(__name__)
 

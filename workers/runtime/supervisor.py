@@ -1,6 +1,6 @@
 """``mnemos up``: migrations plus the three workers as child processes, for a laptop.
 
-Starts embedded Redis/Postgres when none is configured or answering (see :mod:`workers.embedded`),
+Starts embedded Redis/Postgres when none is configured or answering (see :mod:`workers.runtime.embedded`),
 creates and migrates the database, then runs ``python -m workers worker <kind>`` for ingest,
 query and suppression with the resolved settings in their environment. Ctrl-C (or SIGTERM)
 stops the children; if one of them dies, the others are stopped too and the exit code is 1.
@@ -15,9 +15,9 @@ import sys
 import time
 from types import FrameType
 
-from workers.embedded import EmbeddedServices
-from workers.migrate import ensure_database, run_migrations
-from workers.redaction import redact_url
+from workers.ops.migrate import ensure_database, run_migrations
+from workers.runtime.embedded import EmbeddedServices
+from workers.runtime.redaction import redact_url
 from workers.settings import Settings, child_environment
 
 log = logging.getLogger(__name__)

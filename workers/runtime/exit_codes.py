@@ -1,4 +1,4 @@
-"""The exit codes every ``mnemos`` command ends with (:mod:`workers.cli`, :mod:`workers.health`); 0 is success."""
+"""The exit codes every ``mnemos`` command ends with (:mod:`workers.cli`, :mod:`workers.ops.health`); 0 is success."""
 
 from __future__ import annotations
 

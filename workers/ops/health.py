@@ -25,15 +25,21 @@ from collections.abc import Callable, Sequence
 import redis
 
 from api.heartbeats import KINDS, WorkerBeat, worker_beats
-from workers.connections import redis_client
-from workers.errors import EmbeddingVersionError, ModelSetupError, SettingsError, StoreError, StoreStateError
-from workers.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
-from workers.migrate import discover
-from workers.models import load_encoder, load_reranker
-from workers.redaction import redact, redact_url, secrets_of
+from workers.ops.migrate import discover
+from workers.runtime.connections import redis_client
+from workers.runtime.errors import (
+    EmbeddingVersionError,
+    ModelSetupError,
+    SettingsError,
+    StoreError,
+    StoreStateError,
+)
+from workers.runtime.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
+from workers.runtime.models import load_encoder, load_reranker
+from workers.runtime.redaction import redact, redact_url, secrets_of
+from workers.runtime.store_state import EmbeddingVersion, check_schema, current_version, version_counts
 from workers.settings import Settings
 from workers.store import PostgresStore, Store
-from workers.store_state import EmbeddingVersion, check_schema, current_version, version_counts
 
 
 def _to_stderr(line: str) -> None:

@@ -14,7 +14,7 @@ With ``MNEMOS_SHARD_MAP`` every shard has its own Redis and Postgres. :func:`mov
    committed there, under the target's locks of the tenant;
 4. **streams**, holding the tenant's locks on the target again: its unacknowledged turns, forgets and
    outcomes and its dead-letter copies move to the target's streams, and every entry of it leaves
-   the source's streams (:mod:`workers.tenant_move_streams`); a marker the target had for it (it
+   the source's streams (:mod:`workers.ops.tenant_move_streams`); a marker the target had for it (it
    lived there before) is removed before those locks are released, so the target's workers that
    read the moved messages write them;
 5. **delete** its rows on the source, committed (which releases the source's locks);
@@ -42,9 +42,10 @@ import redis
 from api import sharding
 from api.directory import FROZEN
 from api.validation import limits_of
-from workers.connections import redis_client
-from workers.errors import SettingsError, TenantMoveError
-from workers.ingest import GROUP as INGEST_GROUP
+from workers.ingest.worker import GROUP as INGEST_GROUP
+from workers.ops.tenant_move_streams import StreamMove, move_dead_letters, move_outcomes, move_turns
+from workers.runtime.connections import redis_client
+from workers.runtime.errors import SettingsError, TenantMoveError
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.store.rows import Tombstone
@@ -56,8 +57,7 @@ from workers.store.tenant_copy import (
     tenant_present,
     tenant_tombstones,
 )
-from workers.suppression import GROUP as SUPPRESSION_GROUP
-from workers.tenant_move_streams import StreamMove, move_dead_letters, move_outcomes, move_turns
+from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The catalog job of the query worker: a tenant's sessions, or its stored turns by id.
 
-``catalog_job`` (``workers.catalog.catalog_job``, :data:`api.catalog.CATALOG_JOB`) runs in a
-:class:`workers.query.QueryWorker` like a retrieval and reads Postgres through the worker's store, in
+``catalog_job`` (``workers.query.catalog.catalog_job``, :data:`api.catalog.CATALOG_JOB`) runs in a
+:class:`workers.query.worker.QueryWorker` like a retrieval and reads Postgres through the worker's store, in
 one read-only snapshot scoped to the request's tenant (row-level security underneath), so an answer
 never holds another tenant's row. It ranks nothing, sends no outcome and touches no cache; it is
 counted in ``mnemos_query_catalog_jobs_total{status}``. The request is validated again here, as a
@@ -15,7 +15,7 @@ from typing import Any
 
 from api.catalog import CatalogKind, CatalogRequest, CatalogResult, SessionSummary, TurnRecord
 from api.errors import InvalidInputError, Reason
-from workers.query import bound_service
+from workers.query.worker import bound_service
 from workers.store import Store
 
 

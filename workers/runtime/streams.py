@@ -32,11 +32,11 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from workers.errors import StoreError
-from workers.metrics import ServiceMetrics
+from workers.runtime.errors import StoreError
+from workers.runtime.metrics import ServiceMetrics
 
 if TYPE_CHECKING:
-    from workers.heartbeats import Heartbeat
+    from workers.runtime.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
     """Read, handle, acknowledge until ``stop`` is set; ``after_ack`` runs after each acknowledgement.
 
     ``heartbeat`` is renewed on every turn of the loop (idle) and before each batch (busy), so it
-    goes stale when the loop stops or hangs (see :mod:`workers.heartbeats`).
+    goes stale when the loop stops or hangs (see :mod:`workers.runtime.heartbeats`).
 
     ``handle`` returns the stream ids it committed; only those are acknowledged. Transient errors
     (Redis or Postgres unavailable) back off and replay the consumer's pending entries, so

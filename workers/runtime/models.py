@@ -16,8 +16,8 @@ from mnemos.encoder import Encoder, HashingEncoder, SentenceTransformerEncoder, 
 from mnemos.errors import ModelLoadError
 from mnemos.precision import resolve_precision
 from mnemos.rerank import CrossEncoderReranker, FakeReranker, Reranker, shipped_reranker_path
-from workers.errors import ModelSetupError, SettingsError
-from workers.model_licences import restricted_sources
+from workers.runtime.errors import ModelSetupError, SettingsError
+from workers.runtime.model_licences import restricted_sources
 from workers.settings import (
     BUNDLED_BI_ENCODER,
     ENCODER_FP16_ON_CPU,
@@ -218,7 +218,7 @@ def load_reranker(settings: Settings) -> Reranker | None:
 
 def warn_restricted_licence(location: str) -> list[str]:
     """Log one WARNING when the cross-encoder at ``location`` was trained on data whose licence does
-    not permit commercial use (:mod:`workers.model_licences`); returns the ``name (licence)`` of
+    not permit commercial use (:mod:`workers.runtime.model_licences`); returns the ``name (licence)`` of
     each such source (empty for a model without provenance: nothing is known to warn about)."""
     try:
         provenance = reranker_provenance(location)

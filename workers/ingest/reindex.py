@@ -2,7 +2,7 @@
 
 A tenant is stale when its stored embeddings were made with another rendering
 (:mod:`mnemos.rendering`) or another encoder dimension than this configuration makes
-(:mod:`workers.store_state`). For each stale tenant:
+(:mod:`workers.runtime.store_state`). For each stale tenant:
 
 1. **Stage, in batches** (``reindex_batch_size`` rows, one transaction each, committed as they
    go): every stored turn, canonical and alias rows alike, is rendered, embedded and written to
@@ -35,11 +35,17 @@ from tqdm import tqdm
 
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.errors import ReindexError
-from workers.models import TruncationCounter
+from workers.runtime.errors import ReindexError
+from workers.runtime.models import TruncationCounter
+from workers.runtime.store_state import (
+    EmbeddingVersion,
+    check_schema,
+    current_version,
+    read_tenant,
+    tenant_versions,
+)
 from workers.settings import Settings
 from workers.store import PostgresStore, StagedEmbedding, Store, TenantLock, TenantSession
-from workers.store_state import EmbeddingVersion, check_schema, current_version, read_tenant, tenant_versions
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +171,7 @@ def run_reindex(settings: Settings, *, tenant_id: str | None = None, progress: b
 
     Raises ModelSetupError, DatabaseMissingError, SchemaOutdatedError, ReindexError, StoreError.
     """
-    from workers.models import load_encoder, load_truncation_counter
+    from workers.runtime.models import load_encoder, load_truncation_counter
 
     encoder = encoder or load_encoder(settings)
     truncation = truncation or load_truncation_counter(settings)

@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mnemos.rendering import RENDERING_VERSION
-from workers.errors import EmbeddingVersionError, SchemaOutdatedError
-from workers.migrate import discover
+from workers.ops.migrate import discover
+from workers.runtime.errors import EmbeddingVersionError, SchemaOutdatedError
 from workers.store import Store, TenantRow, TenantSession
 
 

@@ -1,7 +1,7 @@
 """A moved tenant's stream entries: from the source shard's Redis to the target's (docs/scaling.md
 "Moving a tenant between shards").
 
-Called by :func:`workers.tenant_move.move_tenant` while the tenant is frozen on the source (no
+Called by :func:`workers.ops.tenant_move.move_tenant` while the tenant is frozen on the source (no
 client appends to its streams any more) and its rows are locked there (no worker of the source
 commits anything of it), after its rows were committed on the target:
 
@@ -39,7 +39,7 @@ from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import Limits
-from workers.forget import Verdict, stream_position, tombstone_verdict
+from workers.ingest.forget import Verdict, stream_position, tombstone_verdict
 from workers.store.rows import Tombstone
 
 SCAN_COUNT = 500

@@ -1,9 +1,9 @@
 """Liveness of one process's work loop: has it advanced within the bound its last beat promised?
 
-The loop's :class:`~workers.heartbeats.Heartbeat` calls :meth:`Liveness.extend` on every beat with
+The loop's :class:`~workers.runtime.heartbeats.Heartbeat` calls :meth:`Liveness.extend` on every beat with
 the time the loop may take before its next one: the heartbeat TTL while idle (a blocking read returns
 well within it: the socket timeout is shorter), the TTL plus the longest legitimate batch or job while
-busy. The metrics server's ``GET /livez`` (:func:`workers.metrics.start_server`) answers 503 once that
+busy. The metrics server's ``GET /livez`` (:func:`workers.runtime.metrics.start_server`) answers 503 once that
 deadline has passed, so a Kubernetes liveness probe restarts a worker whose loop is stuck (a hung
 Redis or Postgres call, a job that ignores its timeout) while its metrics thread still answers.
 

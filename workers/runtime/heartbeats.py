@@ -4,7 +4,7 @@ Layout and readers are in :mod:`api.heartbeats` (clients read them too). The loo
 :meth:`Heartbeat.idle` on every turn (it writes at most every ``ttl/3`` seconds) and
 :meth:`Heartbeat.busy` before a batch or a job, which extends the record's TTL by the longest
 legitimate batch or job, so a worker busy with a slow one stays live and a stuck one does not.
-The same bounds drive this process's :class:`~workers.liveness.Liveness` (the pod's liveness probe).
+The same bounds drive this process's :class:`~workers.runtime.liveness.Liveness` (the pod's liveness probe).
 A worker that stops (killed, hung, or paused) stops renewing, and its record expires after the TTL;
 a clean stop deletes it at once. ``mnemos_worker_heartbeat_timestamp_seconds{worker=<kind>}`` is set
 on every beat, before Redis is written, so it also ticks while Redis is down.
@@ -23,8 +23,8 @@ from typing import Any
 import redis
 
 from api.heartbeats import KINDS, SEEN_HISTORY_S, heartbeat_key, seen_key
-from workers.liveness import Liveness
-from workers.metrics import ServiceMetrics
+from workers.runtime.liveness import Liveness
+from workers.runtime.metrics import ServiceMetrics
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class Heartbeat:
         busy_s: how long one batch or job may legitimately take (seconds), added to the TTL by
             :meth:`busy`.
         info: extra fields of the record (``queue``, ``rendering``, ``dim``).
-        liveness: this process's :class:`~workers.liveness.Liveness`, extended on every beat by the
+        liveness: this process's :class:`~workers.runtime.liveness.Liveness`, extended on every beat by the
             same bound as the record's TTL (``/livez`` fails once the loop overruns it).
 
     Raises:

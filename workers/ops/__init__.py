@@ -1,0 +1,1 @@
+"""Operator commands' glue: health, migrations, the demo, moving a tenant between shards."""

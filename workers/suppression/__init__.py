@@ -1,0 +1,1 @@
+"""The suppression worker: outcomes into suppression scores."""
