@@ -75,6 +75,18 @@ def test_the_integrations_reach_the_workers_only_through_the_client() -> None:
     assert _offenders("integrations/langchain", {"workers"}) == []
 
 
+WORKERS_TOP = {"__init__.py", "__main__.py", "cli.py", "settings.py"}
+WORKERS_WINGS = {"ingest", "query", "suppression", "ops", "runtime", "store"}
+
+
+def test_the_service_top_holds_only_the_command_and_the_settings() -> None:
+    """docs/architecture.md "Modules": every other module of ``workers/`` lives in the sub-package of
+    what it runs with (the entry point ``workers.cli:main`` and ``workers/settings.py`` stay on top)."""
+    top = REPO / "workers"
+    assert {p.name for p in top.glob("*.py")} == WORKERS_TOP
+    assert {p.name for p in top.iterdir() if (p / "__init__.py").is_file()} == WORKERS_WINGS
+
+
 # A string constant is SQL when, after leading whitespace, it opens like a statement: a keyword
 # followed by what only SQL puts after it (so "Create the database" or "Select a model" in a help
 # text is not SQL, while "SELECT 1", "UPDATE t SET", "DROP DATABASE {}" and "SET ROLE {}" are).
