@@ -236,15 +236,16 @@ class QueryService:
         counts = RerankCounts.of(self.reranker).since(counts_before)
         self.metrics.query_rerank(cache_hits=counts.cache_hits, cache_misses=counts.cache_misses,
                                   pairs_truncated=counts.pairs_truncated, queries_truncated=counts.queries_truncated)
-        result = result_message(core, request, stage_seconds=stages, memory_version=version,
-                                suppression_version=suppression_version,
-                                rerank_pairs_scored=counts.cache_misses if counts.has_cache else None,
-                                rerank_pairs_cached=counts.cache_hits if counts.has_cache else None)
+        packet = None
         if key is not None:
             packet_started = self.clock()
             packet = build_packet(state.index, request, allowed, core, self.settings, self.count_tokens)
-            result = dataclasses.replace(result, packet=packet,
-                                         stage_seconds={**stages, "packet": self.clock() - packet_started})
+            stages = {**stages, "packet": self.clock() - packet_started}  # after the metrics: not in their total
+        result = result_message(core, request, stage_seconds=stages, memory_version=version,
+                                suppression_version=suppression_version,
+                                rerank_pairs_scored=counts.cache_misses if counts.has_cache else None,
+                                rerank_pairs_cached=counts.cache_hits if counts.has_cache else None, packet=packet)
+        if key is not None:
             self.packets.put(key, result)
         return result
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 from datetime import UTC, datetime
 
+from api import packets as wire_packets
 from api import schemas
 from mnemos import records
 from mnemos.filters import EntryFilter
@@ -79,6 +80,18 @@ def test_a_result_survives_the_wire() -> None:
         assert {f.name: getattr(sent, f.name) for f in fields(sent)} == {
             f.name: getattr(hit, f.name) for f in fields(hit)}
     assert hit_message(core.hits[0]) == back.hits[0]
+
+
+def test_a_result_carries_its_packet_from_the_one_conversion() -> None:
+    request = schemas.RetrievalRequest("alice", "Who has a cat?", k=2, request_id="req-1", budget_tokens=64)
+    packet = wire_packets.Packet(items=(), omitted=(), budget_tokens=64, used_tokens=0)
+    message = result_message(_core_result(), request, stage_seconds={"total": 0.1, "packet": 0.01}, memory_version=12,
+                             suppression_version=3, packet=packet)
+    assert message.packet == packet and message.stage_seconds["packet"] == 0.01
+    assert schemas.RetrievalResult.from_payload(message.to_payload()) == message
+    without = result_message(_core_result(), request, stage_seconds={"total": 0.1}, memory_version=12,
+                             suppression_version=3)
+    assert without.packet is None
 
 
 def test_an_outcome_survives_the_stream_with_and_without_its_embedding() -> None:
