@@ -277,8 +277,29 @@ class BM25Index:
         """
         if n <= 0 or not self._ids or (allowed is not None and len(allowed) == 0):
             return []
-        scores = self.scores(query, allowed)
-        positive = np.flatnonzero(scores > 0)
+        return self._best(self.scores(query, allowed), n)
+
+    def search_split(self, query: str, n: int, allowed: np.ndarray) -> tuple[list[tuple[int, float]],
+                                                                            list[tuple[int, float]]]:
+        """One scoring pass, two rankings: the best ``n`` ``allowed`` documents (what
+        ``search(query, n, allowed)`` returns) and the best ``n`` of all documents (what
+        ``search(query, n)`` returns), each as :meth:`search` orders it.
+
+        The query is scored once, over the whole index; the restriction only chooses among those
+        scores (:meth:`scores`), so both rankings are exactly those of the two searches.
+        """
+        if n <= 0 or not self._ids:
+            return [], []
+        scores = self.scores(query)
+        return self._best(scores, n, np.isin(self._id_array, allowed)), self._best(scores, n)
+
+    def _best(self, scores: np.ndarray, n: int, among: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """The ``n`` best documents with a score > 0 (only those where ``among`` is True, when given),
+        best first, ties by ascending entry id."""
+        keep = scores > 0
+        if among is not None:
+            keep &= among
+        positive = np.flatnonzero(keep)
         if positive.size == 0:
             return []
         ids = self._id_array[positive]

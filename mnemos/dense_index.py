@@ -133,3 +133,38 @@ class DenseIndex:
             pairs.sort(key=lambda p: (-p[1], p[0]))
             results.append(pairs[:k])
         return results
+
+    def search_split(self, query_vector: np.ndarray, n: int, allowed: np.ndarray) -> tuple[list[tuple[int, float]],
+                                                                                         list[tuple[int, float]]]:
+        """One inner-product pass over every vector, two rankings: the best ``n`` ``allowed`` entries
+        (what ``search(query_vector, n, allowed)[0]`` returns) and the best ``n`` of all entries,
+        each best first with ties by entry id.
+
+        The query is compared once with every stored vector (faiss's range search below any score),
+        and the restriction only chooses among those products. faiss computes them there as it does
+        under :meth:`search`'s ID selector, to the bit, so the allowed ranking is exactly the
+        filtered search's; an unrestricted :meth:`search` of a large index computes them through
+        BLAS instead, which can differ in the last bit, so two entries whose products agree to
+        within float rounding can swap places in the second ranking.
+
+        Raises:
+            DimensionMismatchError: if ``query_vector`` is not one ``(dim,)`` row.
+        """
+        query = as_matrix(query_vector, self.dim, "query vector")
+        if query.shape[0] != 1:
+            raise DimensionMismatchError("query vector", (self.dim,), tuple(query.shape))
+        if n <= 0 or len(self) == 0:
+            return [], []
+        _, scores, ids = self._index.range_search(query, float("-inf"))
+        inside = np.isin(ids, np.asarray(allowed, dtype=np.int64))
+        return _best(ids[inside], scores[inside], n), _best(ids, scores, n)
+
+
+def _best(ids: np.ndarray, scores: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The ``n`` best ``(entry_id, score)`` pairs of parallel arrays, best first, ties by entry id."""
+    if ids.size > n:
+        nth = np.partition(scores, ids.size - n)[ids.size - n]  # the n-th best score: keep every tie of it
+        keep = scores >= nth
+        ids, scores = ids[keep], scores[keep]
+    order = np.lexsort((ids, -scores))[:n]
+    return [(int(ids[i]), float(scores[i])) for i in order]

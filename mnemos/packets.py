@@ -7,7 +7,8 @@ Enough*: a list of hits is not yet context an agent can use):
 1. :func:`screen` leaves out the candidates a later turn corrects (``metadata.supersedes``, read
    from a :class:`~mnemos.supersession.SupersessionTable`) when that correction is visible at the
    request's ``as_of``; :func:`hidden_candidates` names the entries the request's filter kept out
-   of the pool (``filtered``, or ``not_visible_at_as_of`` when its knowledge time alone hides them).
+   of the pool (``filtered``, or ``not_visible_at_as_of`` when its knowledge time alone hides them),
+   ranked by the unfiltered lists the retrieval's own scoring pass kept (no second search).
 2. :func:`select` picks greedily by marginal value per token, MMR-style (*The Use of MMR,
    Diversity-Based Reranking for Reordering Documents and Producing Summaries*) under a budget
    (*Multi-document Summarization via Budgeted Maximization of Submodular Functions*): the value
@@ -46,6 +47,7 @@ import numpy as np
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
 from mnemos.filters import EntryFilter
 from mnemos.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
+from mnemos.records import CandidateLists
 from mnemos.rendering import render_turn
 from mnemos.supersession import SupersessionTable
 from mnemos.tenant_index import TenantIndex
@@ -404,19 +406,18 @@ def candidates_from_index(index: TenantIndex, ranking: Sequence[tuple[int, float
     return out
 
 
-def hidden_candidates(index: TenantIndex, query: str, query_embedding: np.ndarray | None,
-                      entry_filter: EntryFilter | None, *, depth: int, limit: int,
-                      rrf_k: int = DEFAULT_RRF_K) -> list[Omitted]:
-    """The best ``limit`` entries the unfiltered retrievers (BM25 and, with an embedding, dense,
-    ``depth`` deep, fused by RRF with ``rrf_k``, the retrieval's own) rank that ``entry_filter``
-    keeps out: ``not_visible_at_as_of`` when its ``as_of`` alone hides every turn of the entry, else
-    ``filtered``. ``[]`` without a restricting filter. No score: they were never reranked."""
-    if entry_filter is None or entry_filter.is_open or limit <= 0:
+def hidden_candidates(index: TenantIndex, unfiltered: CandidateLists | None, entry_filter: EntryFilter | None, *,
+                      depth: int, limit: int, rrf_k: int = DEFAULT_RRF_K) -> list[Omitted]:
+    """The best ``limit`` entries that ``entry_filter`` kept out of a retrieval, ranked by its
+    retrievers' ``unfiltered`` lists (:attr:`~mnemos.records.RetrievalResult.unfiltered`: BM25 and
+    dense as they ranked without the filter, from the same scoring pass as the filtered lists; no
+    second search), each cut to ``depth`` and fused by RRF with ``rrf_k`` (the retrieval's own):
+    ``not_visible_at_as_of`` when its ``as_of`` alone hides every turn of the entry, else
+    ``filtered``. ``[]`` without a restricting filter or without the lists. No score: they were
+    never reranked."""
+    if unfiltered is None or entry_filter is None or entry_filter.is_open or limit <= 0:
         return []
-    lists = [[eid for eid, _ in index.bm25.search(query, depth, None)]]
-    if query_embedding is not None:
-        vector = np.asarray(query_embedding, dtype=np.float32).reshape(-1)
-        lists.append([eid for eid, _ in index.dense.search(vector, depth, None)[0]])
+    lists = [[eid for eid, _ in unfiltered.bm25[:depth]], [eid for eid, _ in unfiltered.dense[:depth]]]
     allowed = set(index.allowed_entries(entry_filter).tolist())
     visible = (None if entry_filter.as_of is None
                else set(index.allowed_entries(EntryFilter(as_of=entry_filter.as_of)).tolist()))

@@ -16,7 +16,10 @@ injected clock and diagnostics.
 An optional :class:`~mnemos.filters.EntryFilter` (``allowed``: knowledge time ``as_of``,
 sessions, roles, ``occurred_after``) restricts the candidates inside both retrievers, so every
 later stage (fusion, suppression, pool, deep pass, rerank, features, outcome) only ever sees
-allowed entries, and a selective filter still yields the best allowed ones.
+allowed entries, and a selective filter still yields the best allowed ones. Asked to
+(``unfiltered``), a filtered retrieval also keeps each retriever's unfiltered list, cut from the
+same scores as the filtered one (one scoring pass per retriever), for an evidence packet's report
+of what the filter hid (docs/architecture.md "Evidence packets").
 
 Nothing here reads the environment, a clock it was not handed, or another tenant's data.
 """
@@ -44,7 +47,7 @@ from mnemos.features import (
 )
 from mnemos.filters import EntryFilter
 from mnemos.fusion import DEFAULT_CONVEX_WEIGHT, DEFAULT_RRF_K, Fusion, ScoredList, fuse
-from mnemos.records import Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
+from mnemos.records import CandidateLists, Hit, Outcome, PoolEntry, RetrievalResult, StageTimings
 from mnemos.rerank import Reranker
 from mnemos.suppression import SuppressionTable
 from mnemos.tenant_index import TenantIndex
@@ -218,6 +221,7 @@ def retrieve(
     clock: Callable[[], float] = time.perf_counter,
     reference_time: datetime | None = None,
     allowed: EntryFilter | None = None,
+    unfiltered: bool = False,
 ) -> RetrievalResult:
     """Retrieve the top ``k`` memories of ``index``'s tenant for ``query``.
 
@@ -256,6 +260,11 @@ def retrieve(
             Not restricted: the post-rerank session feature ranks sessions (and dates them) over
             the tenant's whole current memory, hidden turns included; it can reorder allowed
             hits, never add one.
+        unfiltered: with a restricting ``allowed``, also keep each retriever's list as it would be
+            without the filter, as deep as the filtered one, in ``RetrievalResult.unfiltered``.
+            Each retriever scores the query once and cuts both lists from those scores
+            (``search_split``), so this costs no second search; when no entry is allowed the
+            retrievers still run for it. Ignored without a restricting filter.
 
     Post-rerank features (``config.features``) run after the rerank and the deep pass, on the
     whole reranked pool: ``rerank logit + adjustments``, stable re-sort (ties keep the
@@ -286,20 +295,21 @@ def retrieve(
     q_vec = _query_vector(query, query_embedding, k, index.dim, config.use_dense)
     active = _Suppression.of(config, suppression, cluster)
     allowed_ids = None if allowed is None or allowed.is_open else index.allowed_entries(allowed)
-    if allowed_ids is not None and allowed_ids.size == 0:
+    split = unfiltered and allowed_ids is not None
+    if allowed_ids is not None and allowed_ids.size == 0 and not split:
         return _empty_result(cluster, watch.clock() - watch.started)
 
     reranks = config.rerank and reranker is not None
     depth = max(config.n_candidates, config.deep_pool_size) if reranks and config.deep_enabled else config.n_candidates
-    lists = _candidates(index, query, q_vec, config, depth, allowed_ids, watch)
+    lists, everything = _candidates(index, query, q_vec, config, depth, allowed_ids, watch, split=split)
     adjusted = _fuse_and_suppress(lists, config, active, watch, cut=config.n_candidates)
     watch.stop()
     if not config.rerank or reranker is None:
-        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None, adjusted)
+        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None, adjusted, everything)
 
     pool = _pool(adjusted, config.pool_size)
     if not pool:
-        return _result(watch, cluster, [], None, 0, False, None)
+        return _result(watch, cluster, [], None, 0, False, None, unfiltered=everything)
 
     watch.start("rerank")
     reranked = _rerank(reranker, query, index, pool)
@@ -311,7 +321,7 @@ def retrieve(
     ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch,
                        {entry.entry_id: entry.initial_rank for entry in outcome.pool}, rrf_k=config.rrf_k)
     hits = _hits(index, ranked[:k])
-    return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked)
+    return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked, everything)
 
 
 def _query_vector(
@@ -341,15 +351,6 @@ def _query_vector(
     return vec
 
 
-@dataclass(frozen=True)
-class _Candidates:
-    """Each retriever's ``(entry_id, score)`` candidates, best first: BM25 scores and dense inner
-    products, kept so that either fusion can run; a disabled retriever's list is empty."""
-
-    bm25: ScoredList
-    dense: ScoredList
-
-
 def _candidates(
     index: TenantIndex,
     query: str,
@@ -358,18 +359,29 @@ def _candidates(
     depth: int,
     allowed_ids: np.ndarray | None,
     watch: _Stopwatch,
-) -> _Candidates:
+    *,
+    split: bool = False,
+) -> tuple[CandidateLists, CandidateLists | None]:
     """Stage 1, candidates: ``(entry_id, score)`` of each enabled retriever, best first, ``depth``
-    deep, restricted to ``allowed_ids`` inside the retrievers (None: every entry)."""
+    deep, restricted to ``allowed_ids`` inside the retrievers (None: every entry), kept so that
+    either fusion can run. With ``split`` (and ``allowed_ids``) each retriever's one scoring pass
+    also yields its unfiltered list (the second value; else None)."""
     watch.start("bm25")
-    bm25 = index.bm25.search(query, depth, allowed_ids) if config.use_bm25 else []
+    bm25: tuple[ScoredList, ScoredList] = ([], [])
+    if config.use_bm25:
+        bm25 = (index.bm25.search_split(query, depth, allowed_ids) if split and allowed_ids is not None
+                else (index.bm25.search(query, depth, allowed_ids), []))
     watch.start("dense")
-    dense = index.dense.search(q_vec, depth, allowed_ids)[0] if config.use_dense and q_vec is not None else []
-    return _Candidates(bm25=bm25, dense=dense)
+    dense: tuple[ScoredList, ScoredList] = ([], [])
+    if config.use_dense and q_vec is not None:
+        dense = (index.dense.search_split(q_vec, depth, allowed_ids) if split and allowed_ids is not None
+                 else (index.dense.search(q_vec, depth, allowed_ids)[0], []))
+    everything = CandidateLists(tuple(bm25[1]), tuple(dense[1])) if split else None
+    return CandidateLists(tuple(bm25[0]), tuple(dense[0])), everything
 
 
 def _fuse_and_suppress(
-    lists: _Candidates,
+    lists: CandidateLists,
     config: RetrievalConfig,
     active: _Suppression,
     watch: _Stopwatch,
@@ -413,7 +425,7 @@ def _deep_pass(
     reranker: Reranker,
     query: str,
     index: TenantIndex,
-    lists: _Candidates,
+    lists: CandidateLists,
     shallow: _Reranked,
     config: RetrievalConfig,
     active: _Suppression,
@@ -514,12 +526,13 @@ def _result(
     deep: bool,
     top: float | None,
     ranking: Sequence[tuple[int, float]] = (),
+    unfiltered: CandidateLists | None = None,
 ) -> RetrievalResult:
-    """The request's result, with the stage timings of ``watch`` (its running stage stopped) and the
-    ``(entry_id, score)`` ranking the hits were cut from."""
+    """The request's result, with the stage timings of ``watch`` (its running stage stopped), the
+    ``(entry_id, score)`` ranking the hits were cut from and the retrievers' unfiltered lists."""
     return RetrievalResult(hits=tuple(hits), outcome=outcome, timings=watch.timings(), pool_size=pool_size,
                            deep_pass=deep, cluster=cluster, top_rerank_score=top,
-                           ranking=tuple((int(eid), float(score)) for eid, score in ranking))
+                           ranking=tuple((int(eid), float(score)) for eid, score in ranking), unfiltered=unfiltered)
 
 
 def _empty_result(cluster: int | None, total_seconds: float) -> RetrievalResult:

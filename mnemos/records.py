@@ -133,6 +133,15 @@ class StageTimings:
 
 
 @dataclass(frozen=True)
+class CandidateLists:
+    """The first stage's candidates: each retriever's ``(entry_id, score)`` list, best first (BM25
+    scores, dense inner products); a retriever that did not run has an empty list."""
+
+    bm25: tuple[tuple[int, float], ...] = ()
+    dense: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class RetrievalResult:
     """What :func:`mnemos.pipeline.retrieve` returns.
 
@@ -144,6 +153,9 @@ class RetrievalResult:
     ``ranking`` is every candidate the hits were cut from, best first, as ``(entry_id, score)``
     with the hits' scores: the whole reranked pool (after features), or the fused candidates
     when nothing was reranked. Evidence packets (:mod:`mnemos.packets`) select from it.
+    ``unfiltered`` is, when the caller asked for it and a filter restricted the candidates, each
+    retriever's list as it would have been without the filter, from the same scoring pass as the
+    filtered one (an evidence packet names the best of what the filter hid from it); else None.
     """
 
     hits: tuple[Hit, ...]
@@ -154,3 +166,4 @@ class RetrievalResult:
     cluster: int | None
     top_rerank_score: float | None
     ranking: tuple[tuple[int, float], ...] = ()
+    unfiltered: CandidateLists | None = None

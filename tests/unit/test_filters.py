@@ -155,6 +155,32 @@ def test_dense_restricted_equals_a_fresh_index_of_the_allowed_entries(rng, encod
     assert full.search(queries, 5, np.arange(1, len(entries) + 1)) == full.search(queries, 5)
 
 
+def test_one_scoring_pass_gives_the_filtered_and_the_unfiltered_ranking(rng, encoder):
+    """``search_split`` scores a query once and returns exactly what the filtered and the unfiltered
+    searches return (a packet's hidden candidates are ranked from the second, without a second search)."""
+    entries = _world(rng)
+    texts = [e.text for e in entries]
+    bm25, dense = BM25Index(), DenseIndex(encoder.dim)
+    bm25.add([e.entry_id for e in entries], texts)
+    dense.add([e.entry_id for e in entries], encoder.encode(texts))
+    table = TurnTable()
+    table.add([e.entry_id for e in entries], [e.facts for e in entries])
+    for entry_filter, query in zip(_filters(rng, 40), itertools.cycle(["dog garden", "flight to lisbon", "cake"]),
+                                   strict=False):
+        allowed = table.allowed(entry_filter)
+        vector = encoder.encode([query])[0]
+        for n in (1, 7, 30, 500):
+            assert bm25.search_split(query, n, allowed) == (bm25.search(query, n, allowed), bm25.search(query, n))
+            assert dense.search_split(vector, n, allowed) == (dense.search(vector, n, allowed)[0],
+                                                              dense.search(vector, n)[0])
+    vector = encoder.encode(["dog garden"])[0]
+    nothing = np.zeros(0, np.int64)
+    assert bm25.search_split("dog garden", 5, nothing) == ([], bm25.search("dog garden", 5))
+    assert dense.search_split(vector, 5, nothing) == ([], dense.search(vector, 5)[0])
+    assert bm25.search_split("dog", 0, nothing) == dense.search_split(vector, 0, nothing) == ([], [])
+    assert DenseIndex(encoder.dim).search_split(vector, 5, nothing) == ([], [])
+
+
 # -- the pipeline --------------------------------------------------------------------------------
 
 class _Ticks:

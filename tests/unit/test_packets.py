@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mnemos.encoder import HashingEncoder
 from mnemos.errors import InvalidParameterError
 from mnemos.filters import EntryFilter
+from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.packets import (
     Candidate,
     Omission,
@@ -30,6 +31,7 @@ from mnemos.packets import (
     token_counter,
     whitespace_tokens,
 )
+from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Entry
 from mnemos.rerank import CachedReranker, FakeReranker
 from mnemos.supersession import SupersessionTable
@@ -187,17 +189,47 @@ def test_packet_from_index_counts_rendered_items_and_reads_supersessions() -> No
     assert 1 in {i.entry_id for i in old.items}
 
 
+def _hidden(index: TenantIndex, query: str, entry_filter: EntryFilter | None, *, depth: int = 10,
+            limit: int = 10) -> list:
+    """The hidden candidates of one filtered retrieval, from the unfiltered lists it kept."""
+    vector = HashingEncoder(dim=64).encode([query])[0]
+    core = retrieve(index, query, vector, k=2, config=RetrievalConfig(rerank=False), allowed=entry_filter,
+                    unfiltered=True)
+    return hidden_candidates(index, core.unfiltered, entry_filter, depth=depth, limit=limit)
+
+
+def _hidden_by_a_second_search(index: TenantIndex, query: str, entry_filter: EntryFilter, *, depth: int,
+                               limit: int) -> list[int]:
+    """The oracle: what an unfiltered BM25 + dense search of their own, fused by RRF, ranks and the filter keeps out."""
+    vector = HashingEncoder(dim=64).encode([query])[0]
+    lists = [[e for e, _ in index.bm25.search(query, depth)], [e for e, _ in index.dense.search(vector, depth)[0]]]
+    allowed = set(index.allowed_entries(entry_filter).tolist())
+    return [e for e, _ in reciprocal_rank_fusion(lists) if e not in allowed][:limit]
+
+
 def test_hidden_candidates_name_what_the_filter_and_as_of_kept_out() -> None:
     index = _index()
-    query_vector = HashingEncoder(dim=64).encode(["Berlin Paris"])[0]
-    hidden = hidden_candidates(index, "Berlin Paris", query_vector, EntryFilter(as_of=T0 + timedelta(days=1),
-                               session_ids=frozenset({"s1"})), depth=10, limit=10)
+    hidden = _hidden(index, "Berlin Paris", EntryFilter(as_of=T0 + timedelta(days=1), session_ids=frozenset({"s1"})))
     assert {(o.entry_id, o.reason) for o in hidden} >= {(3, Omission.NOT_VISIBLE)}
     assert all(o.entry_id in (3, 4) for o in hidden)
-    filtered = hidden_candidates(index, "Berlin Paris", query_vector, EntryFilter(session_ids=frozenset({"s2"})),
-                                 depth=10, limit=10)
+    filtered = _hidden(index, "Berlin Paris", EntryFilter(session_ids=frozenset({"s2"})))
     assert {o.reason for o in filtered} == {Omission.FILTERED} and all(o.entry_id in (1, 2) for o in filtered)
-    assert hidden_candidates(index, "Berlin", query_vector, None, depth=10, limit=10) == []
+    assert _hidden(index, "Berlin", None) == []
+    assert hidden_candidates(index, None, EntryFilter(session_ids=frozenset({"s2"})), depth=10, limit=10) == []
+
+
+@pytest.mark.parametrize("entry_filter", [EntryFilter(session_ids=frozenset({"s2"})),
+                                          EntryFilter(as_of=T0 + timedelta(days=1)),
+                                          EntryFilter(session_ids=frozenset({"nowhere"})),
+                                          EntryFilter(roles=frozenset({"user"}), occurred_after=T0 + timedelta(days=2))])
+@pytest.mark.parametrize(("depth", "limit"), [(10, 10), (2, 10), (10, 1)])
+def test_hidden_candidates_are_those_a_second_unfiltered_search_found(entry_filter: EntryFilter, depth: int,
+                                                                      limit: int) -> None:
+    """The same hidden turns, in the same order, as when the packet searched the tenant again without the filter."""
+    index = _index()
+    for query in ("Berlin Paris", "grey weather river", "bakeries"):
+        assert [o.entry_id for o in _hidden(index, query, entry_filter, depth=depth, limit=limit)] == \
+            _hidden_by_a_second_search(index, query, entry_filter, depth=depth, limit=limit)
 
 
 @settings(max_examples=60, deadline=None)

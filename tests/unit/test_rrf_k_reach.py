@@ -79,18 +79,21 @@ def test_the_session_feature_ranks_sessions_with_the_configured_k(index: TenantI
 
 def test_hidden_candidates_fuse_with_the_k_they_are_given(index: TenantIndex) -> None:
     only_e = EntryFilter(session_ids=frozenset({"sE"}))
+    core = retrieve(index, QUERY, QUERY_VECTOR, k=1, config=RetrievalConfig(rerank=False), allowed=only_e,
+                    unfiltered=True)
     orders = {rrf_k: _names(index, [o.entry_id for o in hidden_candidates(
-        index, QUERY, QUERY_VECTOR, only_e, depth=10, limit=4, rrf_k=rrf_k)]) for rrf_k in (1, 60)}
+        index, core.unfiltered, only_e, depth=10, limit=4, rrf_k=rrf_k)]) for rrf_k in (1, 60)}
     assert orders == {1: ORDER_K1, 60: ORDER_K60}
 
 
 def test_the_query_workers_packet_reports_hidden_turns_in_the_order_of_its_rrf_k(index: TenantIndex) -> None:
     request = schemas.RetrievalRequest("t1", QUERY, k=1, budget_tokens=100,
                                        filters=schemas.RetrievalFilters(session_ids=("sE",)))
-    core = retrieve(index, QUERY, QUERY_VECTOR, k=1, config=RetrievalConfig(rerank=False),
-                    allowed=EntryFilter(session_ids=frozenset({"sE"})))
+    only_e = EntryFilter(session_ids=frozenset({"sE"}))
+    core = retrieve(index, QUERY, QUERY_VECTOR, k=1, config=RetrievalConfig(rerank=False), allowed=only_e,
+                    unfiltered=True)
     orders = {}
     for rrf_k in (1, 60):
-        packet = build_packet(index, request, QUERY_VECTOR, core, Settings(rrf_k=rrf_k), whitespace_tokens)
+        packet = build_packet(index, request, only_e, core, Settings(rrf_k=rrf_k), whitespace_tokens)
         orders[rrf_k] = tuple(o.turn_id for o in packet.omitted if o.reason == Omission.FILTERED.value)
     assert orders == {1: ORDER_K1, 60: ORDER_K60}

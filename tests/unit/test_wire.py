@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 from datetime import UTC, datetime
 
+from api import packets as wire_packets
 from api import schemas
 from mnemos import records
 from mnemos.filters import EntryFilter
@@ -14,8 +15,9 @@ from workers.query.wire import entry_filter, hit_message, outcome_message, outco
 T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
 # core-only fields of a retrieval result: the outcome goes to the outcomes stream, the timings
 # become stage_seconds; wire-only fields are what only the service knows
-# the core's ranking is what a packet is selected from; the packet is built by the service
-RESULT_CORE_ONLY = {"outcome", "timings", "ranking"}
+# the core's ranking is what a packet is selected from, its unfiltered lists what the packet's hidden
+# candidates are ranked by; the packet is built by the service
+RESULT_CORE_ONLY = {"outcome", "timings", "ranking", "unfiltered"}
 RESULT_WIRE_ONLY = {"request_id", "tenant_id", "stage_seconds", "memory_version", "suppression_version", "packet",
                     "rerank_pairs_scored", "rerank_pairs_cached", "v"}
 RENAMED = {"PoolRow": "PoolEntry"}
@@ -78,6 +80,18 @@ def test_a_result_survives_the_wire() -> None:
         assert {f.name: getattr(sent, f.name) for f in fields(sent)} == {
             f.name: getattr(hit, f.name) for f in fields(hit)}
     assert hit_message(core.hits[0]) == back.hits[0]
+
+
+def test_a_result_carries_its_packet_from_the_one_conversion() -> None:
+    request = schemas.RetrievalRequest("alice", "Who has a cat?", k=2, request_id="req-1", budget_tokens=64)
+    packet = wire_packets.Packet(items=(), omitted=(), budget_tokens=64, used_tokens=0)
+    message = result_message(_core_result(), request, stage_seconds={"total": 0.1, "packet": 0.01}, memory_version=12,
+                             suppression_version=3, packet=packet)
+    assert message.packet == packet and message.stage_seconds["packet"] == 0.01
+    assert schemas.RetrievalResult.from_payload(message.to_payload()) == message
+    without = result_message(_core_result(), request, stage_seconds={"total": 0.1}, memory_version=12,
+                             suppression_version=3)
+    assert without.packet is None
 
 
 def test_an_outcome_survives_the_stream_with_and_without_its_embedding() -> None:

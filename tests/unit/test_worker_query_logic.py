@@ -148,3 +148,43 @@ def test_the_fusion_settings_reach_the_retrieval_config() -> None:
     assert default.fusion is Fusion.RRF and default.rrf_k == 60
     convex = retrieval_config(Settings(fusion="convex", convex_weight=0.2), rerank=True)
     assert convex.fusion is Fusion.CONVEX and convex.convex_weight == 0.2
+
+
+def _count_searches(monkeypatch: pytest.MonkeyPatch, retriever: object) -> list[str]:
+    """Record every call of ``retriever``'s search methods and of its scoring pass (``scores``, BM25's)."""
+    calls: list[str] = []
+    for name in ("search", "search_split", "scores"):
+        method = getattr(retriever, name, None)
+        if method is None:
+            continue
+
+        def counted(*args, _name=name, _method=method, **kwargs):
+            calls.append(_name)
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(retriever, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("filters", [{"filters": {"session_ids": ["s1"]}},
+                                     {"filters": {"roles": ["assistant"]}},
+                                     {"as_of": "2024-03-01T09:02:30+00:00"},
+                                     {"filters": {"session_ids": ["nowhere"]}}])
+def test_a_filtered_packet_request_searches_each_retriever_once(monkeypatch: pytest.MonkeyPatch,
+                                                                filters: dict[str, object]) -> None:
+    """The packet's hidden candidates are ranked from the retrieval's own scoring pass: BM25 scores the
+    query once and the dense index is searched once, however many lists the request needs."""
+    store, redis = _stored()
+    service = query_service(store, redis)
+    service.answer(RetrievalRequest("alice", "warm up"))  # builds the tenant's index
+    state = service.cache.get("alice")
+    assert state is not None
+    bm25, dense = _count_searches(monkeypatch, state.index.bm25), _count_searches(monkeypatch, state.index.dense)
+    request = RetrievalRequest.parse({"v": 1, "tenant_id": "alice", "query": "grey cat cello teacher Porto",
+                                      "k": 3, "budget_tokens": 200, **filters})
+    result = service.answer(request)
+    assert result.packet is not None
+    assert {o.reason for o in result.packet.omitted} & {"filtered", "not_visible_at_as_of"}  # it did report hidden turns
+    assert service.cache.get("alice") is state  # the same index answered (no rebuild)
+    assert bm25.count("scores") == 1 and len(bm25) - bm25.count("scores") == 1, bm25
+    assert len(dense) == 1, dense

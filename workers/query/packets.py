@@ -1,10 +1,12 @@
 """Evidence packets in the query worker: building one after a retrieval, and the packet cache.
 
-A request with ``budget_tokens`` is answered as any other (:func:`mnemos.pipeline.retrieve`), then
-:func:`build_packet` turns the retrieval's reranked pool into an evidence packet
+A request with ``budget_tokens`` is answered as any other (:func:`mnemos.pipeline.retrieve`, asked
+to keep its retrievers' unfiltered lists when a filter restricts it), then :func:`build_packet`
+turns the retrieval's reranked pool into an evidence packet
 (:func:`mnemos.packets.packet_from_index`, tokens counted by the cross-encoder's tokenizer) with
-the candidates the request's filter hid (:func:`mnemos.packets.hidden_candidates`) in its omission
-report (docs/architecture.md "Evidence packets").
+the candidates the request's filter hid (:func:`mnemos.packets.hidden_candidates`, ranked from
+those lists: the packet never searches again) in its omission report (docs/architecture.md
+"Evidence packets").
 
 The whole answer (hits and packet) is cached in a :class:`PacketCache`, an LRU keyed by
 :class:`PacketKey`: tenant, query, k, filters, ``as_of``, budget, the tenant's memory and forget
@@ -24,14 +26,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 
-import numpy as np
-
 from api import schemas
 from api.packets import Packet
+from mnemos.filters import EntryFilter
 from mnemos.packets import PacketConfig, Relevance, TokenCounter, hidden_candidates, packet_from_index
 from mnemos.records import RetrievalResult
 from mnemos.tenant_index import TenantIndex
-from workers.query.wire import entry_filter, packet_message
+from workers.query.wire import packet_message
 from workers.settings import Settings
 
 __all__ = ["PacketCache", "PacketKey", "build_packet", "packet_config"]
@@ -105,13 +106,16 @@ class PacketCache:
         return len(keys)
 
 
-def build_packet(index: TenantIndex, request: schemas.RetrievalRequest, query_vector: np.ndarray | None,
+def build_packet(index: TenantIndex, request: schemas.RetrievalRequest, allowed: EntryFilter | None,
                  core: RetrievalResult, settings: Settings, count_tokens: TokenCounter) -> Packet:
-    """The wire packet of one answered request (``request.budget_tokens`` set) from its core result."""
+    """The wire packet of one answered request (``request.budget_tokens`` set) from its core result,
+    ``allowed`` being the core filter the retrieval ran under (:func:`workers.query.wire.entry_filter` of
+    the request, converted once by the caller). The hidden candidates come from the retrieval's
+    ``core.unfiltered`` lists (retrieved with ``unfiltered=True``); nothing is searched here."""
     assert request.budget_tokens is not None
     config = packet_config(settings, reranked=core.pool_size > 0)
-    hidden = hidden_candidates(index, request.query, query_vector, entry_filter(request),
-                               depth=settings.n_candidates, limit=config.hidden_reported, rrf_k=settings.rrf_k)
+    hidden = hidden_candidates(index, core.unfiltered, allowed, depth=settings.n_candidates,
+                               limit=config.hidden_reported, rrf_k=settings.rrf_k)
     packet = packet_from_index(index, core.ranking, request.budget_tokens, count_tokens, config,
                                as_of=request.as_of, hidden=hidden)
     return packet_message(packet)

@@ -57,19 +57,21 @@ def hit_message(hit: Hit) -> schemas.Hit:
 def result_message(result: RetrievalResult, request: schemas.RetrievalRequest, *,
                    stage_seconds: Mapping[str, float], memory_version: int,
                    suppression_version: int | None, rerank_pairs_scored: int | None = None,
-                   rerank_pairs_cached: int | None = None) -> schemas.RetrievalResult:
+                   rerank_pairs_cached: int | None = None,
+                   packet: wire_packets.Packet | None = None) -> schemas.RetrievalResult:
     """The job result of one answered request: the core result's hits and diagnostics, plus what
     only the service knows (the request and tenant ids, seconds per stage, the memory and
     suppression versions the answer read, the pool pairs the cross-encoder scored and those its cache
-    answered). The core result's ``outcome`` travels apart, on the
-    outcomes stream (:func:`outcome_message`), and its ``timings`` as ``stage_seconds``."""
+    answered, the evidence ``packet`` already in wire form, :func:`packet_message`). The core result's
+    ``outcome`` travels apart, on the outcomes stream (:func:`outcome_message`), its ``timings`` as
+    ``stage_seconds``; its ``ranking`` and ``unfiltered`` lists stay in the worker (a packet's input)."""
     return schemas.RetrievalResult(
         request_id=request.request_id, tenant_id=request.tenant_id,
         hits=tuple(hit_message(h) for h in result.hits), pool_size=result.pool_size,
         deep_pass=result.deep_pass, cluster=result.cluster,
         top_rerank_score=None if result.top_rerank_score is None else float(result.top_rerank_score),
         stage_seconds=dict(stage_seconds), memory_version=memory_version, suppression_version=suppression_version,
-        rerank_pairs_scored=rerank_pairs_scored, rerank_pairs_cached=rerank_pairs_cached)
+        rerank_pairs_scored=rerank_pairs_scored, rerank_pairs_cached=rerank_pairs_cached, packet=packet)
 
 
 def outcome_message(outcome: Outcome, *, with_embedding: bool) -> schemas.Outcome:

@@ -216,11 +216,13 @@ class QueryService:
                 table = SuppressionTable(tx.suppression_scores(cluster))
         refresh_s = self.clock() - refresh_started
         counts_before = RerankCounts.of(self.reranker)
-        # the knowledge time also anchors relative time expressions; without it they stay unresolved
+        allowed = entry_filter(request)  # the request's restrictions, converted once for retrieval and packet
+        # the knowledge time also anchors relative time expressions; without it they stay unresolved;
+        # a packet request keeps the retrievers' unfiltered lists for its hidden candidates (no second search)
         core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config.for_k(request.k),
                         reranker=self.reranker, suppression=table, cluster=cluster,
                         outcome_id=request.request_id, clock=self.clock, reference_time=request.as_of,
-                        allowed=entry_filter(request))
+                        allowed=allowed, unfiltered=key is not None)
         if core.outcome is not None:
             message = outcome_message(core.outcome, with_embedding=clusters is None)
             self.connection.xadd(self.settings.outcomes_stream, message.to_stream_fields())  # type: ignore[arg-type]
@@ -234,15 +236,16 @@ class QueryService:
         counts = RerankCounts.of(self.reranker).since(counts_before)
         self.metrics.query_rerank(cache_hits=counts.cache_hits, cache_misses=counts.cache_misses,
                                   pairs_truncated=counts.pairs_truncated, queries_truncated=counts.queries_truncated)
+        packet = None
+        if key is not None:
+            packet_started = self.clock()
+            packet = build_packet(state.index, request, allowed, core, self.settings, self.count_tokens)
+            stages = {**stages, "packet": self.clock() - packet_started}  # after the metrics: not in their total
         result = result_message(core, request, stage_seconds=stages, memory_version=version,
                                 suppression_version=suppression_version,
                                 rerank_pairs_scored=counts.cache_misses if counts.has_cache else None,
-                                rerank_pairs_cached=counts.cache_hits if counts.has_cache else None)
+                                rerank_pairs_cached=counts.cache_hits if counts.has_cache else None, packet=packet)
         if key is not None:
-            packet_started = self.clock()
-            packet = build_packet(state.index, request, query_vector, core, self.settings, self.count_tokens)
-            result = dataclasses.replace(result, packet=packet,
-                                         stage_seconds={**stages, "packet": self.clock() - packet_started})
             self.packets.put(key, result)
         return result
 
