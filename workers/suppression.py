@@ -39,7 +39,8 @@ from workers.dead_letters import DeadLetter, payload_of
 from workers.heartbeats import Heartbeat
 from workers.metrics import ServiceMetrics
 from workers.settings import Settings
-from workers.store import Store, TenantLock, TenantSession, vectors_from_bytes
+from workers.store import Store, TenantSession
+from workers.store.rows import TenantLock, vectors_from_bytes
 from workers.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.wire import outcome_record
 

@@ -22,7 +22,8 @@ from tests.unit.worker_fakes import (
 )
 from workers.errors import StoreError
 from workers.ingest import IngestWorker
-from workers.store import FakeStore, TenantLock, vectors_from_bytes
+from workers.store import FakeStore
+from workers.store.rows import TenantLock, vectors_from_bytes
 
 
 def _turns(store: FakeStore, tenant: str) -> list[tuple[int, str, int | None]]:

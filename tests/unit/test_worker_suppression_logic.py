@@ -25,7 +25,8 @@ from tests.unit.worker_fakes import (
     suppression_worker,
 )
 from workers.errors import StoreError
-from workers.store import FakeStore, TenantLock
+from workers.store import FakeStore
+from workers.store.rows import TenantLock
 from workers.streams import StreamMessage
 from workers.wire import outcome_record
 
