@@ -1,4 +1,4 @@
-"""The benchmark's arms, and the candidate features of ``mnemos_full`` as pure functions.
+"""The benchmark's arms; the candidate features of ``mnemos_full`` are pure functions of the core.
 
 An arm is a :class:`~mnemos.pipeline.RetrievalConfig` plus, for the suppression arms, how the
 suppression state is kept (update rule, clustered or global). ``mnemos_full`` is the best arm of
@@ -12,27 +12,13 @@ Every candidate except the deep pass re-scores the reranked pool after the cross
 ``final = rerank_logit + sum(feature adjustments)``, then a stable re-sort. They never change
 what the cross-encoder saw, so the suppression outcome (and thus the suppression state) of
 ``mnemos_full`` stays that of its retrieval configuration. The features live in the core
-(:mod:`mnemos.features`, which the service's pipeline runs too); this module re-exports them.
+(:mod:`mnemos.features`, which the service's pipeline runs too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mnemos.features import (
-    FEATURE_FUNCTIONS,
-    DateSpan,
-    Feature,
-    FeatureSetting,
-    PoolView,
-    QueryContext,
-    apply_features,
-    importance_adjustment,
-    parse_time_expressions,
-    session_adjustment,
-    session_matches,
-    temporal_adjustment,
-)
 from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig
 from mnemos.suppression import DEFAULT_ETA, UpdateRule
@@ -43,22 +29,10 @@ __all__ = [
     "CONVEX_ARM",
     "GAP_ARM",
     "FULL_ARM",
-    "FEATURE_FUNCTIONS",
     "SUPPRESSION_ARMS",
     "Arm",
-    "DateSpan",
-    "Feature",
-    "FeatureSetting",
-    "PoolView",
-    "QueryContext",
     "SuppressionSpec",
-    "apply_features",
     "arm_by_name",
-    "importance_adjustment",
-    "parse_time_expressions",
-    "session_adjustment",
-    "session_matches",
-    "temporal_adjustment",
 ]
 
 BASELINE_ARM = "hybrid_rerank"
