@@ -74,6 +74,7 @@ class Arm:
 
 
 _SHALLOW = RetrievalConfig(deep_threshold=None, suppression=False)
+_SHALLOW_SUPPRESSED = RetrievalConfig(deep_threshold=None)  # the four suppression arms' configuration
 _ARMS: tuple[Arm, ...] = (
     Arm("bm25", RetrievalConfig(use_dense=False, rerank=False, suppression=False, deep_threshold=None)),
     Arm("dense", RetrievalConfig(use_bm25=False, rerank=False, suppression=False, deep_threshold=None)),
@@ -81,26 +82,10 @@ _ARMS: tuple[Arm, ...] = (
     Arm(CONVEX_ARM, RetrievalConfig(fusion=Fusion.CONVEX, rerank=False, suppression=False, deep_threshold=None)),
     Arm("dense_rerank", RetrievalConfig(use_bm25=False, suppression=False, deep_threshold=None)),
     Arm(BASELINE_ARM, _SHALLOW),
-    Arm(
-        "+global_rif",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.RANK_GAP, clustered=False),
-    ),
-    Arm(
-        "+clustered_rif_uniform",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.UNIFORM, clustered=True),
-    ),
-    Arm(
-        "+clustered_rif_gap",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.RANK_GAP, clustered=True),
-    ),
-    Arm(
-        "mnemos_full",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.RANK_GAP, clustered=True),
-    ),
+    Arm("+global_rif", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.RANK_GAP, clustered=False)),
+    Arm("+clustered_rif_uniform", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.UNIFORM, clustered=True)),
+    Arm("+clustered_rif_gap", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.RANK_GAP, clustered=True)),
+    Arm("mnemos_full", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.RANK_GAP, clustered=True)),
 )
 ARM_NAMES: tuple[str, ...] = tuple(a.name for a in _ARMS)
 """Every arm, in report order."""
