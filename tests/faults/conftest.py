@@ -48,7 +48,7 @@ PhaseRunner = Callable[..., PhaseReport]  # what the run_phase fixture gives: ph
 
 
 @pytest.fixture
-def run_phase(fault_run: FaultRun, capsys: pytest.CaptureFixture) -> PhaseRunner:
+def run_phase(fault_run: FaultRun, capsys: pytest.CaptureFixture[str]) -> PhaseRunner:
     """Runs one phase (``bench.fault_*.run_*``) on the session's fault run, with :data:`CI_PLAN` unless
     another plan is given, and prints its report line past pytest's capture."""
 
