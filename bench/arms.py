@@ -1,4 +1,4 @@
-"""The benchmark's arms, and the candidate features of ``mnemos_full`` as pure functions.
+"""The benchmark's arms; the candidate features of ``mnemos_full`` are pure functions of the core.
 
 An arm is a :class:`~mnemos.pipeline.RetrievalConfig` plus, for the suppression arms, how the
 suppression state is kept (update rule, clustered or global). ``mnemos_full`` is the best arm of
@@ -12,27 +12,13 @@ Every candidate except the deep pass re-scores the reranked pool after the cross
 ``final = rerank_logit + sum(feature adjustments)``, then a stable re-sort. They never change
 what the cross-encoder saw, so the suppression outcome (and thus the suppression state) of
 ``mnemos_full`` stays that of its retrieval configuration. The features live in the core
-(:mod:`mnemos.features`, which the service's pipeline runs too); this module re-exports them.
+(:mod:`mnemos.features`, which the service's pipeline runs too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mnemos.features import (
-    FEATURE_FUNCTIONS,
-    DateSpan,
-    Feature,
-    FeatureSetting,
-    PoolView,
-    QueryContext,
-    apply_features,
-    importance_adjustment,
-    parse_time_expressions,
-    session_adjustment,
-    session_matches,
-    temporal_adjustment,
-)
 from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig
 from mnemos.suppression import DEFAULT_ETA, UpdateRule
@@ -43,22 +29,10 @@ __all__ = [
     "CONVEX_ARM",
     "GAP_ARM",
     "FULL_ARM",
-    "FEATURE_FUNCTIONS",
     "SUPPRESSION_ARMS",
     "Arm",
-    "DateSpan",
-    "Feature",
-    "FeatureSetting",
-    "PoolView",
-    "QueryContext",
     "SuppressionSpec",
-    "apply_features",
     "arm_by_name",
-    "importance_adjustment",
-    "parse_time_expressions",
-    "session_adjustment",
-    "session_matches",
-    "temporal_adjustment",
 ]
 
 BASELINE_ARM = "hybrid_rerank"
@@ -100,6 +74,7 @@ class Arm:
 
 
 _SHALLOW = RetrievalConfig(deep_threshold=None, suppression=False)
+_SHALLOW_SUPPRESSED = RetrievalConfig(deep_threshold=None)  # the four suppression arms' configuration
 _ARMS: tuple[Arm, ...] = (
     Arm("bm25", RetrievalConfig(use_dense=False, rerank=False, suppression=False, deep_threshold=None)),
     Arm("dense", RetrievalConfig(use_bm25=False, rerank=False, suppression=False, deep_threshold=None)),
@@ -107,26 +82,10 @@ _ARMS: tuple[Arm, ...] = (
     Arm(CONVEX_ARM, RetrievalConfig(fusion=Fusion.CONVEX, rerank=False, suppression=False, deep_threshold=None)),
     Arm("dense_rerank", RetrievalConfig(use_bm25=False, suppression=False, deep_threshold=None)),
     Arm(BASELINE_ARM, _SHALLOW),
-    Arm(
-        "+global_rif",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.RANK_GAP, clustered=False),
-    ),
-    Arm(
-        "+clustered_rif_uniform",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.UNIFORM, clustered=True),
-    ),
-    Arm(
-        "+clustered_rif_gap",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.RANK_GAP, clustered=True),
-    ),
-    Arm(
-        "mnemos_full",
-        RetrievalConfig(deep_threshold=None),
-        SuppressionSpec(UpdateRule.RANK_GAP, clustered=True),
-    ),
+    Arm("+global_rif", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.RANK_GAP, clustered=False)),
+    Arm("+clustered_rif_uniform", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.UNIFORM, clustered=True)),
+    Arm("+clustered_rif_gap", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.RANK_GAP, clustered=True)),
+    Arm("mnemos_full", _SHALLOW_SUPPRESSED, SuppressionSpec(UpdateRule.RANK_GAP, clustered=True)),
 )
 ARM_NAMES: tuple[str, ...] = tuple(a.name for a in _ARMS)
 """Every arm, in report order."""

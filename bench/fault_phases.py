@@ -69,13 +69,9 @@ def run_turns(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         publisher.join(plan.settle_timeout_s)
         accepted = {(t["tenant_id"], t["turn_id"]) for t in good}
         bad_keys = {(b["tenant_id"], b["turn_id"]) for b in bad}
-
-        def done() -> bool:
-            with Audit.connect(settings.database_url, timeout_s=2) as audit:
-                stored, dead = audit.turn_keys(), audit.dead_letter_keys()
-            return accepted <= stored and bad_keys <= dead and run.drained(settings, settings.turns_stream, "ingest")
-
-        report.settled = run.settle(done, plan.settle_timeout_s)
+        report.settled = run.settle_stored(
+            settings, lambda audit: accepted <= audit.turn_keys() and bad_keys <= audit.dead_letter_keys(),
+            settings.turns_stream, "ingest", plan.settle_timeout_s)
     finally:
         stop.set()
         for worker in workers:
@@ -128,13 +124,8 @@ def run_outcomes(run: FaultRun, plan: FaultPlan) -> PhaseReport:
     try:
         run.chaos(plan, workers, report, publisher)
         publisher.join(plan.settle_timeout_s)
-
-        def done() -> bool:
-            with Audit.connect(settings.database_url, timeout_s=2) as audit:
-                ledger = audit.outcome_keys()
-            return accepted <= ledger and run.drained(settings, settings.outcomes_stream, "suppression")
-
-        report.settled = run.settle(done, plan.settle_timeout_s)
+        report.settled = run.settle_stored(settings, lambda audit: accepted <= audit.outcome_keys(),
+                                           settings.outcomes_stream, "suppression", plan.settle_timeout_s)
     finally:
         stop.set()
         for worker in workers:

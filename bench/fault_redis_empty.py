@@ -79,13 +79,8 @@ def run_redis_empty(run: FaultRun, plan: FaultPlan) -> PhaseReport:
         publisher.join(plan.settle_timeout_s)
         restarter.join(plan.settle_timeout_s)
         after = set(reached[1])
-
-        def done() -> bool:
-            with Audit.connect(settings.database_url, timeout_s=2) as audit:
-                stored = audit.turn_keys()
-            return after <= stored and run.drained(settings, settings.turns_stream, "ingest")
-
-        report.settled = run.settle(done, plan.settle_timeout_s)
+        report.settled = run.settle_stored(settings, lambda audit: after <= audit.turn_keys(),
+                                           settings.turns_stream, "ingest", plan.settle_timeout_s)
     finally:
         stop.set()
         restarter.cancel()

@@ -29,6 +29,7 @@ from bench.fault_servers import PostgresCluster, RedisServer, WorkerProcess
 from workers.ops.migrate import ensure_database, run_migrations
 from workers.runtime.errors import StoreError
 from workers.settings import FAKE_MODEL, Settings, to_environment
+from workers.store.audit import Audit
 
 if TYPE_CHECKING:
     from bench.fault_shard_figures import ShardFigures
@@ -285,6 +286,17 @@ class FaultRun:
                 log.debug("settle check failed: %s", exc)
             time.sleep(0.5)
         return False
+
+    def settle_stored(self, settings: Settings, stored: Callable[[Audit], bool], stream: str, group: str,
+                      timeout_s: float) -> bool:
+        """:meth:`settle` until ``stored(audit)`` holds in Postgres and ``group`` has drained ``stream``."""
+
+        def done() -> bool:
+            with Audit.connect(settings.database_url, timeout_s=2) as audit:
+                reached = stored(audit)
+            return reached and self.drained(settings, stream, group)
+
+        return self.settle(done, timeout_s)
 
     def drained(self, settings: Settings, stream: str, group: str) -> bool:
         connection = redis.Redis.from_url(settings.redis_url, socket_timeout=5)

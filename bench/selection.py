@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.arms import Feature, FeatureSetting
 from bench.corpora import CorpusMode
 from bench.engine import Engine, PoolResult
 from bench.stats import DEFAULT_RESAMPLES, compare_paired
+from mnemos.features import Feature, FeatureSetting
 
 __all__ = ["DEFAULT_GRID", "SUPPRESSION_OFF", "CandidateOutcome", "Selection", "overall_question", "select_full"]
 

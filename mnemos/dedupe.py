@@ -40,7 +40,7 @@ import unicodedata
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict, Unpack
 
 import numpy as np
 
@@ -425,14 +425,16 @@ def decide(
     return decisions
 
 
+class GuardOptions(TypedDict, total=False):
+    """:func:`dedupe_batch`'s keyword arguments, as :func:`find_duplicates` passes them on."""
+
+    new_signatures: Sequence[Signature] | None
+    existing_signatures: Sequence[Signature] | None
+    guard: bool
+
+
 def find_duplicates(
-    new: np.ndarray,
-    existing: np.ndarray,
-    threshold: float = DEFAULT_THRESHOLD,
-    *,
-    new_signatures: Sequence[Signature] | None = None,
-    existing_signatures: Sequence[Signature] | None = None,
-    guard: bool = True,
+    new: np.ndarray, existing: np.ndarray, threshold: float = DEFAULT_THRESHOLD, **options: Unpack[GuardOptions]
 ) -> list[int | None]:
     """Compact form of :func:`dedupe_batch` (same arguments): one int or None per row of ``new``.
 
@@ -444,8 +446,7 @@ def find_duplicates(
         DimensionMismatchError, InvalidParameterError: as :func:`dedupe_batch`.
     """
     out: list[int | None] = []
-    decisions = dedupe_batch(new, existing, threshold, new_signatures=new_signatures,
-                             existing_signatures=existing_signatures, guard=guard)
+    decisions = dedupe_batch(new, existing, threshold, **options)
     for decision in decisions:
         if decision.existing is not None:
             out.append(decision.existing)

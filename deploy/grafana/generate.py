@@ -48,12 +48,18 @@ __all__ = ["COLUMNS", "DASHBOARDS", "DATASOURCE", "ERROR", "NAMESPACE", "NAMESPA
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
 
 def _workers_up(worker: str) -> Panel:
-    return Panel(
-        f"{worker.capitalize()} workers up",
-        f"Replicas of the {worker} worker reporting mnemos_worker_up.",
-        (Query("sum(mnemos_worker_up" + sel(f'worker="{worker}"') + ")", "up"),),
-        kind="stat", width=6, height=4,
-    )
+    return _stat(f"{worker.capitalize()} workers up", f"Replicas of the {worker} worker reporting mnemos_worker_up.",
+                 "sum(mnemos_worker_up" + sel(f'worker="{worker}"') + ")", "up")
+
+
+def _stat(title: str, description: str, expr: str, legend: str, unit: str = "short") -> Panel:
+    """A small stat panel of one query, as the first row of every dashboard shows them."""
+    return Panel(title, description, (Query(expr, legend),), unit=unit, kind="stat", width=6, height=4)
+
+
+def _p50_p95(metric: str) -> tuple[Query, Query]:
+    """A histogram's median and 95th percentile, as the queries of one panel (legends p50, p95)."""
+    return Query(quantile(0.5, metric), "p50"), Query(quantile(0.95, metric), "p95")
 
 
 def _stream_panels(group: str, what: str) -> tuple[Panel, ...]:
@@ -76,16 +82,14 @@ OVERVIEW = Dashboard(
     description="Turns in, retrievals, per-stage latency, backlogs and errors of the whole service.",
     rows=(
         Row("Now", (
-            Panel("Turns in", "Turns read from the turns stream per second.",
-                  (Query(rate("mnemos_ingest_turns_read_total"), "turns/s"),), unit="reqps", kind="stat", width=6,
-                  height=4),
-            Panel("Retrievals", "Retrieval jobs finished per second (ok and error).",
-                  (Query(rate("mnemos_query_jobs_total"), "jobs/s"),), unit="reqps", kind="stat", width=6, height=4),
-            Panel("Retrieval p95", "95th percentile of a retrieval job's total time.",
-                  (Query(quantile(0.95, "mnemos_query_stage_seconds", selector='stage="total"'), "p95"),),
-                  unit="s", kind="stat", width=6, height=4),
-            Panel("Workers up", "Replicas reporting mnemos_worker_up, per worker.",
-                  (Query(f"sum by (worker) (mnemos_worker_up{sel()})", "{{worker}}"),), kind="stat", width=6, height=4),
+            _stat("Turns in", "Turns read from the turns stream per second.",
+                  rate("mnemos_ingest_turns_read_total"), "turns/s", unit="reqps"),
+            _stat("Retrievals", "Retrieval jobs finished per second (ok and error).",
+                  rate("mnemos_query_jobs_total"), "jobs/s", unit="reqps"),
+            _stat("Retrieval p95", "95th percentile of a retrieval job's total time.",
+                  quantile(0.95, "mnemos_query_stage_seconds", selector='stage="total"'), "p95", unit="s"),
+            _stat("Workers up", "Replicas reporting mnemos_worker_up, per worker.",
+                  f"sum by (worker) (mnemos_worker_up{sel()})", "{{worker}}"),
         )),
         Row("Traffic", (
             Panel("Turns", "Turns read, indexed as new entries, and folded into an existing entry as duplicates.",
@@ -98,8 +102,7 @@ OVERVIEW = Dashboard(
         Row("What clients wait", (
             Panel("Retrieval end to end", "Seconds from a retrieval's enqueue to its end (queue wait plus work), "
                   "p50 and p95: what a client waits. The p95 alert reads this.",
-                  (Query(quantile(0.5, "mnemos_query_end_to_end_seconds"), "p50"),
-                   Query(quantile(0.95, "mnemos_query_end_to_end_seconds"), "p95")), unit="s", width=8),
+                  _p50_p95("mnemos_query_end_to_end_seconds"), unit="s", width=8),
             Panel("Heartbeat age", "Seconds since each worker kind last renewed its heartbeat: it grows when "
                   "every loop of that kind is stuck (their /livez fails) or its pods are gone.",
                   (Query(f"time() - max by (worker) (mnemos_worker_heartbeat_timestamp_seconds{sel()})",
@@ -151,15 +154,13 @@ INGEST = Dashboard(
     rows=(
         Row("Throughput", (
             _workers_up("ingest"),
-            Panel("Duplicate share", "Share of read turns folded into an existing entry (cosine >= 0.95).",
-                  (Query(f"{rate('mnemos_ingest_duplicates_total')} / {rate('mnemos_ingest_turns_read_total')}",
-                         "duplicates"),), unit="percentunit", kind="stat", width=6, height=4),
-            Panel("Claimed", "Entries claimed per second from consumers that stopped mid-batch (XAUTOCLAIM).",
-                  (Query(rate("mnemos_ingest_claimed_total"), "claimed/s"),), unit="reqps", kind="stat", width=6,
-                  height=4),
-            Panel("Rejected", "Turns rejected per second.",
-                  (Query(rate("mnemos_ingest_turns_rejected_total"), "rejected/s"),), unit="reqps", kind="stat",
-                  width=6, height=4),
+            _stat("Duplicate share", "Share of read turns folded into an existing entry (cosine >= 0.95).",
+                  f"{rate('mnemos_ingest_duplicates_total')} / {rate('mnemos_ingest_turns_read_total')}",
+                  "duplicates", unit="percentunit"),
+            _stat("Claimed", "Entries claimed per second from consumers that stopped mid-batch (XAUTOCLAIM).",
+                  rate("mnemos_ingest_claimed_total"), "claimed/s", unit="reqps"),
+            _stat("Rejected", "Turns rejected per second.",
+                  rate("mnemos_ingest_turns_rejected_total"), "rejected/s", unit="reqps"),
             Panel("Turns", "Turns read, indexed, duplicates and claimed per second.",
                   (Query(rate("mnemos_ingest_turns_read_total"), "read"),
                    Query(rate("mnemos_ingest_turns_indexed_total"), "indexed"),
@@ -170,11 +171,9 @@ INGEST = Dashboard(
         )),
         Row("Batches", (
             Panel("Embedding time", "Seconds to embed one batch with the bi-encoder.",
-                  (Query(quantile(0.5, "mnemos_ingest_embed_seconds"), "p50"),
-                   Query(quantile(0.95, "mnemos_ingest_embed_seconds"), "p95")), unit="s", width=8),
+                  _p50_p95("mnemos_ingest_embed_seconds"), unit="s", width=8),
             Panel("Commit time", "Seconds to commit one batch to Postgres.",
-                  (Query(quantile(0.5, "mnemos_ingest_commit_seconds"), "p50"),
-                   Query(quantile(0.95, "mnemos_ingest_commit_seconds"), "p95")), unit="s", width=8),
+                  _p50_p95("mnemos_ingest_commit_seconds"), unit="s", width=8),
             Panel("Batch size", "Turns per batch read from the stream (mean and p95).",
                   (Query(f"{rate('mnemos_ingest_batch_size_sum')} / {rate('mnemos_ingest_batch_size_count')}",
                          "mean"),
@@ -208,14 +207,14 @@ QUERY = Dashboard(
     rows=(
         Row("Jobs", (
             _workers_up("query"),
-            Panel("Error share", "Share of retrieval jobs that ended with status error.",
-                  (Query(f"{rate('mnemos_query_jobs_total', selector=ERROR)} / {rate('mnemos_query_jobs_total')}",
-                         "errors"),), unit="percentunit", kind="stat", width=6, height=4),
-            Panel("Deep-pass share", "Share of retrievals that reranked the deep pool (top rerank score below threshold).",
-                  (Query(f"{rate('mnemos_query_deep_passes_total')} / {rate('mnemos_query_jobs_total')}",
-                         "deep passes"),), unit="percentunit", kind="stat", width=6, height=4),
-            Panel("Queue", "rq jobs waiting for a query worker.",
-                  (Query(f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),), kind="stat", width=6, height=4),
+            _stat("Error share", "Share of retrieval jobs that ended with status error.",
+                  f"{rate('mnemos_query_jobs_total', selector=ERROR)} / {rate('mnemos_query_jobs_total')}",
+                  "errors", unit="percentunit"),
+            _stat("Deep-pass share", "Share of retrievals that reranked the deep pool (top rerank score below threshold).",
+                  f"{rate('mnemos_query_deep_passes_total')} / {rate('mnemos_query_jobs_total')}",
+                  "deep passes", unit="percentunit"),
+            _stat("Queue", "rq jobs waiting for a query worker.",
+                  f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),
             Panel("Jobs by status", "Retrieval jobs finished per second.",
                   (Query(rate("mnemos_query_jobs_total", by="status"), "{{status}}"),), unit="reqps"),
             Panel("Queue length", "rq jobs waiting for a query worker (KEDA scales on this list).",
@@ -224,11 +223,9 @@ QUERY = Dashboard(
         Row("Queueing", (
             Panel("Queue wait", "Seconds from enqueue to the job's start (p50, p95): long waits mean too few "
                   "query workers.",
-                  (Query(quantile(0.5, "mnemos_query_queue_wait_seconds"), "p50"),
-                   Query(quantile(0.95, "mnemos_query_queue_wait_seconds"), "p95")), unit="s", width=8),
+                  _p50_p95("mnemos_query_queue_wait_seconds"), unit="s", width=8),
             Panel("End to end", "Seconds from enqueue to the job's end (p50, p95): queue wait plus work.",
-                  (Query(quantile(0.5, "mnemos_query_end_to_end_seconds"), "p50"),
-                   Query(quantile(0.95, "mnemos_query_end_to_end_seconds"), "p95")), unit="s", width=8),
+                  _p50_p95("mnemos_query_end_to_end_seconds"), unit="s", width=8),
             Panel("Expired and recovered jobs", "Jobs per second that expired in the queue or were given up by "
                   "their client, and jobs put back in the queue after a worker stopped between dequeuing and "
                   "starting them.",
@@ -247,8 +244,7 @@ QUERY = Dashboard(
         )),
         Row("Work per job", (
             Panel("Pool size", "Candidates reranked per retrieval (p50, p95).",
-                  (Query(quantile(0.5, "mnemos_query_pool_size"), "p50"),
-                   Query(quantile(0.95, "mnemos_query_pool_size"), "p95")), width=8),
+                  _p50_p95("mnemos_query_pool_size"), width=8),
             Panel("Deep passes", "Retrievals per second that took the deep pass.",
                   (Query(rate("mnemos_query_deep_passes_total"), "deep passes"),), unit="reqps", width=8),
             Panel("Index refreshes", "Tenant indexes rebuilt or extended from Postgres per second.",
@@ -293,15 +289,12 @@ SUPPRESSION = Dashboard(
     rows=(
         Row("Outcomes", (
             _workers_up("suppression"),
-            Panel("Bootstrapped tenants", "Tenants whose query clusters are fitted and frozen.",
-                  (Query(f"max(mnemos_suppression_bootstrapped_tenants{sel()})", "tenants"),), kind="stat", width=6,
-                  height=4),
-            Panel("Applied", "Outcomes applied per second.",
-                  (Query(rate("mnemos_suppression_outcomes_applied_total"), "applied/s"),), unit="reqps", kind="stat",
-                  width=6, height=4),
-            Panel("Redelivered", "Outcomes skipped per second because the ledger already had them.",
-                  (Query(rate("mnemos_suppression_duplicates_skipped_total"), "skipped/s"),), unit="reqps",
-                  kind="stat", width=6, height=4),
+            _stat("Bootstrapped tenants", "Tenants whose query clusters are fitted and frozen.",
+                  f"max(mnemos_suppression_bootstrapped_tenants{sel()})", "tenants"),
+            _stat("Applied", "Outcomes applied per second.",
+                  rate("mnemos_suppression_outcomes_applied_total"), "applied/s", unit="reqps"),
+            _stat("Redelivered", "Outcomes skipped per second because the ledger already had them.",
+                  rate("mnemos_suppression_duplicates_skipped_total"), "skipped/s", unit="reqps"),
             Panel("Outcomes", "Outcomes applied and duplicates skipped per second.",
                   (Query(rate("mnemos_suppression_outcomes_applied_total"), "applied"),
                    Query(rate("mnemos_suppression_duplicates_skipped_total"), "duplicates skipped")), unit="reqps"),
@@ -310,8 +303,7 @@ SUPPRESSION = Dashboard(
         )),
         Row("Timing and backlog", (
             Panel("Apply time", "Seconds to apply one batch of outcomes in one transaction.",
-                  (Query(quantile(0.5, "mnemos_suppression_apply_seconds"), "p50"),
-                   Query(quantile(0.95, "mnemos_suppression_apply_seconds"), "p95")), unit="s"),
+                  _p50_p95("mnemos_suppression_apply_seconds"), unit="s"),
             *_stream_panels("suppression", "Outcomes"),
         )),
     ),

@@ -19,15 +19,7 @@ from rq.serializers import JSONSerializer
 
 from api.schemas import Outcome, RetrievalRequest
 from mnemos.rerank import FakeReranker
-from tests.badinput.harness import (
-    entries,
-    ingest_worker,
-    publish,
-    query_service,
-    run_loop_until,
-    turn,
-    turn_ids,
-)
+from tests.badinput import harness
 from tests.support import JOB_TTLS
 from workers.query.worker import build_worker
 from workers.settings import Settings
@@ -54,15 +46,16 @@ AS_OFS = [None, "2024-03-01T09:02:00Z", "2030-01-01T00:00:00Z"]
 
 
 def ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str, rows: list[tuple]) -> None:
-    have = len(turn_ids(store, tenant))
-    publish(settings, connection, [turn(tenant, f"{tenant}{have + i}", text, session=session, role=role,
-                                        minutes=have + i) for i, (session, role, text) in enumerate(rows)])
-    worker = ingest_worker(settings, connection, store)
-    assert run_loop_until(worker, lambda: len(turn_ids(store, tenant)) >= have + len(rows))
+    have = len(harness.turn_ids(store, tenant))
+    harness.publish(settings, connection,
+                    [harness.turn(tenant, f"{tenant}{have + i}", text, session=session, role=role, minutes=have + i)
+                     for i, (session, role, text) in enumerate(rows)])
+    worker = harness.ingest_worker(settings, connection, store)
+    assert harness.run_loop_until(worker, lambda: len(harness.turn_ids(store, tenant)) >= have + len(rows))
 
 
 def _ids(store: PostgresStore, tenant: str) -> set[int]:
-    return {int(r[0]) for r in entries(store, tenant)}
+    return {int(r[0]) for r in harness.entries(store, tenant)}
 
 
 def _version(store: PostgresStore, tenant: str) -> list:
@@ -76,7 +69,7 @@ def test_filters_naming_beta_never_reach_beta(settings, redis_client, store) -> 
     alpha, beta = _ids(store, "alpha"), _ids(store, "beta")
     assert alpha and beta and not alpha & beta
     beta_version = _version(store, "beta")
-    service = query_service(settings, redis_client, store, FakeReranker())
+    service = harness.query_service(settings, redis_client, store, FakeReranker())
     service.answer(RetrievalRequest("beta", "warm up beta's cached index", k=3))  # both tenants cached in one worker
     n_outcomes = redis_client.xlen(settings.outcomes_stream)
 

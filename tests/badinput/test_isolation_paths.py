@@ -22,18 +22,7 @@ from rq.serializers import JSONSerializer
 from api.errors import RequestIdReused
 from api.schemas import Outcome, RetrievalRequest
 from mnemos.rerank import FakeReranker
-from tests.badinput.harness import (
-    client_for,
-    entries,
-    ingest_worker,
-    publish,
-    query_service,
-    run_loop_until,
-    suppression_rows,
-    suppression_worker,
-    turn,
-    turn_ids,
-)
+from tests.badinput import harness
 from tests.support import JOB_TTLS, spawn_logged, wait_for
 from workers.query.worker import QueryService, build_worker
 from workers.settings import Settings
@@ -52,13 +41,14 @@ QUERIES = ["coffee", "Ana Lisbon", "spare key", "grey cat Pixel", "dentist", "vo
 
 def ingest(settings: Settings, connection: redis.Redis, store: PostgresStore, tenant: str, texts: list[str],
            start: int = 0) -> None:
-    publish(settings, connection, [turn(tenant, f"u{start + i}", t, minutes=start + i) for i, t in enumerate(texts)])
-    worker = ingest_worker(settings, connection, store)
-    assert run_loop_until(worker, lambda: len(turn_ids(store, tenant)) >= start + len(texts))
+    harness.publish(settings, connection,
+                    [harness.turn(tenant, f"u{start + i}", t, minutes=start + i) for i, t in enumerate(texts)])
+    worker = harness.ingest_worker(settings, connection, store)
+    assert harness.run_loop_until(worker, lambda: len(harness.turn_ids(store, tenant)) >= start + len(texts))
 
 
 def entry_ids(store: PostgresStore, tenant: str) -> set[int]:
-    return {int(r[0]) for r in entries(store, tenant)}
+    return {int(r[0]) for r in harness.entries(store, tenant)}
 
 
 def outcomes(connection: redis.Redis, settings: Settings) -> list[Outcome]:
@@ -101,17 +91,17 @@ def test_alpha_never_sees_beta_on_any_path(settings, redis_client, store) -> Non
             assert {p.entry_id for p in outcome.pool} <= alpha, label
 
     fake = FakeReranker(fn=_shuffling_logit)  # reorders pools, so rank-gap deltas are not all zero
-    service = query_service(settings, redis_client, store, fake)
+    service = harness.query_service(settings, redis_client, store, fake)
     check(ask_all(service), "hybrid + rerank")
     assert any(r.hits for r in ask_all(service))
-    check(ask_all(query_service(settings, redis_client, store, fake), use_dense=False), "bm25 only")
-    check(ask_all(query_service(settings, redis_client, store, fake), use_bm25=False), "dense only")
-    check(ask_all(query_service(settings, redis_client, store, None), rerank=False), "hybrid, no rerank")
-    deep = ask_all(query_service(settings, redis_client, store, fake), deep_threshold=1e9)
+    check(ask_all(harness.query_service(settings, redis_client, store, fake), use_dense=False), "bm25 only")
+    check(ask_all(harness.query_service(settings, redis_client, store, fake), use_bm25=False), "dense only")
+    check(ask_all(harness.query_service(settings, redis_client, store, None), rerank=False), "hybrid, no rerank")
+    deep = ask_all(harness.query_service(settings, redis_client, store, fake), deep_threshold=1e9)
     assert deep and all(r.deep_pass for r in deep if r.pool_size)
     check(deep, "deep pass")
     # bm25-only never answers a beta-only query for alpha
-    bm25 = query_service(settings, redis_client, store, fake)
+    bm25 = harness.query_service(settings, redis_client, store, fake)
     bm25.config = dataclasses.replace(bm25.config, use_dense=False)
     assert bm25.answer(RetrievalRequest("alpha", "zeppelin Reykjavik volcanoes", k=10)).hits == ()
 
@@ -129,28 +119,28 @@ def test_alpha_never_sees_beta_on_any_path(settings, redis_client, store) -> Non
     assert {r.memory_version for r in refreshed} == {version + 1}
 
     # suppression: fold alpha's outcomes; centroids freeze (K=2 after 4 queries); ask and fold again
-    worker = suppression_worker(settings, redis_client, store)
+    worker = harness.suppression_worker(settings, redis_client, store)
 
     def fold_all() -> None:
         n_outcomes = redis_client.xlen(settings.outcomes_stream)
-        assert run_loop_until(worker, lambda: worker.metrics.suppression_applied._value.get()
-                              + worker.metrics.suppression_duplicates._value.get()
-                              + worker.metrics.dead_letters.labels(reason="processing_error")._value.get()
-                              >= n_outcomes)
+        assert harness.run_loop_until(worker, lambda: worker.metrics.suppression_applied._value.get()
+                                      + worker.metrics.suppression_duplicates._value.get()
+                                      + worker.metrics.dead_letters.labels(reason="processing_error")._value.get()
+                                      >= n_outcomes)
 
     fold_all()
     with store.tenant_tx("alpha") as conn:
         assert conn.execute("SELECT count(*) FROM centroids").fetchone()[0] == 1
-    clustered = ask_all(query_service(settings, redis_client, store, fake))
+    clustered = ask_all(harness.query_service(settings, redis_client, store, fake))
     assert all(r.cluster is not None for r in clustered)
     check(clustered, "clustered")
     fold_all()
-    rows = suppression_rows(store, "alpha")
+    rows = harness.suppression_rows(store, "alpha")
     assert rows and {e for e, _ in rows} <= alpha
-    suppressed = ask_all(query_service(settings, redis_client, store, fake))
+    suppressed = ask_all(harness.query_service(settings, redis_client, store, fake))
     check(suppressed, "with suppression")
     assert b_state(store)[1:] == b_before[1:]  # beta: no score, buffer, centroid or ledger row
-    assert suppression_rows(store, "beta") == {}
+    assert harness.suppression_rows(store, "beta") == {}
 
 
 def test_rq_jobs_of_two_tenants_share_one_worker_without_mixing(settings, redis_client, store) -> None:
@@ -165,7 +155,7 @@ def test_rq_jobs_of_two_tenants_share_one_worker_without_mixing(settings, redis_
                 request = RetrievalRequest(tenant, q, k=10, request_id=f"{tenant}-{round_}-{len(jobs)}")
                 jobs.append((tenant, queue.enqueue("workers.query.worker.retrieval_job", request.to_payload(),
                                                    job_id=request.request_id, **JOB_TTLS)))
-    service = query_service(settings, redis_client, store, FakeReranker())
+    service = harness.query_service(settings, redis_client, store, FakeReranker())
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-iso").work(burst=True)
     for tenant, job in jobs:
         result = job.latest_result()
@@ -186,7 +176,7 @@ def test_the_same_request_id_from_two_tenants_never_returns_the_other_tenants_re
     request_id = f"req-{uuid.uuid4().hex[:8]}"
     worker = spawn_logged([sys.executable, "-m", "workers", "worker", "query"], settings, tmp_path / "query.log")
     try:
-        client = client_for(settings, redis_client)
+        client = harness.client_for(settings, redis_client)
         assert wait_for(lambda: bool(client.query_workers()), 60.0), (tmp_path / "query.log").read_text()[-3000:]
         first = client.retrieve("alpha", "grey cat Pixel", k=5, request_id=request_id, timeout_s=30.0)
         assert first.tenant_id == "alpha" and {h.entry_id for h in first.hits} <= alpha

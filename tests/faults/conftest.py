@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.fault_run import FaultPlan, FaultRun
+from bench.fault_run import FaultPlan, FaultRun, PhaseReport
 from bench.fault_servers import ServerError, redis_binaries
 
 # CI size: both phases together stay well under two minutes on 2 shared cores
@@ -41,3 +41,21 @@ def fault_run() -> Iterator[FaultRun]:
     finally:
         run.__exit__(None, None, None)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+Phase = Callable[[FaultRun, FaultPlan], PhaseReport]
+PhaseRunner = Callable[..., PhaseReport]  # what the run_phase fixture gives: phase, optional plan -> report
+
+
+@pytest.fixture
+def run_phase(fault_run: FaultRun, capsys: pytest.CaptureFixture[str]) -> PhaseRunner:
+    """Runs one phase (``bench.fault_*.run_*``) on the session's fault run, with :data:`CI_PLAN` unless
+    another plan is given, and prints its report line past pytest's capture."""
+
+    def run(phase: Phase, plan: FaultPlan = CI_PLAN) -> PhaseReport:
+        report = phase(fault_run, plan)
+        with capsys.disabled():
+            print("\n" + report.line())
+        return report
+
+    return run

@@ -5,17 +5,13 @@ from __future__ import annotations
 import pytest
 
 from bench.fault_phases import run_outcomes
-from bench.fault_run import FaultRun
-from tests.faults.conftest import CI_PLAN
+from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults
 
 
-def test_every_outcome_is_applied_exactly_once_across_kills_pauses_and_restarts(
-        fault_run: FaultRun, capsys: pytest.CaptureFixture) -> None:
-    report = run_outcomes(fault_run, CI_PLAN)
-    with capsys.disabled():
-        print("\n" + report.line())
+def test_every_outcome_is_applied_exactly_once_across_kills_pauses_and_restarts(run_phase: PhaseRunner) -> None:
+    report = run_phase(run_outcomes)
     assert report.settled, "not every accepted outcome reached the ledger within the settle timeout"
     assert (report.lost, report.duplicated) == (0, 0)
     assert report.score_mismatches == 0, "scores differ from a recomputation from the published outcomes"

@@ -13,16 +13,13 @@ from api.client import MnemosClient
 from api.errors import MnemosClientError
 from bench.fault_phases import run_queries, seed_entries
 from bench.fault_run import FaultRun
-from tests.faults.conftest import CI_PLAN
+from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults
 
 
-def test_every_request_ends_in_time_while_query_workers_and_servers_fail(fault_run: FaultRun,
-                                                                         capsys: pytest.CaptureFixture) -> None:
-    report = run_queries(fault_run, CI_PLAN)
-    with capsys.disabled():
-        print("\n" + report.line())
+def test_every_request_ends_in_time_while_query_workers_and_servers_fail(run_phase: PhaseRunner) -> None:
+    report = run_phase(run_queries)
     assert report.untyped_failures == [], "a request ended with an error that is not a MnemosClientError"
     assert report.overtime == 0, f"a request took {report.max_wait_s:.1f}s with a {CI_PLAN.query_timeout_s}s timeout"
     assert report.isolation_violations == 0

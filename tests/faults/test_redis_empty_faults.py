@@ -11,17 +11,13 @@ from __future__ import annotations
 import pytest
 
 from bench.fault_redis_empty import run_redis_empty
-from bench.fault_run import FaultRun
-from tests.faults.conftest import CI_PLAN
+from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults
 
 
-def test_after_redis_comes_back_empty_every_new_turn_is_stored_once(fault_run: FaultRun,
-                                                                    capsys: pytest.CaptureFixture) -> None:
-    report = run_redis_empty(fault_run, CI_PLAN)
-    with capsys.disabled():
-        print("\n" + report.line())
+def test_after_redis_comes_back_empty_every_new_turn_is_stored_once(run_phase: PhaseRunner) -> None:
+    report = run_phase(run_redis_empty)
     assert report.redis_restarts == 1 and report.kills == report.pauses == report.postgres_restarts == 0
     assert report.published_before > 0 and report.published_after > 0
     assert report.published_before + report.published_after == report.accepted == CI_PLAN.turns

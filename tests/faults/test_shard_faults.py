@@ -13,9 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench.fault_run import FaultRun
 from bench.fault_shards import DOWN, Ask, isolation_violations, percentile, run_shards, shard_figures
-from tests.faults.conftest import CI_PLAN
+from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults
 
@@ -42,11 +41,8 @@ def test_figures_split_at_the_outage_and_catch_a_healthy_shard_that_failed() -> 
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([], 0.95) is None
 
 
-def test_one_shard_s_redis_down_fails_only_its_tenants_and_loses_nothing(fault_run: FaultRun,
-                                                                       capsys: pytest.CaptureFixture) -> None:
-    report = run_shards(fault_run, TINY)
-    with capsys.disabled():
-        print("\n" + report.line())
+def test_one_shard_s_redis_down_fails_only_its_tenants_and_loses_nothing(run_phase: PhaseRunner) -> None:
+    report = run_phase(run_shards, TINY)
     assert report.redis_restarts == 1 and report.settled, "the outage did not end or the shards did not settle"
     assert [f.shard for f in report.per_shard] == [0, 1, 2] and all(f.turns > 0 for f in report.per_shard)
     assert report.accepted == TINY.turns

@@ -5,17 +5,13 @@ from __future__ import annotations
 import pytest
 
 from bench.fault_phases import run_turns
-from bench.fault_run import FaultRun
-from tests.faults.conftest import CI_PLAN
+from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults
 
 
-def test_no_turn_is_lost_or_duplicated_across_kills_pauses_and_restarts(fault_run: FaultRun,
-                                                                         capsys: pytest.CaptureFixture) -> None:
-    report = run_turns(fault_run, CI_PLAN)
-    with capsys.disabled():
-        print("\n" + report.line())
+def test_no_turn_is_lost_or_duplicated_across_kills_pauses_and_restarts(run_phase: PhaseRunner) -> None:
+    report = run_phase(run_turns)
     assert report.settled, "not every accepted turn reached Postgres within the settle timeout"
     assert (report.lost, report.duplicated) == (0, 0)
     assert (report.kills, report.pauses, report.redis_restarts, report.postgres_restarts) == (

@@ -13,14 +13,7 @@ import pytest
 import redis
 
 from mnemos.rendering import render_turn
-from tests.integration.factories import (
-    answered_by_worker,
-    client_for,
-    drain,
-    ingest_worker,
-    query_service,
-    turn,
-)
+from tests.integration import factories
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -42,20 +35,24 @@ def _canonical_of(store: PostgresStore, tenant: str) -> dict[str, int | None]:
 def test_a_fact_past_the_encoder_window_is_stored_and_retrieved(settings: Settings, redis_client: redis.Redis,
                                                                 store: PostgresStore) -> None:
     settings = settings.replace(bi_encoder="bundled")
-    client = client_for(settings, redis_client)
-    warm = ingest_worker(settings, redis_client, store)
+    client = factories.client_for(settings, redis_client)
+    warm = factories.ingest_worker(settings, redis_client, store)
     vectors = warm.encoder.encode([render_turn("user", FIRST), render_turn("user", SECOND)])
     assert float(vectors[0] @ vectors[1]) >= settings.dedupe_threshold  # the embeddings cannot tell them apart
 
-    client.publish_turns([turn("batch", "first", FIRST), turn("batch", "second", SECOND, minutes=1)])
-    drain(warm, "w")
+    client.publish_turns([factories.turn("batch", "first", FIRST),
+                          factories.turn("batch", "second", SECOND, minutes=1)])
+    factories.drain(warm, "w")
     for tenant in ("warm", "cold"):
-        client.publish_turn(turn(tenant, "first", FIRST))
-    drain(warm, "w")
-    client.publish_turns([turn("warm", "second", SECOND, minutes=1), turn("warm", "again", FIRST, minutes=2)])
-    drain(warm, "w")
-    client.publish_turns([turn("cold", "second", SECOND, minutes=1), turn("cold", "again", FIRST, minutes=2)])
-    drain(ingest_worker(settings, redis_client, store), "fresh")  # reads the canonical entries from Postgres
+        client.publish_turn(factories.turn(tenant, "first", FIRST))
+    factories.drain(warm, "w")
+    client.publish_turns([factories.turn("warm", "second", SECOND, minutes=1),
+                          factories.turn("warm", "again", FIRST, minutes=2)])
+    factories.drain(warm, "w")
+    client.publish_turns([factories.turn("cold", "second", SECOND, minutes=1),
+                          factories.turn("cold", "again", FIRST, minutes=2)])
+    # the fresh worker reads the canonical entries from Postgres
+    factories.drain(factories.ingest_worker(settings, redis_client, store), "fresh")
 
     for tenant in ("batch", "warm", "cold"):
         canonical_of = _canonical_of(store, tenant)
@@ -65,9 +62,9 @@ def test_a_fact_past_the_encoder_window_is_stored_and_retrieved(settings: Settin
             first_id = conn.execute("SELECT entry_id FROM entries WHERE turn_id = 'first'").fetchone()[0]
         assert _canonical_of(store, tenant)["again"] == first_id, tenant
 
-    service = query_service(settings, redis_client, store)
+    service = factories.query_service(settings, redis_client, store)
     for tenant in ("batch", "warm", "cold"):
-        result = answered_by_worker(settings, redis_client, service, client.retrieve, tenant,
-                                    "What is the vault access phrase?", k=2)
+        result = factories.answered_by_worker(settings, redis_client, service, client.retrieve, tenant,
+                                              "What is the vault access phrase?", k=2)
         top = result.hits[0]
         assert top.turn_id == "second" and top.text.endswith("purple harmonica sunrise."), (tenant, result.hits)

@@ -35,16 +35,7 @@ from api.client import MnemosClient, job_id_for
 from api.errors import RetrievalTimeout
 from api.schemas import RetrievalRequest, RetrievalResult
 from api.validation import limits_of
-from tests.integration.factories import (
-    BASE_TIME,
-    answered_by_worker,
-    client_for,
-    conversation_turns,
-    drain,
-    ingest_worker,
-    query_service,
-    turn,
-)
+from tests.integration import factories
 from tests.support import queue_job_ids, spawn_logged, stop_process, wait_for
 from workers.query.worker import QueryService, build_worker
 from workers.runtime.streams import run_consumer
@@ -58,7 +49,7 @@ TENANTS = ("alice", "bob")  # alice forgets her turn "sec"; bob, served by the s
 KINDS: dict[str, dict[str, Any]] = {  # the retrieval paths of the queue, as client.retrieve keywords
     "plain": {"query": "passport number", "k": 3},
     "filters": {"query": "passport number", "k": 3, "filters": {"session_ids": ["s1"], "roles": ["user"]}},
-    "as_of": {"query": "passport number", "k": 3, "as_of": (BASE_TIME + timedelta(minutes=30)).isoformat()},
+    "as_of": {"query": "passport number", "k": 3, "as_of": (factories.BASE_TIME + timedelta(minutes=30)).isoformat()},
     "packet": {"query": "passport number", "k": 2, "budget_tokens": 400},
     "pool_packet": {"query": "cello teacher Ines", "k": 1, "budget_tokens": 2000},  # the secret below the hits
 }
@@ -69,10 +60,10 @@ def _turns(tenant: str) -> list[dict[str, object]]:
     """Eight conversation turns, a passport number (alice's ``sec``, bob's own ``bsec``) and two
     other passport turns, one (``late``) after the ``as_of`` of :data:`KINDS`."""
     number = SECRET if tenant == "alice" else "my passport number is K2-8810-PL"
-    return [*conversation_turns(tenant, tenant[0]),
-            turn(tenant, "sec" if tenant == "alice" else "bsec", number, session="s1", minutes=20),
-            turn(tenant, "pp", "I renewed my passport at the consulate in Porto", session="s2", minutes=21),
-            turn(tenant, "late", "The new passport arrives next month", session="s3", minutes=40)]
+    return [*factories.conversation_turns(tenant, tenant[0]),
+            factories.turn(tenant, "sec" if tenant == "alice" else "bsec", number, session="s1", minutes=20),
+            factories.turn(tenant, "pp", "I renewed my passport at the consulate in Porto", session="s2", minutes=21),
+            factories.turn(tenant, "late", "The new passport arrives next month", session="s3", minutes=40)]
 
 
 def _turn_ids(answer: RetrievalResult) -> set[str]:
@@ -195,9 +186,9 @@ def test_a_forget_landing_while_a_query_worker_serves_the_tenant(settings: Setti
                                                                   store: PostgresStore) -> None:
     client = _client(settings, redis_client)
     client.publish_turns(_turns("alice") + _turns("bob"))
-    ingest = ingest_worker(settings, redis_client, store)
-    drain(ingest)
-    service = query_service(settings, redis_client, store)
+    ingest = factories.ingest_worker(settings, redis_client, store)
+    factories.drain(ingest)
+    service = factories.query_service(settings, redis_client, store)
     assert service.rerank_cache is not None
 
     def warm_up() -> dict[tuple[str, str], RetrievalResult]:
@@ -229,7 +220,7 @@ def test_a_forget_landing_while_a_query_worker_serves_the_tenant(settings: Setti
         stop.set()
         ingesting.join(10)
     assert _stored(store, "alice") == {t["turn_id"] for t in _turns("alice")} - {"sec"}
-    _check_race(asked, warm, query_service(settings, redis_client, store), settings)
+    _check_race(asked, warm, factories.query_service(settings, redis_client, store), settings)
     state = service.cache.get("alice")
     assert state is not None and all(e.text != SECRET for e in state.index.entries())
     assert service.rerank_cache.pairs_of(rendered) == 0
@@ -254,10 +245,10 @@ def _answers_holding(connection: redis.Redis, settings: Settings, needle: str) -
 @pytest.mark.e2e
 def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_stores_nothing(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore, tmp_path: Path) -> None:
-    client = client_for(settings, redis_client)
+    client = factories.client_for(settings, redis_client)
     client.publish_turns(_turns("alice"))
-    ingest = ingest_worker(settings, redis_client, store)
-    drain(ingest)
+    ingest = factories.ingest_worker(settings, redis_client, store)
+    factories.drain(ingest)
     marker, log = tmp_path / "rerank-started", tmp_path / "slow.log"
     slow = spawn_logged([sys.executable, "-m", "tests.badinput.slow_query_worker", "--marker", str(marker),
                    "--sleep-s", "120"], settings, log)
@@ -275,7 +266,7 @@ def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_sto
         asker.start()
         assert wait_for(marker.exists, 20.0), log.read_text()[-3000:]  # its snapshot still holds "sec"
         client.forget("alice", turn_ids=["sec"])
-        drain(ingest)  # committed while the worker is half-way through an answer read before it
+        factories.drain(ingest)  # committed while the worker is half-way through an answer read before it
         assert "sec" not in _stored(store, "alice")
         os.kill(slow.pid, signal.SIGKILL)
         slow.wait(10)
@@ -288,16 +279,17 @@ def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_sto
     killed = job_id_for("alice", "ask-1")
     assert redis_client.exists(settings.outcomes_stream) == 0  # the killed job sent no outcome
 
-    service = query_service(settings, redis_client, store)  # the replacement worker
-    other = answered_by_worker(settings, redis_client, service, client.retrieve, "alice", "cello teacher Ines",
-                               k=1, budget_tokens=2000)
+    service = factories.query_service(settings, redis_client, store)  # the replacement worker
+    other = factories.answered_by_worker(settings, redis_client, service, client.retrieve, "alice",
+                                         "cello teacher Ines", k=1, budget_tokens=2000)
     assert other.packet is not None and "a7" in _turn_ids(other) and "sec" not in _turn_ids(other)
     assert SECRET not in _texts(other)
     # the killed job is not run again by the new worker (rq marks it failed in its later maintenance)
     job = Job.fetch(killed, connection=redis_client, serializer=JSONSerializer)
     assert job.get_status() == "started" and redis_client.xlen(Result.get_key(killed)) == 0
-    retry = answered_by_worker(settings, redis_client, service, client.retrieve, "alice", "passport number", k=3,
-                               request_id="ask-1")  # the client's retry, same request id
+    retry = factories.answered_by_worker(settings, redis_client, service, client.retrieve, "alice",
+                                         "passport number", k=3,
+                                         request_id="ask-1")  # the client's retry, same request id
     assert retry.request_id == "ask-1" and {h.turn_id for h in retry.hits[:2]} == {"pp", "late"}
     assert "sec" not in _turn_ids(retry) and SECRET not in _texts(retry)
     assert _answers_holding(redis_client, settings, SECRET) == []

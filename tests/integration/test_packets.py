@@ -9,15 +9,7 @@ import redis
 
 from api.errors import InvalidInputError, Reason
 from api.schemas import RetrievalRequest
-from tests.integration.factories import (
-    BASE_TIME,
-    answered_by_worker,
-    client_for,
-    conversation_turns,
-    ingest_turns,
-    query_service,
-    turn,
-)
+from tests.integration import factories
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -25,19 +17,20 @@ pytestmark = pytest.mark.integration
 
 
 def _moves() -> list[dict[str, object]]:
-    old = turn("alice", "home-old", "I live in Lisbon near the river", session="s1", minutes=1)
-    new = turn("alice", "home-new", "I moved from Lisbon to Porto, I live in Porto now", session="s4", minutes=500)
+    old = factories.turn("alice", "home-old", "I live in Lisbon near the river", session="s1", minutes=1)
+    new = factories.turn("alice", "home-new", "I moved from Lisbon to Porto, I live in Porto now", session="s4",
+                         minutes=500)
     new["metadata"] = {"supersedes": ["home-old"]}
-    return [*conversation_turns("alice", "a"), old, new]
+    return [*factories.conversation_turns("alice", "a"), old, new]
 
 
 def test_a_packet_comes_back_through_the_queue_with_qualifiers_and_omissions(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    ingest_turns(settings, redis_client, store, _moves())
-    client = client_for(settings, redis_client)
-    service = query_service(settings, redis_client, store)
-    result = answered_by_worker(settings, redis_client, service, client.retrieve, "alice", "where do I live Lisbon",
-                                k=5, budget_tokens=40)
+    factories.ingest_turns(settings, redis_client, store, _moves())
+    client = factories.client_for(settings, redis_client)
+    service = factories.query_service(settings, redis_client, store)
+    result = factories.answered_by_worker(settings, redis_client, service, client.retrieve, "alice",
+                                          "where do I live Lisbon", k=5, budget_tokens=40)
     packet = result.packet
     assert packet is not None and packet.budget_tokens == 40 and 0 < packet.used_tokens <= 40
     assert len(packet.prompt_text().split()) == packet.used_tokens  # the fake reranker counts words
@@ -56,10 +49,10 @@ def test_a_packet_comes_back_through_the_queue_with_qualifiers_and_omissions(
 
 def test_a_superseded_turn_is_visible_as_of_before_its_correction_and_filters_are_reported(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    ingest_turns(settings, redis_client, store, _moves())
-    service = query_service(settings, redis_client, store)
+    factories.ingest_turns(settings, redis_client, store, _moves())
+    service = factories.query_service(settings, redis_client, store)
     before = service.answer(RetrievalRequest("alice", "where do I live Lisbon", k=5, budget_tokens=200,
-                                             as_of=BASE_TIME + timedelta(minutes=100)))
+                                             as_of=factories.BASE_TIME + timedelta(minutes=100)))
     assert before.packet is not None
     assert "home-old" in [item.turn_id for item in before.packet.items]
     hidden = {o.turn_id: o.reason for o in before.packet.omitted}
@@ -73,8 +66,8 @@ def test_a_superseded_turn_is_visible_as_of_before_its_correction_and_filters_ar
 
 def test_a_repeated_packet_request_is_answered_from_the_cache_until_memory_changes(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
-    service = query_service(settings, redis_client, store)
+    factories.ingest_turns(settings, redis_client, store, factories.conversation_turns("alice", "a"))
+    service = factories.query_service(settings, redis_client, store)
     inner = service.reranker.inner  # the fake model behind the rerank cache
     first = service.answer(RetrievalRequest("alice", "cello teacher", k=3, budget_tokens=30))
     calls = len(inner.calls)
@@ -85,7 +78,8 @@ def test_a_repeated_packet_request_is_answered_from_the_cache_until_memory_chang
     assert service.metrics.query_packet_cache_misses._value.get() == 1
     other = service.answer(RetrievalRequest("alice", "cello teacher", k=3, budget_tokens=31))
     assert other.packet is not None and other.packet.budget_tokens == 31
-    ingest_turns(settings, redis_client, store, [turn("alice", "n1", "My cello teacher moved away", minutes=99)])
+    factories.ingest_turns(settings, redis_client, store,
+                           [factories.turn("alice", "n1", "My cello teacher moved away", minutes=99)])
     third = service.answer(RetrievalRequest("alice", "cello teacher", k=3, budget_tokens=30))
     assert third.memory_version == 2 and service.metrics.query_packet_cache_hits._value.get() == 1
     plain = service.answer(RetrievalRequest("alice", "cello teacher", k=3))
@@ -93,17 +87,17 @@ def test_a_repeated_packet_request_is_answered_from_the_cache_until_memory_chang
 
 
 def test_bad_budgets_and_bad_supersedes_are_refused(settings: Settings, redis_client: redis.Redis) -> None:
-    client = client_for(settings, redis_client)
+    client = factories.client_for(settings, redis_client)
     for budget in (0, -5, 10**6, 2.5, True):
         with pytest.raises(InvalidInputError) as info:
             client.retrieve("alice", "anything", budget_tokens=budget)  # type: ignore[arg-type]
         assert info.value.reason is Reason.BUDGET_OUT_OF_RANGE
     for value in ("t1", [], [""], [7], ["ok"] * 65):
-        bad = turn("alice", "x", "hello")
+        bad = factories.turn("alice", "x", "hello")
         bad["metadata"] = {"supersedes": value}
         with pytest.raises(InvalidInputError) as info:
             client.publish_turn(bad)
         assert info.value.reason is Reason.BAD_METADATA and "metadata.supersedes" in info.value.field
-    good = turn("alice", "x", "hello")
+    good = factories.turn("alice", "x", "hello")
     good["metadata"] = {"supersedes": ["a", "b", "a"]}
     assert client.make_turn(good).metadata["supersedes"] == ["a", "b"]

@@ -11,15 +11,7 @@ from rq.serializers import JSONSerializer
 
 from api.errors import InvalidInputError, NoQueryWorker, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
 from api.schemas import Outcome, RetrievalRequest, RetrievalResult
-from tests.integration.factories import (
-    client_for,
-    conversation_turns,
-    drain,
-    ingest_turns,
-    ingest_worker,
-    query_service,
-    turn,
-)
+from tests.integration import factories
 from tests.support import JOB_TTLS
 from workers.query.worker import build_worker, retrieval_job
 from workers.runtime.errors import OutsideQueryWorkerError
@@ -33,8 +25,9 @@ pytestmark = pytest.mark.integration
 
 def test_answers_from_one_tenant_only_and_emits_an_outcome(settings: Settings, redis_client: redis.Redis,
                                                            store: PostgresStore) -> None:
-    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a") + conversation_turns("bob", "b"))
-    service = query_service(settings, redis_client, store)
+    factories.ingest_turns(settings, redis_client, store,
+                           factories.conversation_turns("alice", "a") + factories.conversation_turns("bob", "b"))
+    service = factories.query_service(settings, redis_client, store)
     result = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
     assert result.hits and all(h.turn_id.startswith("a") for h in result.hits)
     assert result.hits[0].turn_id == "a0"
@@ -53,7 +46,7 @@ def test_answers_from_one_tenant_only_and_emits_an_outcome(settings: Settings, r
 
 
 def test_unknown_tenant_gets_an_empty_result(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    service = query_service(settings, redis_client, store)
+    service = factories.query_service(settings, redis_client, store)
     for _ in range(20):
         result = service.answer(RetrievalRequest("nobody", "anything at all", k=10))
         assert result.hits == () and result.memory_version == 0
@@ -62,14 +55,14 @@ def test_unknown_tenant_gets_an_empty_result(settings: Settings, redis_client: r
 
 def test_index_refreshes_incrementally_by_memory_version(settings: Settings, redis_client: redis.Redis,
                                                          store: PostgresStore) -> None:
-    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
-    service = query_service(settings, redis_client, store)
+    factories.ingest_turns(settings, redis_client, store, factories.conversation_turns("alice", "a"))
+    service = factories.query_service(settings, redis_client, store)
     service.answer(RetrievalRequest("alice", "cat", k=3))
     state = service.cache.get("alice")
     assert state is not None and len(state.index) == 8
-    ingest_turns(settings, redis_client, store, [
-        turn("alice", "new", "We booked a trip to Kyoto in October", minutes=99),
-        turn("alice", "dup", "I adopted a grey cat named Pixel last spring.")])
+    factories.ingest_turns(settings, redis_client, store, [
+        factories.turn("alice", "new", "We booked a trip to Kyoto in October", minutes=99),
+        factories.turn("alice", "dup", "I adopted a grey cat named Pixel last spring.")])
     result = service.answer(RetrievalRequest("alice", "trip Kyoto", k=3))
     assert result.hits[0].turn_id == "new" and result.memory_version == 2
     assert service.cache.get("alice") is state and len(state.index) == 9  # extended, not rebuilt
@@ -80,8 +73,8 @@ def test_index_refreshes_incrementally_by_memory_version(settings: Settings, red
 
 def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_client: redis.Redis,
                                                     store: PostgresStore) -> None:
-    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
-    service = query_service(settings, redis_client, store)
+    factories.ingest_turns(settings, redis_client, store, factories.conversation_turns("alice", "a"))
+    service = factories.query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     request = RetrievalRequest("alice", "cello teacher Ines", k=3)
     job = queue.enqueue("workers.query.worker.retrieval_job", request.to_payload(), job_id=request.request_id, **JOB_TTLS)
@@ -98,7 +91,7 @@ def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_cl
 
 def test_client_refuses_at_once_when_no_query_worker_has_a_heartbeat(settings: Settings,
                                                                      redis_client: redis.Redis) -> None:
-    client = client_for(settings, redis_client)
+    client = factories.client_for(settings, redis_client)
     with pytest.raises(NoQueryWorker, match="mnemos worker query") as info:
         client.retrieve("alice", "is anyone there", timeout_s=30.0)
     assert isinstance(info.value, ServiceUnavailable) and info.value.queue_name == settings.queue_name
@@ -110,7 +103,7 @@ def test_client_times_out_with_a_typed_error_when_no_worker_takes_the_job(settin
     # a heartbeat that is live, but nothing takes jobs (a worker hung in its loop, say)
     Heartbeat(redis_client, settings, "query", "silent", metrics=ServiceMetrics(),
               info={"queue": settings.queue_name}).idle()
-    client = client_for(settings, redis_client)
+    client = factories.client_for(settings, redis_client)
     started = time.monotonic()
     with pytest.raises(RetrievalTimeout) as info:
         client.retrieve("alice", "is anyone there", timeout_s=1.0)
@@ -123,11 +116,11 @@ def test_client_times_out_with_a_typed_error_when_no_worker_takes_the_job(settin
 
 
 def test_client_reports_a_failed_job(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    service = query_service(settings, redis_client, store)
+    service = factories.query_service(settings, redis_client, store)
     queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
     job = queue.enqueue("workers.query.worker.retrieval_job", {"v": 99, "tenant_id": "a", "query": "q"}, **JOB_TTLS)
     build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w2").work(burst=True)
-    client = client_for(settings, redis_client)
+    client = factories.client_for(settings, redis_client)
     with pytest.raises(RetrievalFailed, match="unsupported_version"):
         request = RetrievalRequest("a", "q", request_id=job.id)
         client._wait(job, request.request_id, 2.0, lambda result: client._from_result(request, result))
@@ -139,17 +132,17 @@ def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings
                 "Pixel is a happy cat who purrs", "we took the cat to the vet in March"]
     other = ["a cat", "we talked about taxes for an hour", "the dentist appointment was moved to Friday",
              "the bakery on the corner closed"]
-    turns = [turn("carol", f"c{i}", text, session="s1", minutes=i) for i, text in enumerate(cat_talk)]
-    turns += [turn("carol", f"o{i}", text, session="s2", minutes=10 + i) for i, text in enumerate(other)]
-    ingest_turns(settings, redis_client, store, turns)
-    plain_service = query_service(settings, redis_client, store)
+    turns = [factories.turn("carol", f"c{i}", text, session="s1", minutes=i) for i, text in enumerate(cat_talk)]
+    turns += [factories.turn("carol", f"o{i}", text, session="s2", minutes=10 + i) for i, text in enumerate(other)]
+    factories.ingest_turns(settings, redis_client, store, turns)
+    plain_service = factories.query_service(settings, redis_client, store)
     plain = plain_service.answer(RetrievalRequest("carol", "cat", k=5))
     state = plain_service.cache.get("carol")
     assert state is not None and state.index.sessions.session_ids == ("s1", "s2")
     assert state.index.sessions.rank("cat", plain_service.encoder.encode(["cat"])[0])[0] == "s1"
     assert plain.hits[0].turn_id == "o0" and "features" in plain.stage_seconds  # "a cat": shortest, fused first
 
-    boosted_service = query_service(settings.replace(session_top=1, session_weight=2.0), redis_client, store)
+    boosted_service = factories.query_service(settings.replace(session_top=1, session_weight=2.0), redis_client, store)
     boosted = boosted_service.answer(RetrievalRequest("carol", "cat", k=5))
     assert [h.session_id for h in boosted.hits[:4]] == ["s1"] * 4 and boosted.hits[4].turn_id == "o0"
     assert boosted.hits[0].score == pytest.approx(plain.hits[0].score + 2.0)  # every cat turn: 0.5 logit + 2
@@ -157,8 +150,9 @@ def test_session_weight_setting_lifts_the_best_sessions_turns(settings: Settings
                                       redis_client.xrange(settings.outcomes_stream))
     assert boosted_outcome.pool == plain_outcome.pool  # the rank gap still reads the cross-encoder's ranks
     # a deduplicated turn is no entry, but still a turn of its own session
-    ingest_turns(settings, redis_client, store, [turn("carol", "dup", "the cat eats tuna every evening", session="s3",
-                                                      minutes=30)])
+    factories.ingest_turns(settings, redis_client, store,
+                           [factories.turn("carol", "dup", "the cat eats tuna every evening", session="s3",
+                                           minutes=30)])
     plain_service.answer(RetrievalRequest("carol", "tuna", k=3))
     assert len(state.index) == 8 and state.index.sessions.n_turns == 9 and "s3" in state.index.sessions
 
@@ -174,12 +168,12 @@ def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
     from workers.runtime.models import load_reranker
 
     settings = settings.replace(bi_encoder="bundled")
-    ingest = ingest_worker(settings, redis_client, store)
-    client = client_for(settings, redis_client)
-    client.publish_turns([turn("pat", "p-old", "My new phone number is 0699 812 003."),
-                          turn("pat", "c1", "My sister lives in Lisbon with her husband and their cat."),
-                          turn("pat", "x1", "We watched a documentary about whales.")])
-    drain(ingest)
+    ingest = factories.ingest_worker(settings, redis_client, store)
+    client = factories.client_for(settings, redis_client)
+    client.publish_turns([factories.turn("pat", "p-old", "My new phone number is 0699 812 003."),
+                          factories.turn("pat", "c1", "My sister lives in Lisbon with her husband and their cat."),
+                          factories.turn("pat", "x1", "We watched a documentary about whales.")])
+    factories.drain(ingest)
 
     def service() -> QueryService:
         return QueryService(settings, redis_client, store, ingest.encoder, load_reranker(settings), ServiceMetrics())
@@ -188,10 +182,11 @@ def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
     warm.answer(RetrievalRequest("pat", "actually", k=3))
     state = warm.cache.get("pat")
     assert state is not None and state.index.bm25.search("actually", 5) == []  # nobody said it yet
-    client.publish_turns([turn("pat", "p-new", "My new phone number is 0612 345 678.", minutes=5),
-                          turn("pat", "c2", "My sister lives in Lisbon with her husband and their cat, actually.",
-                               session="s2", minutes=5)])
-    drain(ingest)
+    client.publish_turns([factories.turn("pat", "p-new", "My new phone number is 0612 345 678.", minutes=5),
+                          factories.turn("pat", "c2",
+                                         "My sister lives in Lisbon with her husband and their cat, actually.",
+                                         session="s2", minutes=5)])
+    factories.drain(ingest)
     for name, query_service_ in (("warm", warm), ("fresh", service())):
         number = query_service_.answer(RetrievalRequest("pat", "0612 345 678", k=3)).hits
         assert number[0].turn_id == "p-new" and number[0].aliases == (), name
@@ -204,8 +199,8 @@ def test_dedupe_keeps_the_new_number_and_an_alias_only_word_finds_its_canonical(
 
 def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redis_client: redis.Redis,
                                                          store: PostgresStore) -> None:
-    ingest_turns(settings, redis_client, store, conversation_turns("alice", "a"))
-    service = query_service(settings.replace(rerank_cache_pairs=1000), redis_client, store)
+    factories.ingest_turns(settings, redis_client, store, factories.conversation_turns("alice", "a"))
+    service = factories.query_service(settings.replace(rerank_cache_pairs=1000), redis_client, store)
     inner = service.rerank_cache.inner
     first = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
     scored = inner.pairs_scored
@@ -219,7 +214,7 @@ def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redi
     assert (first.rerank_pairs_scored, first.rerank_pairs_cached) == (scored, 0)
     assert (again.rerank_pairs_scored, again.rerank_pairs_cached) == (0, first.pool_size)
     assert RetrievalResult.from_payload(again.to_payload()).rerank_pairs_cached == first.pool_size
-    uncached = query_service(settings.replace(rerank_cache_pairs=0), redis_client, store)
+    uncached = factories.query_service(settings.replace(rerank_cache_pairs=0), redis_client, store)
     assert uncached.rerank_cache is None
     answered = uncached.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
     assert answered.rerank_pairs_scored is None and answered.rerank_pairs_cached is None

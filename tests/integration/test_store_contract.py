@@ -15,7 +15,8 @@ import pytest
 
 from workers.runtime.errors import StoreError
 from workers.runtime.store_state import check_schema
-from workers.store import NewEntry, StagedEmbedding, Store, TenantLock
+from workers.store import Store
+from workers.store.rows import EntryRow, StagedEmbedding, TenantLock, vector_to_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +28,13 @@ def _vector(n: int) -> np.ndarray:
     return np.eye(DIM, dtype=np.float32)[n % DIM]
 
 
-def _entry(entry_id: int, turn_id: str, *, canonical: int | None = None, caption: str | None = None) -> NewEntry:
-    return NewEntry(entry_id, turn_id, "s1", "user", f"text of {turn_id}", T0 + timedelta(minutes=entry_id),
-                    _vector(entry_id), canonical, {"image_caption": caption} if caption else {}, False, f"{entry_id}-0")
+def _entry(entry_id: int, turn_id: str, *, canonical: int | None = None, caption: str | None = None,
+           session: str = "s1", occurred_at: datetime | None = None) -> EntryRow:
+    return EntryRow(turn_id=turn_id, session_id=session, role="user", text=f"text of {turn_id}",
+                    occurred_at=T0 + timedelta(minutes=entry_id) if occurred_at is None else occurred_at,
+                    metadata={"image_caption": caption} if caption else {}, entry_id=entry_id,
+                    embedding=vector_to_bytes(_vector(entry_id)), canonical_entry_id=canonical,
+                    stream_id=f"{entry_id}-0")
 
 
 def _seed(store: Store, tenant: str, turns: list[str]) -> list[int]:
@@ -180,8 +185,7 @@ def test_session_summaries_count_every_stored_turn_of_the_tenant(any_store: Stor
     _seed(any_store, "bob", ["b1"])
     with any_store.tenant("alice") as tx:
         (alias,) = tx.allocate_entry_ids(1)
-        extra = NewEntry(alias, "t3", "s0", "user", "text of t3", T0 - timedelta(hours=1), _vector(alias), ids[0],
-                         {}, False, f"{alias}-0")
+        extra = _entry(alias, "t3", canonical=ids[0], session="s0", occurred_at=T0 - timedelta(hours=1))
         tx.insert_entries([extra])
     with any_store.tenant("alice", snapshot=True) as tx:
         rows = tx.session_summaries()

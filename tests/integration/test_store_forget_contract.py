@@ -12,7 +12,8 @@ import pytest
 
 from workers.ingest.dead_letters import DeadLetter
 from workers.runtime.errors import StoreError
-from workers.store import NewEntry, Store, TenantLock, Tombstone
+from workers.store import Store
+from workers.store.rows import EntryRow, TenantLock, Tombstone, vector_to_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +29,10 @@ def _seed(store: Store, tenant: str) -> dict[str, int]:
         ids = dict(zip(("t1", "t2", "t3", "t4"), tx.allocate_entry_ids(4), strict=True))
         rows = [(turn, session, None if turn in ("t1", "t2") else ids["t1"])
                 for turn, session in (("t1", "s1"), ("t2", "s2"), ("t3", "s1"), ("t4", "s2"))]
-        tx.insert_entries([NewEntry(ids[turn], turn, session, "user", f"text of {turn}", T0 + timedelta(minutes=n),
-                                    np.eye(DIM, dtype=np.float32)[n], canonical, stream_id=f"{n + 1}-0")
+        tx.insert_entries([EntryRow(turn_id=turn, session_id=session, role="user", text=f"text of {turn}",
+                                    occurred_at=T0 + timedelta(minutes=n), entry_id=ids[turn],
+                                    embedding=vector_to_bytes(np.eye(DIM, dtype=np.float32)[n]),
+                                    canonical_entry_id=canonical, stream_id=f"{n + 1}-0")
                            for n, (turn, session, canonical) in enumerate(rows)])
         tx.add_suppression({(ids["t1"], 0): 1.0, (ids["t2"], 0): 2.0})
     return ids

@@ -30,16 +30,7 @@ import pytest
 from api import sharding
 from api.client import MnemosClient
 from api.schemas import Outcome, PoolRow
-from tests.integration.factories import (
-    conversation_turns,
-    drain,
-    ingest_worker,
-    query_service,
-    retrieve_on_shard,
-    sharded_client,
-    suppression_worker,
-    turn,
-)
+from tests.integration import factories
 from tests.support import ShardCluster, postgres_tenants, redis_tenants, shard_cluster
 from workers.ops.migrate import migrate_shards
 from workers.ops.tenant_move import MoveReport, move_tenant
@@ -101,8 +92,9 @@ class _Publisher(threading.Thread):
                 if self.stop.is_set():
                     return
                 turn_id = f"live-{n}"
-                self.client.publish_turn(turn(self.tenant, turn_id, f"garden note {n} about tomatoes and basil {n}",
-                                              session="live", minutes=100 + n))
+                self.client.publish_turn(factories.turn(self.tenant, turn_id,
+                                                        f"garden note {n} about tomatoes and basil {n}",
+                                                        session="live", minutes=100 + n))
                 self.published.append(turn_id)
                 self.stop.wait(0.01)  # pace the publisher, not a wait for a condition
         except BaseException as exc:  # surfaced by the test
@@ -116,7 +108,7 @@ def _run_ingest_workers(stack: ExitStack, settings: Settings) -> None:
     for shard in range(SHARDS):
         own = settings.for_shard(shard)
         store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role))
-        worker = ingest_worker(own, redis_client(own), store)
+        worker = factories.ingest_worker(own, redis_client(own), store)
         threads.append(threading.Thread(target=worker.run, args=(stop, f"ingest-{shard}"), daemon=True))
     for thread in threads:
         thread.start()
@@ -131,8 +123,10 @@ def _run_ingest_workers(stack: ExitStack, settings: Settings) -> None:
 def _seed(client: MnemosClient, cluster: ShardCluster, t: str, u: str, v: str) -> None:
     """T's conversation with an alias and a forgotten turn, scores and a ledger row; U's and V's."""
     a, b = cluster.database_urls
-    client.publish_turns([*conversation_turns(v, "V-"), *conversation_turns(t, "T-"), *conversation_turns(u, "U-")])
-    client.publish_turn(turn(t, "T-dup", "I adopted a grey cat named Pixel last spring", minutes=50))  # alias of T-0
+    client.publish_turns([*factories.conversation_turns(v, "V-"), *factories.conversation_turns(t, "T-"),
+                          *factories.conversation_turns(u, "U-")])
+    # an alias of T-0
+    client.publish_turn(factories.turn(t, "T-dup", "I adopted a grey cat named Pixel last spring", minutes=50))
     _wait_for(lambda: len(_turn_ids(a, t)) == 9 and len(_turn_ids(a, u)) == 8 and len(_turn_ids(b, v)) == 8,
               "the first turns to be stored")
     client.forget(t, turn_ids=["T-1"])
@@ -162,7 +156,8 @@ def _move_with_turns_in_flight(settings: Settings, client: MnemosClient, tenant:
     source = settings.for_shard(0)
     with psycopg.connect(source.database_url, autocommit=True) as blocker:
         blocker.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (int(TenantLock.INGEST), tenant))
-        client.publish_turns([turn(tenant, turn_id, f"held note {turn_id}", session="held") for turn_id in held])
+        client.publish_turns([factories.turn(tenant, turn_id, f"held note {turn_id}", session="held")
+                              for turn_id in held])
         _wait_for(lambda: _waiting_ingest_locks(source.database_url) == 1, "shard 0's worker to wait for the lock")
         with ThreadPoolExecutor(1) as pool:
             moving = pool.submit(move_tenant, settings, tenant, 1, echo=lines.append)
@@ -175,7 +170,7 @@ def _move_with_turns_in_flight(settings: Settings, client: MnemosClient, tenant:
 def _apply_outcomes_on(own: Settings, client: MnemosClient, stack: ExitStack) -> None:
     """One pass of a suppression worker of ``own``'s shard over its outcomes stream."""
     store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role))
-    worker = suppression_worker(own, client.connections[own.shard], store)
+    worker = factories.suppression_worker(own, client.connections[own.shard], store)
     consumer = worker.consumer("s1")
     consumer.ensure_group()
     consumer.ack(worker.handle(consumer.read()))
@@ -186,7 +181,7 @@ def test_a_tenant_moves_to_another_shard_s_servers_while_its_turns_arrive(cluste
     a, b = cluster.database_urls
     migrate_shards(settings, echo=lambda _: None)
     t, u, v = _tenants()
-    client = sharded_client(settings)
+    client = factories.sharded_client(settings)
     with ExitStack() as stack:
         _run_ingest_workers(stack, settings)
         _seed(client, cluster, t, u, v)
@@ -234,10 +229,10 @@ def test_a_tenant_moves_to_another_shard_s_servers_while_its_turns_arrive(cluste
         for shard in range(SHARDS):
             own = settings.for_shard(shard)
             store = stack.enter_context(PostgresStore(own.database_url, own.db_app_role))
-            services[shard] = query_service(own, client.connections[shard], store)
-        hits = retrieve_on_shard(client, t, services[1], query="tomatoes and basil")
+            services[shard] = factories.query_service(own, client.connections[shard], store)
+        hits = factories.retrieve_on_shard(client, t, services[1], query="tomatoes and basil")
         assert hits and set(hits) <= expected
-        assert set(retrieve_on_shard(client, u, services[0])) <= {f"U-{n}" for n in range(8)}
+        assert set(factories.retrieve_on_shard(client, u, services[0])) <= {f"U-{n}" for n in range(8)}
 
         _move_home_with_the_cli(cluster, t, expected)
 
@@ -275,11 +270,11 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
     a, b = cluster.database_urls
     migrate_shards(settings, echo=lambda _: None)
     t, _, _ = _tenants()
-    client = sharded_client(settings)
-    client.publish_turns(conversation_turns(t, "T-"))
+    client = factories.sharded_client(settings)
+    client.publish_turns(factories.conversation_turns(t, "T-"))
     own = settings.for_shard(0)
     with PostgresStore(own.database_url, own.db_app_role) as store:
-        assert drain(ingest_worker(own, client.connections[0], store)) == 8
+        assert factories.drain(factories.ingest_worker(own, client.connections[0], store)) == 8
     marker = sharding.directory_key(settings.stream_prefix, 0, SHARDS)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -291,7 +286,8 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
     assert client.connections[0].hget(marker, t) is None and t not in postgres_tenants(b)
 
     monkeypatch.undo()
-    client.publish_turns([turn(t, f"late-{n}", f"late note {n}", session="late") for n in range(2)])  # pending
+    # pending
+    client.publish_turns([factories.turn(t, f"late-{n}", f"late note {n}", session="late") for n in range(2)])
     monkeypatch.setattr(tenant_move, "move_turns", broken)
     with pytest.raises(TenantMoveError, match="after its rows were copied to shard 1 .* stays frozen"):
         move_tenant(settings, t, 1, echo=lambda _: None)
@@ -302,6 +298,6 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
     assert report.resumed and report.turns.moved == 2 and client.shard_of(t) == 1
     target = settings.for_shard(1)
     with PostgresStore(target.database_url, target.db_app_role) as store:
-        assert drain(ingest_worker(target, client.connections[1], store)) == 2
+        assert factories.drain(factories.ingest_worker(target, client.connections[1], store)) == 2
     assert set(_turn_ids(b, t)) == {f"T-{n}" for n in range(8)} | {"late-0", "late-1"}
     assert t not in postgres_tenants(a) and t not in redis_tenants(client.connections[0])

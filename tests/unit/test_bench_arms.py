@@ -1,12 +1,10 @@
-"""bench.arms: arm definitions; the candidate features are re-exported from mnemos.features
-(their tests live in tests/unit/test_features.py)."""
+"""bench.arms: arm definitions (the candidate features are mnemos.features, tested in
+tests/unit/test_features.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-import bench.arms
-import mnemos.features
 from bench.arms import ARM_NAMES, BASELINE_ARM, arm_by_name
 from mnemos.fusion import Fusion
 from mnemos.suppression import UpdateRule
@@ -35,10 +33,3 @@ def test_arm_configs_match_their_names() -> None:
     assert arm_by_name("mnemos_full", deep_pass=True).config.deep_enabled
     with pytest.raises(KeyError, match="known"):
         arm_by_name("nope")
-
-
-def test_feature_names_are_the_core_ones() -> None:
-    for name in ("DateSpan", "Feature", "FeatureSetting", "PoolView", "QueryContext", "apply_features",
-                 "importance_adjustment", "parse_time_expressions", "session_adjustment", "session_matches",
-                 "temporal_adjustment", "FEATURE_FUNCTIONS"):
-        assert getattr(bench.arms, name) is getattr(mnemos.features, name), name

@@ -5,17 +5,9 @@ import math
 import numpy as np
 import pytest
 
+from mnemos import suppression
 from mnemos.errors import DimensionMismatchError, InvalidParameterError
 from mnemos.records import Outcome, PoolEntry
-from mnemos.suppression import (
-    UPDATE_RULES,
-    QueryClusters,
-    SuppressionTable,
-    UpdateRule,
-    outcome_deltas,
-    rank_gap_delta,
-    uniform_delta,
-)
 
 from .conftest import unit_rows
 
@@ -45,39 +37,40 @@ def _outcome(cluster=7):
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: str(r.entry_id))
 def test_rules_on_worked_example(row):
     args = (row.initial_rank, row.final_rank, row.rerank_score, 5, 0.1)
-    assert uniform_delta(*args) == pytest.approx(UNIFORM[row.entry_id], abs=1e-8)
-    assert rank_gap_delta(*args) == pytest.approx(RANK_GAP[row.entry_id], abs=1e-8)
+    assert suppression.uniform_delta(*args) == pytest.approx(UNIFORM[row.entry_id], abs=1e-8)
+    assert suppression.rank_gap_delta(*args) == pytest.approx(RANK_GAP[row.entry_id], abs=1e-8)
 
 
 def test_rules_are_chosen_by_enum():
-    assert UPDATE_RULES[UpdateRule.UNIFORM] is uniform_delta
-    assert UPDATE_RULES[UpdateRule.RANK_GAP] is rank_gap_delta
-    assert set(UPDATE_RULES) == set(UpdateRule)
-    assert UpdateRule("rank_gap") is UpdateRule.RANK_GAP
+    assert suppression.UPDATE_RULES[suppression.UpdateRule.UNIFORM] is suppression.uniform_delta
+    assert suppression.UPDATE_RULES[suppression.UpdateRule.RANK_GAP] is suppression.rank_gap_delta
+    assert set(suppression.UPDATE_RULES) == set(suppression.UpdateRule)
+    assert suppression.UpdateRule("rank_gap") is suppression.UpdateRule.RANK_GAP
 
 
 def test_outcome_deltas_rank_gap_drops_zeros_and_keys_by_cluster():
-    deltas = outcome_deltas(_outcome(), UpdateRule.RANK_GAP, eta=0.1)
+    deltas = suppression.outcome_deltas(_outcome(), suppression.UpdateRule.RANK_GAP, eta=0.1)
     assert set(deltas) == {(11, 7), (14, 7)}
     assert deltas[(11, 7)] == pytest.approx(0.04386351, abs=1e-8)
     assert deltas[(14, 7)] == pytest.approx(0.01, abs=1e-12)
 
 
 def test_outcome_deltas_uniform():
-    deltas = outcome_deltas(_outcome(), "uniform", eta=0.1)
+    deltas = suppression.outcome_deltas(_outcome(), "uniform", eta=0.1)
     assert set(deltas) == {(11, 7), (14, 7), (15, 7), (12, 7)}
     assert sum(deltas.values()) == pytest.approx(sum(UNIFORM.values()), abs=1e-7)
 
 
 def test_outcome_deltas_cluster_override_and_no_cue():
-    assert outcome_deltas(_outcome(cluster=None), UpdateRule.RANK_GAP, 0.1) == {}
-    assert set(outcome_deltas(_outcome(cluster=None), UpdateRule.RANK_GAP, 0.1, cluster=2)) == {(11, 2), (14, 2)}
+    assert suppression.outcome_deltas(_outcome(cluster=None), suppression.UpdateRule.RANK_GAP, 0.1) == {}
+    deltas = suppression.outcome_deltas(_outcome(cluster=None), suppression.UpdateRule.RANK_GAP, 0.1, cluster=2)
+    assert set(deltas) == {(11, 2), (14, 2)}
 
 
 def test_outcome_deltas_sum_repeated_entries():
     outcome = Outcome("o", "t", 0, 4, (PoolEntry(1, 1, 4, 0.0), PoolEntry(1, 2, 4, 0.0)))
     # (3/4 + 2/4) * 0.1 * 0.5 = 0.0625
-    assert outcome_deltas(outcome, UpdateRule.RANK_GAP, 0.1) == {(1, 0): pytest.approx(0.0625)}
+    assert suppression.outcome_deltas(outcome, suppression.UpdateRule.RANK_GAP, 0.1) == {(1, 0): pytest.approx(0.0625)}
 
 
 @pytest.mark.parametrize(
@@ -85,20 +78,20 @@ def test_outcome_deltas_sum_repeated_entries():
     [(0, 1, 0.0, 5, 0.1), (1, 6, 0.0, 5, 0.1), (1, 1, 0.0, 0, 0.1), (1, 1, 0.0, 5, -0.1), (1, 1, math.nan, 5, 0.1)],
 )
 def test_rules_reject_out_of_range_arguments(args):
-    for rule in UPDATE_RULES.values():
+    for rule in suppression.UPDATE_RULES.values():
         with pytest.raises(InvalidParameterError):
             rule(*args)
 
 
 def test_extreme_logits_do_not_overflow():
-    assert rank_gap_delta(1, 5, -1e4, 5, 0.1) == pytest.approx(0.1 * 4 / 5)
-    assert rank_gap_delta(1, 5, 1e4, 5, 0.1) == pytest.approx(0.0, abs=1e-300)
+    assert suppression.rank_gap_delta(1, 5, -1e4, 5, 0.1) == pytest.approx(0.1 * 4 / 5)
+    assert suppression.rank_gap_delta(1, 5, 1e4, 5, 0.1) == pytest.approx(0.0, abs=1e-300)
 
 
 def test_table_accumulates_and_defaults_to_zero():
-    table = SuppressionTable()
+    table = suppression.SuppressionTable()
     assert table.penalty(11, 7) == 0.0
-    deltas = outcome_deltas(_outcome(), UpdateRule.RANK_GAP, 0.1)
+    deltas = suppression.outcome_deltas(_outcome(), suppression.UpdateRule.RANK_GAP, 0.1)
     table.apply(deltas)
     table.apply(deltas)
     assert table.penalty(11, 7) == pytest.approx(0.08772703, abs=1e-8)
@@ -116,7 +109,7 @@ def _blobs(rng, k, per, dim=16):
 
 
 def test_bootstrap_freezes_at_exactly_ten_times_k(rng):
-    clusters = QueryClusters(k=3, seed=0)
+    clusters = suppression.QueryClusters(k=3, seed=0)
     points, _ = _blobs(rng, 3, 10)
     assert clusters.bootstrap_size == 30
     for i, point in enumerate(points[:29]):
@@ -133,7 +126,7 @@ def test_bootstrap_freezes_at_exactly_ten_times_k(rng):
 
 def test_clusters_separate_blobs_and_are_seeded(rng):
     points, labels = _blobs(rng, 4, 10)
-    first, second = QueryClusters(k=4, seed=3), QueryClusters(k=4, seed=3)
+    first, second = suppression.QueryClusters(k=4, seed=3), suppression.QueryClusters(k=4, seed=3)
     for point in points:
         first.observe(point)
         second.observe(point)
@@ -145,14 +138,14 @@ def test_clusters_separate_blobs_and_are_seeded(rng):
 
 
 def test_k1_is_global_suppression_without_bootstrap(rng):
-    clusters = QueryClusters(k=1)
+    clusters = suppression.QueryClusters(k=1)
     assert clusters.frozen
     assert clusters.assign(unit_rows(rng, 1, 8)[0]) == 0
     assert clusters.observe(unit_rows(rng, 1, 8)[0]) is False
 
 
 def test_degenerate_buffer_still_freezes(rng):
-    clusters = QueryClusters(k=2, bootstrap_factor=2)
+    clusters = suppression.QueryClusters(k=2, bootstrap_factor=2)
     point = unit_rows(rng, 1, 8)[0]
     for _ in range(4):
         clusters.observe(point)  # identical points: sklearn warns, we log and carry on
@@ -161,16 +154,16 @@ def test_degenerate_buffer_still_freezes(rng):
 
 def test_from_centroids_and_dimension_checks(rng):
     centroids = np.eye(3, dtype=np.float32) * 2.0
-    clusters = QueryClusters.from_centroids(centroids)
+    clusters = suppression.QueryClusters.from_centroids(centroids)
     assert clusters.frozen and clusters.k == 3
     assert clusters.assign(np.array([0.1, 0.9, 0.2], np.float32)) == 1
     with pytest.raises(DimensionMismatchError):
         clusters.assign(np.ones(4, np.float32))
     with pytest.raises(DimensionMismatchError):
-        QueryClusters.from_centroids(np.ones(3, np.float32))
-    open_clusters = QueryClusters(k=2)
+        suppression.QueryClusters.from_centroids(np.ones(3, np.float32))
+    open_clusters = suppression.QueryClusters(k=2)
     open_clusters.observe(np.ones(3, np.float32))
     with pytest.raises(DimensionMismatchError):
         open_clusters.observe(np.ones(4, np.float32))
     with pytest.raises(InvalidParameterError):
-        QueryClusters(k=0)
+        suppression.QueryClusters(k=0)

@@ -23,7 +23,8 @@ from tests.unit.worker_fakes import (
     turn_message,
 )
 from workers.ingest.forget import plan_promotions
-from workers.store import EntryLink, FakeStore
+from workers.store import FakeStore
+from workers.store.rows import EntryLink
 
 
 def _turns(store: FakeStore, tenant: str) -> dict[str, int | None]:

@@ -22,7 +22,8 @@ from tests.unit.worker_fakes import (
 )
 from workers.ingest.worker import IngestWorker
 from workers.runtime.errors import StoreError
-from workers.store import FakeStore, TenantLock, vectors_from_bytes
+from workers.store import FakeStore
+from workers.store.rows import TenantLock, vectors_from_bytes
 
 
 def _turns(store: FakeStore, tenant: str) -> list[tuple[int, str, int | None]]:

@@ -27,7 +27,8 @@ from tests.unit.worker_fakes import (
 from workers.query.wire import outcome_record
 from workers.runtime.errors import StoreError
 from workers.runtime.streams import StreamMessage
-from workers.store import FakeStore, TenantLock
+from workers.store import FakeStore
+from workers.store.rows import TenantLock
 
 
 def _stored(tenant: str = "alice") -> tuple[FakeStore, list[int]]:

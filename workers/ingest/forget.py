@@ -27,7 +27,8 @@ from enum import Enum
 
 from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Turn
-from workers.store import EntryLink, TenantSession, Tombstone
+from workers.store import TenantSession
+from workers.store.rows import EntryLink, Tombstone
 
 
 def stream_position(stream_id: str) -> tuple[int, int]:

@@ -11,7 +11,7 @@ A tenant is stale when its stored embeddings were made with another rendering
    meanwhile. A row already staged for this rendering and dimension is skipped: kill the command
    and run it again, and it continues where it stopped.
 2. **Swap**, in one transaction under the tenant's ingest lock
-   (:attr:`workers.store.TenantLock.INGEST`, so no ingest write interleaves): stage the rows an
+   (:attr:`workers.store.rows.TenantLock.INGEST`, so no ingest write interleaves): stage the rows an
    ingest worker wrote since step 1, move every staged embedding into ``embedding``, record the
    tenant's new rendering and dimension, and bump its ``memory_version`` so query workers reload.
    When the dimension changed, the tenant's query clusters, bootstrap buffer and suppression
@@ -45,7 +45,8 @@ from workers.runtime.store_state import (
     tenant_versions,
 )
 from workers.settings import Settings
-from workers.store import PostgresStore, StagedEmbedding, Store, TenantLock, TenantSession
+from workers.store import PostgresStore, Store, TenantSession
+from workers.store.rows import StagedEmbedding, TenantLock
 
 log = logging.getLogger(__name__)
 

@@ -64,7 +64,8 @@ from workers.runtime.models import TruncationCounter
 from workers.runtime.store_state import current_version, require_tenant_version
 from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.settings import Settings
-from workers.store import NewEntry, Store, TenantLock, TenantSession, vectors_from_bytes
+from workers.store import Store, TenantSession
+from workers.store.rows import EntryRow, TenantLock, vector_to_bytes, vectors_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +144,12 @@ def _conflict_detail(turn_id: str, differences: Sequence[str]) -> str:
             "(to change a stored turn, forget it and publish it again with readd)")
 
 
-def _new_entry(item: _Pending, entry_id: int, canonical: int | None) -> NewEntry:
+def _new_entry(item: _Pending, entry_id: int, canonical: int | None) -> EntryRow:
     turn = item.turn
-    return NewEntry(entry_id, turn.turn_id, turn.session_id, turn.role, turn.text, turn.occurred_at, item.vector,
-                    canonical, dict(turn.metadata), item.unread is not None, item.message.stream_id)
+    return EntryRow(turn_id=turn.turn_id, session_id=turn.session_id, role=turn.role, text=turn.text,
+                    occurred_at=turn.occurred_at, metadata=dict(turn.metadata), entry_id=entry_id,
+                    embedding=vector_to_bytes(item.vector), canonical_entry_id=canonical,
+                    encoder_truncated=item.unread is not None, stream_id=item.message.stream_id)
 
 
 class IngestWorker:

@@ -10,10 +10,11 @@ retrieval is (a raw job that bypassed the client's checks fails with InvalidInpu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC
 from typing import Any
 
-from api.catalog import CatalogKind, CatalogRequest, CatalogResult, SessionSummary, TurnRecord
+from api.catalog import CatalogKind, CatalogRequest, CatalogResult
 from api.errors import InvalidInputError, Reason
 from workers.query.worker import bound_service
 from workers.store import Store
@@ -23,11 +24,11 @@ def answer_catalog(store: Store, request: CatalogRequest) -> CatalogResult:
     """Read what ``request`` asks from ``store`` in one snapshot of its tenant (times in UTC)."""
     with store.tenant(request.tenant_id, snapshot=True) as tx:
         if request.kind is CatalogKind.SESSIONS:
-            sessions = tuple(SessionSummary(r.session_id, r.first_at.astimezone(UTC), r.last_at.astimezone(UTC),
-                                            int(r.turns)) for r in tx.session_summaries())
+            sessions = tuple(replace(r, first_at=r.first_at.astimezone(UTC), last_at=r.last_at.astimezone(UTC))
+                             for r in tx.session_summaries())
             return CatalogResult(request.request_id, request.tenant_id, sessions=sessions)
         stored = {t.turn_id: t for t in tx.stored_turns(request.turn_ids)}
-    turns = tuple(TurnRecord(t.turn_id, t.session_id, t.role, t.text, t.occurred_at.astimezone(UTC), dict(t.metadata))
+    turns = tuple(replace(t, occurred_at=t.occurred_at.astimezone(UTC), metadata=dict(t.metadata))
                   for t in (stored[i] for i in request.turn_ids if i in stored))
     return CatalogResult(request.request_id, request.tenant_id, turns=turns)
 

@@ -48,7 +48,8 @@ from mnemos.records import Entry, TurnFacts
 from mnemos.rendering import render_turn
 from mnemos.suppression import QueryClusters
 from mnemos.tenant_index import TenantIndex
-from workers.store import TenantSession, vectors_from_bytes
+from workers.store import TenantSession
+from workers.store.rows import vectors_from_bytes
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from mnemos.rendering import RENDERING_VERSION
 from workers.ops.migrate import discover
 from workers.runtime.errors import EmbeddingVersionError, SchemaOutdatedError
-from workers.store import Store, TenantRow, TenantSession
+from workers.store import Store, TenantSession
+from workers.store.rows import TenantRow
 
 
 @dataclass(frozen=True)

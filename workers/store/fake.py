@@ -16,11 +16,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from api.catalog import SessionSummary, TurnRecord
 from workers.runtime.errors import StoreError
 from workers.store.fake_forget import FakeForget
 from workers.store.fake_tables import _Entry, _Tables
@@ -29,12 +31,9 @@ from workers.store.rows import (
     Deltas,
     EntryRow,
     LedgerRow,
-    NewEntry,
     SchemaState,
-    SessionRow,
     StagedEmbedding,
     StagingRow,
-    StoredTurn,
     TenantLock,
     TenantRow,
     TenantVersionRow,
@@ -177,28 +176,28 @@ class FakeTenantSession(FakeForget):
 
     # ingest ---------------------------------------------------------------------------------------
 
-    def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
+    def stored_turns(self, turn_ids: Sequence[str]) -> list[TurnRecord]:
         wanted = set(turn_ids)
-        return [StoredTurn(e.turn_id, e.session_id, e.role, e.text, e.occurred_at, dict(e.metadata))
-                for _, e in self._entries() if e.turn_id in wanted]
+        return [TurnRecord(e.row.turn_id, e.row.session_id, e.row.role, e.row.text, e.row.occurred_at,
+                           dict(e.row.metadata)) for _, e in self._entries() if e.row.turn_id in wanted]
 
-    def session_summaries(self) -> list[SessionRow]:
+    def session_summaries(self) -> list[SessionSummary]:
         times: dict[str, list[datetime]] = {}
         for _, e in self._entries():
-            times.setdefault(e.session_id, []).append(e.occurred_at)
-        rows = [SessionRow(s, min(t), max(t), len(t)) for s, t in times.items()]
+            times.setdefault(e.row.session_id, []).append(e.row.occurred_at)
+        rows = [SessionSummary(s, min(t), max(t), len(t)) for s, t in times.items()]
         return sorted(rows, key=lambda r: (r.first_at, r.session_id))
 
     def canonical_entries(self, after: int) -> list[CanonicalRow]:
-        return [CanonicalRow(i, e.embedding, e.role, e.text, e.metadata.get("image_caption"), e.encoder_truncated)
-                for i, e in self._entries() if i > after and e.canonical_entry_id is None]
+        return [CanonicalRow(i, e.row.embedding, e.row.role, e.row.text, e.row.image_caption, e.row.encoder_truncated)
+                for i, e in self._entries() if i > after and e.row.canonical_entry_id is None]
 
     def allocate_entry_ids(self, n: int) -> list[int]:
         return self._store.allocate(n)
 
-    def insert_entries(self, rows: Sequence[NewEntry]) -> set[int]:
+    def insert_entries(self, rows: Sequence[EntryRow]) -> set[int]:
         tables = self._write()
-        known = {e.turn_id for _, e in self._entries()}
+        known = {e.row.turn_id for _, e in self._entries()}
         inserted: set[int] = set()
         for row in rows:
             if row.turn_id in known:
@@ -206,10 +205,7 @@ class FakeTenantSession(FakeForget):
             if row.entry_id in tables.entries:
                 raise StoreError(f"UniqueViolation: entry id {row.entry_id} exists", transient=False)
             known.add(row.turn_id)
-            tables.entries[row.entry_id] = _Entry(
-                self._tenant_id, row.turn_id, row.session_id, row.role, row.text, row.occurred_at,
-                vector_to_bytes(row.embedding), row.canonical_entry_id, dict(row.metadata), row.encoder_truncated,
-                row.stream_id)
+            tables.entries[row.entry_id] = _Entry(self._tenant_id, replace(row, metadata=dict(row.metadata)))
             inserted.add(row.entry_id)
         return inserted
 
@@ -219,9 +215,7 @@ class FakeTenantSession(FakeForget):
     # query ----------------------------------------------------------------------------------------
 
     def entries_after(self, after: int) -> list[EntryRow]:
-        return [EntryRow(i, e.turn_id, e.session_id, e.role, e.text, e.occurred_at, e.embedding,
-                         e.canonical_entry_id, e.metadata.get("image_caption"), e.metadata.get("supersedes"))
-                for i, e in self._entries() if i > after]
+        return [e.row for i, e in self._entries() if i > after]
 
     def count_entries(self) -> int:
         return len(self._entries())
@@ -297,7 +291,7 @@ class FakeTenantSession(FakeForget):
         return len(entries), sum(_unstaged(e, rendering, dim) for _, e in entries)
 
     def unstaged_entries(self, rendering: int, dim: int, *, after: int, limit: int) -> list[StagingRow]:
-        rows = [StagingRow(i, e.role, e.text, e.metadata.get("image_caption"))
+        rows = [StagingRow(i, e.row.role, e.row.text, e.row.image_caption)
                 for i, e in self._entries() if i > after and _unstaged(e, rendering, dim)]
         return rows[:limit]
 
@@ -315,7 +309,8 @@ class FakeTenantSession(FakeForget):
             raise StoreError('NotNullViolation: null value in column "embedding"', transient=False)
         for _, entry in entries:
             assert entry.staged is not None
-            entry.embedding, _, entry.encoder_truncated = entry.staged
+            embedding, _, truncated = entry.staged
+            entry.row = replace(entry.row, embedding=embedding, encoder_truncated=truncated)
             entry.staged = None
 
     def clear_suppression_state(self) -> None:

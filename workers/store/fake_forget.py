@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from workers.runtime.errors import StoreError
@@ -38,25 +39,25 @@ class FakeForget:
     def entry_links(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None
                     ) -> list[EntryLink]:
         wanted = None if turn_ids is None else set(turn_ids)
-        return [EntryLink(i, e.turn_id, e.session_id, e.canonical_entry_id, e.stream_id) for i, e in self._entries()
-                if (wanted is None or e.turn_id in wanted) and (session_id is None or e.session_id == session_id)]
+        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id) for i, e in self._entries()
+                if (wanted is None or e.row.turn_id in wanted) and (session_id is None or e.row.session_id == session_id)]
 
     def aliases_of(self, entry_ids: Sequence[int]) -> list[EntryLink]:
         wanted = set(entry_ids)
-        return [EntryLink(i, e.turn_id, e.session_id, e.canonical_entry_id, e.stream_id) for i, e in self._entries()
-                if e.canonical_entry_id in wanted]
+        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id) for i, e in self._entries()
+                if e.row.canonical_entry_id in wanted]
 
     def set_canonical(self, changes: Mapping[int, int | None]) -> None:
         tables = self._write()
         for entry_id, canonical in changes.items():
             entry = tables.entries.get(entry_id)
             if entry is not None and entry.tenant_id == self._tenant_id:
-                entry.canonical_entry_id = canonical
+                entry.row = replace(entry.row, canonical_entry_id=canonical)
 
     def delete_entries(self, entry_ids: Sequence[int]) -> None:
         tables = self._write()
         doomed = {i for i in entry_ids if i in tables.entries and tables.entries[i].tenant_id == self._tenant_id}
-        if any(e.canonical_entry_id in doomed for i, e in tables.entries.items() if i not in doomed):
+        if any(e.row.canonical_entry_id in doomed for i, e in tables.entries.items() if i not in doomed):
             raise StoreError("ForeignKeyViolation: an alias still names a deleted entry", transient=False)
         tables.suppression = {k: v for k, v in tables.suppression.items()
                               if not (k[0] == self._tenant_id and k[1] in doomed)}

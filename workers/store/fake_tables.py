@@ -4,10 +4,9 @@ the forget mixin (:mod:`workers.store.fake_forget`) can name them without import
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from workers.store.rows import LedgerRow, TenantRow, Tombstone
+from workers.store.rows import EntryRow, LedgerRow, TenantRow, Tombstone
 
 if TYPE_CHECKING:
     from workers.ingest.dead_letters import DeadLetter
@@ -16,16 +15,7 @@ if TYPE_CHECKING:
 @dataclass
 class _Entry:
     tenant_id: str
-    turn_id: str
-    session_id: str
-    role: str
-    text: str
-    occurred_at: datetime
-    embedding: bytes
-    canonical_entry_id: int | None
-    metadata: dict[str, Any]
-    encoder_truncated: bool
-    stream_id: str | None
+    row: EntryRow
     staged: tuple[bytes, int, bool] | None = None  # (embedding, rendering, truncated) of mnemos reindex
 
 

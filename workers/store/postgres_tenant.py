@@ -16,17 +16,15 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
+from api.catalog import SessionSummary, TurnRecord
 from workers.store.postgres_forget import PostgresForget
 from workers.store.rows import (
     CanonicalRow,
     Deltas,
     EntryRow,
     LedgerRow,
-    NewEntry,
-    SessionRow,
     StagedEmbedding,
     StagingRow,
-    StoredTurn,
     TenantLock,
     TenantRow,
     matrix_from_bytes,
@@ -102,12 +100,12 @@ class PostgresTenantSession(PostgresForget):
 
     # ingest ---------------------------------------------------------------------------------------
 
-    def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
-        return self._rows(StoredTurn, "SELECT turn_id, session_id, role, text, occurred_at, metadata FROM entries"
+    def stored_turns(self, turn_ids: Sequence[str]) -> list[TurnRecord]:
+        return self._rows(TurnRecord, "SELECT turn_id, session_id, role, text, occurred_at, metadata FROM entries"
                           " WHERE tenant_id = %s AND turn_id = ANY(%s)", (self._tenant_id, list(turn_ids)))
 
-    def session_summaries(self) -> list[SessionRow]:
-        return self._rows(SessionRow, "SELECT session_id, min(occurred_at) AS first_at, max(occurred_at) AS last_at,"
+    def session_summaries(self) -> list[SessionSummary]:
+        return self._rows(SessionSummary, "SELECT session_id, min(occurred_at) AS first_at, max(occurred_at) AS last_at,"
                           " count(*) AS turns FROM entries WHERE tenant_id = %s GROUP BY session_id"
                           " ORDER BY first_at, session_id", (self._tenant_id,))
 
@@ -125,10 +123,10 @@ class PostgresTenantSession(PostgresForget):
                         " FROM generate_series(1, %s)", (n,))
             return sorted(int(r["entry_id"]) for r in cur)
 
-    def insert_entries(self, rows: Sequence[NewEntry]) -> set[int]:
+    def insert_entries(self, rows: Sequence[EntryRow]) -> set[int]:
         """One pipelined round trip (``ON CONFLICT (tenant_id, turn_id) DO NOTHING``)."""
         params = [(r.entry_id, self._tenant_id, r.turn_id, r.session_id, r.role, r.text, r.occurred_at,
-                   vector_to_bytes(r.embedding), r.canonical_entry_id, Jsonb(dict(r.metadata)), r.encoder_truncated,
+                   r.embedding, r.canonical_entry_id, Jsonb(dict(r.metadata)), r.encoder_truncated,
                    r.stream_id) for r in rows]
         stored: set[int] = set()
         with self._conn.cursor(row_factory=dict_row) as cur:
@@ -149,9 +147,8 @@ class PostgresTenantSession(PostgresForget):
     # query ----------------------------------------------------------------------------------------
 
     def entries_after(self, after: int) -> list[EntryRow]:
-        return self._rows(EntryRow, "SELECT entry_id, turn_id, session_id, role, text, occurred_at, embedding,"
-                          " canonical_entry_id, metadata->>'image_caption' AS image_caption,"
-                          " metadata->'supersedes' AS supersedes"
+        return self._rows(EntryRow, "SELECT entry_id, turn_id, session_id, role, text, occurred_at, metadata,"
+                          " embedding, canonical_entry_id, encoder_truncated, stream_id"
                           " FROM entries WHERE tenant_id = %s AND entry_id > %s ORDER BY entry_id",
                           (self._tenant_id, after))
 

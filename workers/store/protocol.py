@@ -20,18 +20,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from api.catalog import SessionSummary, TurnRecord
 from workers.store.rows import (
     CanonicalRow,
     Deltas,
     EntryLink,
     EntryRow,
     LedgerRow,
-    NewEntry,
     SchemaState,
-    SessionRow,
     StagedEmbedding,
     StagingRow,
-    StoredTurn,
     TenantLock,
     TenantRow,
     TenantVersionRow,
@@ -74,11 +72,11 @@ class TenantSession(Protocol):
 
     # ingest ---------------------------------------------------------------------------------------
 
-    def stored_turns(self, turn_ids: Sequence[str]) -> list[StoredTurn]:
+    def stored_turns(self, turn_ids: Sequence[str]) -> list[TurnRecord]:
         """The stored turns among ``turn_ids`` (any order)."""
         ...
 
-    def session_summaries(self) -> list[SessionRow]:
+    def session_summaries(self) -> list[SessionSummary]:
         """Every session of the tenant with its first and last turn time and its stored turns, by
         first turn time, then session id (the catalog's ``sessions``, :mod:`workers.query.catalog`)."""
         ...
@@ -91,7 +89,7 @@ class TenantSession(Protocol):
         """``n`` fresh entry ids, ascending (never handed out again, even after a rollback)."""
         ...
 
-    def insert_entries(self, rows: Sequence[NewEntry]) -> set[int]:
+    def insert_entries(self, rows: Sequence[EntryRow]) -> set[int]:
         """Insert ``rows``; a turn id the tenant already has is skipped. Returns the ids inserted."""
         ...
 

@@ -1,7 +1,9 @@
 """The typed rows the store reads and writes, and the byte codec of stored embeddings.
 
 Every row is a frozen dataclass whose field names are the column names (the Postgres store reads
-them with psycopg's ``class_row``; the fake store builds the same objects). Embeddings travel as
+them with psycopg's ``class_row``; the fake store builds the same objects). A stored turn and a session
+are read as the catalog's records (:class:`api.catalog.TurnRecord`, :class:`api.catalog.SessionSummary`),
+and :class:`EntryRow`, the one row of ``entries``, extends the first. Embeddings travel as
 the bytes of little-endian float32 vectors, as stored; :func:`vectors_from_bytes` turns a list of
 them into a matrix and checks their length.
 """
@@ -9,13 +11,13 @@ them into a matrix and checks their length.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
+from api.catalog import TurnRecord
 from workers.runtime.errors import StoreError
 
 VECTOR_DTYPE = np.dtype("<f4")  # embeddings are stored as little-endian float32 bytes
@@ -77,30 +79,6 @@ class TenantVersionRow:
 
 
 @dataclass(frozen=True)
-class SessionRow:
-    """One session of a tenant: its first and last stored turn's ``occurred_at`` and how many stored
-    turns (canonical entries and aliases) it has."""
-
-    session_id: str
-    first_at: datetime
-    last_at: datetime
-    turns: int
-
-
-@dataclass(frozen=True)
-class StoredTurn:
-    """The content of a stored turn, compared with a redelivered one (idempotency by turn id);
-    ``metadata`` is the stored JSON object (``{}`` when the turn had none)."""
-
-    turn_id: str
-    session_id: str
-    role: str
-    text: str
-    occurred_at: datetime
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class CanonicalRow:
     """A canonical entry as dedupe reads it: its embedding bytes and what its signature is made of
     (``encoder_truncated``: the bi-encoder read only the start of its rendering)."""
@@ -113,38 +91,32 @@ class CanonicalRow:
     encoder_truncated: bool = False
 
 
-@dataclass(frozen=True)
-class EntryRow:
-    """A stored turn as the query worker indexes it (``canonical_entry_id`` None: a canonical entry;
-    ``supersedes`` the turn ids its ``metadata.supersedes`` names, None when it names none)."""
+@dataclass(frozen=True, kw_only=True)
+class EntryRow(TurnRecord):
+    """A row of ``entries``: a stored turn as published (:class:`api.catalog.TurnRecord`'s fields) plus
+    what the store keeps with it: the id it was allocated, its ``embedding`` (the bytes of its
+    ``(dim,)`` float32 vector), the entry it is an alias of (``canonical_entry_id`` None: a canonical
+    entry), whether the bi-encoder read only the start of its rendering and the stream id of the
+    message that carried it. The one stored-entry row: ingest inserts it, the query worker indexes
+    it, the fake store keeps it as its table."""
 
     entry_id: int
-    turn_id: str
-    session_id: str
-    role: str
-    text: str
-    occurred_at: datetime
     embedding: bytes
     canonical_entry_id: int | None
-    image_caption: str | None
-    supersedes: Sequence[str] | None = None
-
-
-@dataclass(frozen=True)
-class NewEntry:
-    """A turn to insert with the id it was allocated; ``embedding`` is its ``(dim,)`` float32 vector."""
-
-    entry_id: int
-    turn_id: str
-    session_id: str
-    role: str
-    text: str
-    occurred_at: datetime
-    embedding: np.ndarray
-    canonical_entry_id: int | None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
     encoder_truncated: bool = False
     stream_id: str | None = None
+
+    @property
+    def image_caption(self) -> str | None:
+        """``metadata.image_caption`` (a caption of an image shared with the turn), or None."""
+        caption = self.metadata.get("image_caption")
+        return None if caption is None else str(caption)
+
+    @property
+    def supersedes(self) -> Any:
+        """``metadata.supersedes`` as stored (validated at ingest; a turn stored before that may hold
+        anything), or None."""
+        return self.metadata.get("supersedes")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.metrics import ServiceMetrics
 from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.settings import Settings
-from workers.store import Store, TenantLock, TenantSession, vectors_from_bytes
+from workers.store import Store, TenantSession
+from workers.store.rows import TenantLock, vectors_from_bytes
 
 log = logging.getLogger(__name__)
 
