@@ -1,6 +1,6 @@
 # The README's two commands: `make run` (set up, then run the main job) and `make test`.
 # DATA: a LoCoMo file; empty: ../shared/data/locomo/locomo10.json if present, else the cached download,
-# else `mnemos data fetch locomo` (see bench/fetch.py).
+# else `mnemos data fetch locomo` (see bench/common/fetch.py).
 DATA ?=
 LOCOMO_SHARED := ../shared/data/locomo/locomo10.json
 VENV := .venv

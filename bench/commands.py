@@ -14,20 +14,20 @@ Importing this module checks that the ``bench`` extra is installed and raises
 
 from __future__ import annotations
 
-from bench.extras import require_extra
+from bench.common.extras import require_extra
 
 require_extra("bench")
 
-from bench.cli import bench  # noqa: E402 (after the extra check, on purpose)
-from bench.faults import faults  # noqa: E402
-from bench.fetch import data  # noqa: E402
-from bench.mainjob import service  # noqa: E402
-from bench.mcp_latency import mcp_latency  # noqa: E402
-from bench.packets_cli import packets  # noqa: E402
-from bench.precision_check import precision  # noqa: E402
-from bench.reranker_cli import reranker  # noqa: E402
-from bench.scale_cli import scale  # noqa: E402
-from bench.speed import speed, speed_report  # noqa: E402
+from bench.common.fetch import data  # noqa: E402
+from bench.faults.cli import faults  # noqa: E402
+from bench.packets.cli import packets  # noqa: E402
+from bench.quality.cli import bench  # noqa: E402 (after the extra check, on purpose)
+from bench.quality.precision_check import precision  # noqa: E402
+from bench.scale.cli import scale  # noqa: E402
+from bench.service.mainjob import service  # noqa: E402
+from bench.speed.mcp_latency import mcp_latency  # noqa: E402
+from bench.speed.run import speed, speed_report  # noqa: E402
+from bench.training.cli import reranker  # noqa: E402
 
 __all__ = ["bench", "data", "reranker"]
 

@@ -9,7 +9,7 @@ the cross-encoder saw.
 
 Sources: *AssoMem* §4.2 baselines ("session-utterance": session-then-turn retrieval) and §3.2.3
 (explicit temporal match; Personalized-PageRank importance). ``mnemos bench quality`` selects
-among them on a development split (``bench.selection``); on LoCoMo it kept
+among them on a development split (``bench.quality.selection``); on LoCoMo it kept
 ``session(top=3,weight=2)`` and ``temporal(slack_days=7,weight=2)``. Weights are in logit units
 of the cross-encoder that produced the scores, so a weight chosen for one reranker does not
 transfer to another.

@@ -47,7 +47,7 @@ def resolve_precision(precision: Precision | str, device: str,
 
     An explicit format is returned as it is. ``auto`` is ``bf16`` on a CPU that computes bfloat16
     natively (``cpu_bf16()``, by default :func:`cpu_computes_bf16`); ``fp32`` on any other CPU and
-    on CUDA (reduced precision on a GPU is chosen explicitly, after ``bench/precision_check.py``).
+    on CUDA (reduced precision on a GPU is chosen explicitly, after ``bench/quality/precision_check.py``).
 
     Raises:
         ValueError: for a value that is not a :class:`Precision`.

@@ -30,8 +30,8 @@ import pytest
 import redis
 from psycopg import sql
 
-from bench.fault_servers import RedisServer, redis_binaries
-from bench.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
+from bench.common.queue_cleanup import delete_queue_jobs, queue_job_ids  # noqa: F401 (used by the suites)
+from bench.faults.servers import RedisServer, redis_binaries
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ingest.worker import IngestWorker
 from workers.ops.migrate import ensure_database, run_migrations

@@ -125,7 +125,7 @@ class _QuestionLike(Protocol):
 
 
 class Conversation(Protocol):
-    """The shape of ``bench.datasets.Conversation`` this module reads (the core never imports bench)."""
+    """The shape of ``bench.common.datasets.Conversation`` this module reads (the core never imports bench)."""
 
     conversation_id: str
     turns: Sequence[_TurnLike]
@@ -173,7 +173,7 @@ def locomo_positives(
     """Positive pairs from LoCoMo conversations (only those named in ``conversation_ids``).
 
     Observation facts pair with each turn they cite; questions pair with each evidence turn
-    (ids already repaired by ``bench.datasets.load_locomo``). By default category-5 questions are
+    (ids already repaired by ``bench.common.datasets.load_locomo``). By default category-5 questions are
     left out: the data README notes their evidence turns do not answer the question as asked.
     Passages are the turns' renderings (:func:`turn_passages`), as the service indexes them.
 
@@ -251,7 +251,7 @@ def longmemeval_positives(
     """Positive pairs and mining corpora from LongMemEval items (one question per haystack).
 
     Each named question (``question_ids``; None = all) pairs with each of its ``has_answer`` turns
-    (``relevant_turn_ids`` as ``bench.datasets.load_longmemeval`` reads them); the group is the
+    (``relevant_turn_ids`` as ``bench.common.datasets.load_longmemeval`` reads them); the group is the
     question id and its corpus is every rendered turn of its haystack, a session repeated in
     the haystack counted once (the loader keeps it at its first date) and identical texts once.
     Abstention questions (id ending ``_abs``) and questions without an evidence turn give no

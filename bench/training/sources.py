@@ -1,6 +1,6 @@
 """Where a reranker's training pairs come from, and what its provenance says about them.
 
-``mnemos reranker train`` (:mod:`bench.reranker_cli`) combines sources in one run: LoCoMo
+``mnemos reranker train`` (:mod:`bench.training.cli`) combines sources in one run: LoCoMo
 conversations, LongMemEval questions (S and oracle files, folds by question) and a JSONL pairs
 file. Each becomes a source record in ``mnemos_provenance.json`` with its SPDX licence, file name
 and sha256 and the items used (:mod:`workers.runtime.model_licences` reads them back), and the union of
@@ -84,7 +84,7 @@ def training_positives(data: Path | None, pairs: Path | None, conversations: lis
 def locomo_source(data: Path, conversations: list[str] | None, fold: tuple[int, int] | None,
                    provenance: dict[str, object]) -> tuple[list[PositivePair], dict[str, list[str]], dict[str, object]]:
     """LoCoMo positives (observations and QA evidence of categories 1-4), corpora and source record."""
-    from bench.datasets import load_locomo
+    from bench.common.datasets import load_locomo
     from bench.training import pairs as training_pairs
     from workers.runtime.model_licences import DATASET_LICENCES
 
@@ -121,7 +121,7 @@ def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | 
     source record per file. With ``question_fold`` the questions of all files are split together
     (:func:`bench.training.pairs.question_folds` over the union of ids, stratified by type, seeded),
     so a question held out of one file is held out of every file."""
-    from bench.datasets import load_longmemeval
+    from bench.common.datasets import load_longmemeval
     from bench.training import pairs as training_pairs
     from workers.runtime.model_licences import DATASET_LICENCES
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 import redis
 
-from bench.queue_cleanup import delete_queue_jobs
+from bench.common.queue_cleanup import delete_queue_jobs
 from tests.support import PG_ADMIN_URL
 from workers.settings import Settings
 

@@ -17,14 +17,14 @@ import psycopg
 import pytest
 import redis
 
-import bench.mainjob
-import bench.service
-import bench.speed
-from bench.datasets import load_locomo
-from bench.engine import prepare_questions
-from bench.mainjob import run_main_job
-from bench.queue_cleanup import queue_job_ids
-from bench.speed import run_speed_bench
+import bench.common.harness
+import bench.service.mainjob
+import bench.speed.run
+from bench.common.datasets import load_locomo
+from bench.common.queue_cleanup import queue_job_ids
+from bench.quality.engine import prepare_questions
+from bench.service.mainjob import run_main_job
+from bench.speed.run import run_speed_bench
 from tests.e2e.recorded_runs import database_name, drop_runs, record_runs
 from tests.support import PG_ADMIN_URL
 from workers.settings import FAKE_MODEL, Settings
@@ -91,7 +91,7 @@ def locomo(tmp_path: Path) -> Path:
 @pytest.fixture
 def bench_runs(monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis) -> Iterator[list[Settings]]:
     """Settings of every benchmark run the test starts (recorded, stamps made unique); cleaned up after."""
-    runs = record_runs(monkeypatch, [(bench.speed, "bench_settings"), (bench.mainjob, "main_job_settings")])
+    runs = record_runs(monkeypatch, [(bench.speed.run, "bench_settings"), (bench.service.mainjob, "main_job_settings")])
     yield runs
     # safety net only: the assertions below are about what the benchmarks themselves left behind
     drop_runs(redis_client, runs)

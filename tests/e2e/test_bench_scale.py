@@ -23,12 +23,12 @@ import psycopg
 import pytest
 import redis
 
-import bench.scale
-import bench.scale_reshard
-import bench.scale_tenants
+import bench.scale.reshard
+import bench.scale.run
+import bench.scale.tenants
 from api import sharding
-from bench.scale import ScaleOptions
-from bench.scale_cli import run_scale_bench
+from bench.scale.cli import run_scale_bench
+from bench.scale.run import ScaleOptions
 from tests.e2e.recorded_runs import database_name, drop_runs, record_runs
 from tests.support import PG_ADMIN_URL
 from workers.settings import FAKE_MODEL, Settings
@@ -78,8 +78,8 @@ def longmemeval(tmp_path: Path) -> Path:
 @pytest.fixture
 def scale_runs(monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis) -> Iterator[list[Settings]]:
     """Settings of every phase the bench runs (stamps made unique); their leftovers removed after."""
-    runs = record_runs(monkeypatch, [(bench.scale, "scale_settings"), (bench.scale_tenants, "scale_settings"),
-                                     (bench.scale_reshard, "scale_settings")])
+    runs = record_runs(monkeypatch, [(bench.scale.run, "scale_settings"), (bench.scale.tenants, "scale_settings"),
+                                     (bench.scale.reshard, "scale_settings")])
     yield runs
     drop_runs(redis_client, runs)  # safety net only: the test asserts the bench itself left nothing
 

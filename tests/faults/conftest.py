@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.fault_run import FaultPlan, FaultRun, PhaseReport
-from bench.fault_servers import ServerError, redis_binaries
+from bench.faults.run import FaultPlan, FaultRun, PhaseReport
+from bench.faults.servers import ServerError, redis_binaries
 
 # CI size: both phases together stay well under two minutes on 2 shared cores
 CI_PLAN = FaultPlan(turns=1000, outcomes=500, tenants=4, workers=3, kills=4, pauses=1, redis_restarts=1,

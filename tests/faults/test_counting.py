@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fault_run import PhaseReport, count_across_restart, count_scores, count_turns
+from bench.faults.run import PhaseReport, count_across_restart, count_scores, count_turns
 
 pytestmark = pytest.mark.faults
 

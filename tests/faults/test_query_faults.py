@@ -11,8 +11,8 @@ import redis
 
 from api.client import MnemosClient
 from api.errors import MnemosClientError
-from bench.fault_phases import run_queries, seed_entries
-from bench.fault_run import FaultRun
+from bench.faults.phases import run_queries, seed_entries
+from bench.faults.run import FaultRun
 from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults

@@ -1,7 +1,7 @@
 """Redis restarted empty in the middle of ingest: the workers go on, and what Redis lost is told apart.
 
 Real ``mnemos worker ingest`` processes against the suite's private Redis, which restarts once
-without its data (:mod:`bench.fault_redis_empty`). No worker may exit, every turn published after the
+without its data (:mod:`bench.faults.redis_empty`). No worker may exit, every turn published after the
 restart must be stored exactly once, and the turns lost upstream must be among those the ingest group
 had not acknowledged when Redis went.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fault_redis_empty import run_redis_empty
+from bench.faults.redis_empty import run_redis_empty
 from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.fault_servers import RedisServer, redis_binaries, redis_version
+from bench.faults.servers import RedisServer, redis_binaries, redis_version
 from workers.runtime.metrics import ServiceMetrics
 from workers.runtime.streams import StreamConsumer, StreamSampler, safe_trim
 

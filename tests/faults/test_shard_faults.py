@@ -1,7 +1,7 @@
 """One shard's Redis down among three: its tenants fail fast by name, the others keep being served.
 
 Real ``mnemos worker ingest`` and ``query`` processes per shard, each shard on its own private
-``redis-server`` and database (:mod:`bench.fault_shards`); shard 1's Redis is SIGKILLed for a few
+``redis-server`` and database (:mod:`bench.faults.shards`); shard 1's Redis is SIGKILLed for a few
 seconds and restarted with its append-only file. Every accepted turn must be stored once on its own
 shard, the healthy shards must answer during the outage without a failure, and every failure of
 the down shard must be typed.
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.fault_shards import DOWN, Ask, isolation_violations, percentile, run_shards, shard_figures
+from bench.faults.shards import DOWN, Ask, isolation_violations, percentile, run_shards, shard_figures
 from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fault_phases import run_turns
+from bench.faults.phases import run_turns
 from tests.faults.conftest import CI_PLAN, PhaseRunner
 
 pytestmark = pytest.mark.faults

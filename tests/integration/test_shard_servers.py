@@ -26,8 +26,8 @@ import redis
 from psycopg import sql
 
 from api.errors import RetrievalFailed, ShardUnavailable
-from bench.fault_servers import spare_port
-from bench.fault_shards import shard_tenants
+from bench.faults.servers import spare_port
+from bench.faults.shards import shard_tenants
 from tests.integration.factories import (
     conversation_turns,
     drain,

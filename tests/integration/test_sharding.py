@@ -21,7 +21,7 @@ from api import sharding
 from api.client import MnemosClient
 from api.schemas import Outcome
 from api.validation import limits_of
-from bench.fault_shards import shard_tenants
+from bench.faults.shards import shard_tenants
 from tests.integration.factories import (
     conversation_turns,
     drain,

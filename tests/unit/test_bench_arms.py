@@ -1,11 +1,11 @@
-"""bench.arms: arm definitions (the candidate features are mnemos.features, tested in
+"""bench.quality.arms: arm definitions (the candidate features are mnemos.features, tested in
 tests/unit/test_features.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.arms import ARM_NAMES, BASELINE_ARM, arm_by_name
+from bench.quality.arms import ARM_NAMES, BASELINE_ARM, arm_by_name
 from mnemos.fusion import Fusion
 from mnemos.suppression import UpdateRule
 

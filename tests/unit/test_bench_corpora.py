@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from bench.corpora import CorpusMode, build_tenants, rendered_texts
-from bench.datasets import Conversation, Question, Turn
-from bench.engine import Engine, prepare_questions
+from bench.common.corpora import CorpusMode, build_tenants, rendered_texts
+from bench.common.datasets import Conversation, Question, Turn
+from bench.quality.engine import Engine, prepare_questions
 from mnemos.encoder import HashingEncoder
 from mnemos.filters import EntryFilter
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bench.reranker_cli import reranker
 from bench.training import cross_encoder as training
+from bench.training.cli import reranker
 from bench.training.distil import (
     DistilConfig,
     distilled_provenance,

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from bench.arms import arm_by_name
-from bench.corpora import CorpusMode, rendered_texts
-from bench.engine import Engine, FoldRerankers, RerankerFold, prepare_questions
+from bench.common.corpora import CorpusMode, rendered_texts
+from bench.quality.arms import arm_by_name
+from bench.quality.engine import Engine, FoldRerankers, RerankerFold, prepare_questions
 from mnemos.encoder import HashingEncoder
 from mnemos.features import Feature, FeatureSetting, parse_time_expressions, session_matches
 from mnemos.rerank import CachedReranker, FakeReranker

@@ -1,5 +1,5 @@
 """The ``hybrid_convex`` arm: its weight is chosen on dev questions only, it runs without rerankers,
-and the report compares it with ``hybrid_rrf`` on the test split (bench/fusion_choice.py)."""
+and the report compares it with ``hybrid_rrf`` on the test split (bench/quality/fusion_choice.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import faiss
 import numpy as np
 import pytest
 
-from bench.corpora import CorpusMode
-from bench.engine import Engine, Protocol, prepare_questions
-from bench.fusion_choice import CONVEX_GRID, choose_convex_weight, convex_arm
-from bench.quality import QualityOptions, run_quality
-from bench.selection import overall_question
+from bench.common.corpora import CorpusMode
+from bench.quality.engine import Engine, Protocol, prepare_questions
+from bench.quality.fusion_choice import CONVEX_GRID, choose_convex_weight, convex_arm
+from bench.quality.run import QualityOptions, run_quality
+from bench.quality.selection import overall_question
 from mnemos.encoder import HashingEncoder
 from mnemos.fusion import Fusion
 from tests.unit.test_bench_synthetic import synthetic_conversations

@@ -8,13 +8,13 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-import bench.corpora as corpora
-from bench.corpora import CorpusMode, build_tenants, rendered_texts
-from bench.datasets import LONGMEMEVAL_CATEGORIES, Conversation, Question, Turn
-from bench.engine import PoolResult, Protocol, prepare_questions
-from bench.quality_document import no_evidence_json
-from bench.question_metrics import QuestionMetrics
-from bench.report import run_row
+import bench.common.corpora as corpora
+from bench.common.corpora import CorpusMode, build_tenants, rendered_texts
+from bench.common.datasets import LONGMEMEVAL_CATEGORIES, Conversation, Question, Turn
+from bench.quality.document import no_evidence_json
+from bench.quality.engine import PoolResult, Protocol, prepare_questions
+from bench.quality.question_metrics import QuestionMetrics
+from bench.quality.report import run_row
 from mnemos.dedupe import dedupe_batch, turn_signature
 from mnemos.encoder import HashingEncoder
 

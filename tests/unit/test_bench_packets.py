@@ -1,4 +1,4 @@
-"""bench/packets.py on the synthetic data (hashing encoder, fake reranker, word counts): the document's
+"""bench/packets/run.py on the synthetic data (hashing encoder, fake reranker, word counts): the document's
 shape, budgets never exceeded, the knowledge-update part and the written files."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.datasets import Conversation, Question, Turn
-from bench.packets import PacketBenchOptions, run_packets_bench, topk_within_budget, write_outputs
+from bench.common.datasets import Conversation, Question, Turn
+from bench.packets.run import PacketBenchOptions, run_packets_bench, topk_within_budget, write_outputs
 from mnemos.encoder import HashingEncoder
 from mnemos.packets import Candidate, Qualifiers, whitespace_tokens
 from mnemos.rerank import FakeReranker
@@ -87,8 +87,8 @@ def test_the_command_is_registered() -> None:
 def test_the_knob_study_chooses_on_the_dev_half_only() -> None:
     """Every grid point is measured on both halves; the choice maximises the dev mean over budgets,
     whatever the test half says; no questions, no study."""
-    from bench.packet_knobs import KNOB_GRID, StudyQuestion, knob_study
-    from bench.packet_selection import RankedPool
+    from bench.packets.knobs import KNOB_GRID, StudyQuestion, knob_study
+    from bench.packets.selection import RankedPool
     from mnemos.packets import PacketConfig
 
     long_hit = Candidate(1, "t1", "hit", 3.0, 60, Qualifiers("s1", "user", T0))

@@ -1,4 +1,4 @@
-"""bench/precision_check.py on the tiny local cross-encoder: fused pools of synthetic conversations,
+"""bench/quality/precision_check.py on the tiny local cross-encoder: fused pools of synthetic conversations,
 bf16 against fp32 on the CPU (the lead runs fp16/bf16 on real LoCoMo pools on a GPU)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.precision_check import AGREEMENT_BAR, Pool, agreement, real_pools, run
+from bench.quality.precision_check import AGREEMENT_BAR, Pool, agreement, real_pools, run
 from mnemos.encoder import HashingEncoder
 from mnemos.rerank import FakeReranker
 from tests.unit.test_bench_synthetic import synthetic_conversations

@@ -1,7 +1,7 @@
 """The published figures of the method's source appear beside the run's own for LongMemEval-S only."""
 
-from bench.published import published_for, published_lines
-from bench.quality_markdown import quality_header
+from bench.quality.markdown import quality_header
+from bench.quality.published import published_for, published_lines
 
 
 def _run(protocol: str, arm: str, ndcg: float, recall30: float, corpus: str = "pooled") -> dict:

@@ -7,15 +7,15 @@ import json
 import faiss
 import pytest
 
-from bench.arms import ARM_NAMES, arm_by_name
-from bench.caches import PersistentEncoder, PersistentReranker
-from bench.cli import parse_fold_spec
-from bench.corpora import CorpusMode
-from bench.engine import Engine, FoldRerankers, Protocol, RerankerFold, RunKey, prepare_questions
-from bench.plot import plot_ndcg
-from bench.quality import QualityOptions, run_quality
-from bench.selection import SUPPRESSION_OFF, select_full
-from bench.variants import Variant
+from bench.common.caches import PersistentEncoder, PersistentReranker
+from bench.common.corpora import CorpusMode
+from bench.common.plot import plot_ndcg
+from bench.quality.arms import ARM_NAMES, arm_by_name
+from bench.quality.cli import parse_fold_spec
+from bench.quality.engine import Engine, FoldRerankers, Protocol, RerankerFold, RunKey, prepare_questions
+from bench.quality.run import QualityOptions, run_quality
+from bench.quality.selection import SUPPRESSION_OFF, select_full
+from bench.quality.variants import Variant
 from mnemos.encoder import HashingEncoder
 from mnemos.rendering import Rendering
 from mnemos.rerank import CachedReranker, FakeReranker

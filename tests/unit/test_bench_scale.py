@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from api.validation import Limits
-from bench.datasets import Conversation, Question, Turn
-from bench.scale_cli import parse_phases
-from bench.scale_data import (
+from bench.common.datasets import Conversation, Question, Turn
+from bench.scale.cli import parse_phases
+from bench.scale.data import (
     COPY_MARGIN_BYTES,
     cycled,
     haystack_pool,
@@ -21,8 +21,8 @@ from bench.scale_data import (
     question_texts,
     zipf_draws,
 )
-from bench.scale_probe import memory_of
-from bench.scale_tenants import summarise_requests
+from bench.scale.probe import memory_of
+from bench.scale.tenants import summarise_requests
 
 T0 = datetime(2023, 5, 20, 2, 21, tzinfo=UTC)
 LIMITS = Limits(max_text_bytes=200)

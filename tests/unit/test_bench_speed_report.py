@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.speed_report import rerank_sweep, speed_markdown, write_speed_report
+from bench.speed.report import rerank_sweep, speed_markdown, write_speed_report
 
 
 def _block(name: str, *, layers: int | None, ms: float | None, ndcg: float, delta: float,
@@ -70,8 +70,8 @@ def test_report_updates_the_speed_json_in_place(tmp_path: Path) -> None:
 
 
 def test_reranker_details_come_from_the_first_folds_provenance() -> None:
-    from bench.folds import FoldRerankers, RerankerFold
-    from bench.variants import reranker_details
+    from bench.common.folds import FoldRerankers, RerankerFold
+    from bench.quality.variants import reranker_details
 
     folds = [RerankerFold("a", "a", frozenset({"conv-1"}), "id-a", {"layers": 3, "epochs": 1.0, "max_pairs": 10000,
                                                                     "train_config": {"learning_rate": 2e-4}}),
@@ -88,7 +88,7 @@ def test_reranker_details_come_from_the_first_folds_provenance() -> None:
 def test_reranker_specs_name_dirs_max_length_and_precision() -> None:
     import pytest
 
-    from bench.variants import parse_reranker_spec
+    from bench.quality.variants import parse_reranker_spec
 
     def parse(spec: str) -> tuple:
         return parse_reranker_spec(spec, max_length=128, precision="auto")

@@ -1,4 +1,4 @@
-"""bench.stats against hand-computed values and scipy."""
+"""bench.common.stats against hand-computed values and scipy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from bench.stats import bootstrap_ci, compare_paired, permutation_pvalue
+from bench.common.stats import bootstrap_ci, compare_paired, permutation_pvalue
 
 
 def test_exact_permutation_pvalue_by_hand() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import faiss
 
-from bench.corpora import CorpusMode
-from bench.engine import Engine, FoldRerankers, RerankerFold, prepare_questions
-from bench.quality import QualityOptions, run_quality
-from bench.suppression_study import study_markdown, suppression_study
+from bench.common.corpora import CorpusMode
+from bench.quality.engine import Engine, FoldRerankers, RerankerFold, prepare_questions
+from bench.quality.run import QualityOptions, run_quality
+from bench.quality.suppression_study import study_markdown, suppression_study
 from mnemos.encoder import HashingEncoder
 from mnemos.pipeline import RetrievalConfig
 from mnemos.rerank import CachedReranker, FakeReranker

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from bench.datasets import Conversation, Question, Turn
+from bench.common.datasets import Conversation, Question, Turn
 
 TOPICS = ("hiking", "painting", "cooking", "guitar", "chess", "gardening")
 DETAILS = ("mountain", "river", "canvas", "violet", "pasta", "spice", "chord", "melody", "knight", "opening",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bench.datasets import Conversation, Question, Turn
-from bench.reranker_cli import reranker
+from bench.common.datasets import Conversation, Question, Turn
+from bench.training.cli import reranker
 from bench.training.cross_encoder import TrainConfig, train_cross_encoder
 from bench.training.errors import TrainingDataError
 from bench.training.pairs import (

@@ -17,7 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-import bench.extras
+import bench.common.extras
 from workers.cli import COMMANDS_GROUP, register_plugins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def test_declared_groups_load_and_register() -> None:
 
 
 def test_a_missing_bench_extra_leaves_the_groups_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(bench.extras.EXTRA_MODULES, "bench", ("matplotlib", "mnemos_no_such_module"))
+    monkeypatch.setitem(bench.common.extras.EXTRA_MODULES, "bench", ("matplotlib", "mnemos_no_such_module"))
     monkeypatch.delitem(sys.modules, "bench.commands", raising=False)
     root = _service_group()
     assert register_plugins(root, _declared()) == ["mcp"]  # not part of the benchmark
@@ -67,15 +67,15 @@ def test_a_missing_bench_extra_leaves_the_groups_out(monkeypatch: pytest.MonkeyP
 
 
 def test_require_extra_names_the_extra_and_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(bench.extras.EXTRA_MODULES, "train", ("json", "mnemos_no_such_module"))
+    monkeypatch.setitem(bench.common.extras.EXTRA_MODULES, "train", ("json", "mnemos_no_such_module"))
     with pytest.raises(ModuleNotFoundError, match=r"'train' extra .*mnemos_no_such_module.*mnemos\[train\]"):
-        bench.extras.require_extra("train")
-    bench.extras.require_extra("bench")  # installed here (make test installs both extras)
+        bench.common.extras.require_extra("train")
+    bench.common.extras.require_extra("bench")  # installed here (make test installs both extras)
 
 
 def test_a_plugin_that_is_not_a_command_is_refused() -> None:
     with pytest.raises(TypeError, match="not a click command"):
-        register_plugins(_service_group(), [EntryPoint("odd", "bench.extras:EXTRA_MODULES", COMMANDS_GROUP)])
+        register_plugins(_service_group(), [EntryPoint("odd", "bench.common.extras:EXTRA_MODULES", COMMANDS_GROUP)])
 
 
 def test_an_existing_command_is_never_replaced() -> None:
@@ -91,8 +91,8 @@ def test_extras_hold_what_only_the_benchmark_and_training_import() -> None:
     def names(requirements: list[str]) -> tuple[str, ...]:
         return tuple(r.split(">")[0].split("=")[0].split("<")[0].strip() for r in requirements)
 
-    for extra, modules in bench.extras.EXTRA_MODULES.items():
-        assert names(extras[extra]) == modules, f"pyproject [{extra}] and bench/extras.py differ"
+    for extra, modules in bench.common.extras.EXTRA_MODULES.items():
+        assert names(extras[extra]) == modules, f"pyproject [{extra}] and bench/common/extras.py differ"
         for module in modules:
             assert module not in core, f"{module} is a core dependency but only the {extra} extra needs it"
     assert "pydantic" not in core

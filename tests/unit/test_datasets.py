@@ -1,4 +1,4 @@
-"""bench.datasets: LoCoMo and LongMemEval loaders on small hand-written fixtures."""
+"""bench.common.datasets: LoCoMo and LongMemEval loaders on small hand-written fixtures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.datasets import (
+from bench.common.datasets import (
     LOCOMO_CATEGORIES,
     LONGMEMEVAL_CATEGORIES,
     DatasetFormatError,

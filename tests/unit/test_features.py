@@ -1,5 +1,5 @@
 """mnemos.features: post-rerank features (AssoMem §4.2 session-then-turn, §3.2.3 temporal match and
-PPR importance), moved from bench.arms with their tests; plus setting validation."""
+PPR importance), moved from bench.quality.arms with their tests; plus setting validation."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 import pytest
 
-import bench.fetch as fetch_module
-from bench.fetch import LOCOMO, DataFetchError, RemoteFile, cached_file, fetch, locate_locomo
+import bench.common.fetch as fetch_module
+from bench.common.fetch import LOCOMO, DataFetchError, RemoteFile, cached_file, fetch, locate_locomo
 
 BODY = b'[{"sample_id": "conv-x", "conversation": {}, "qa": []}]\n' * 50
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from api.schemas import RetrievalResult
-from bench.mainjob_report import cache_split
+from bench.service.report import cache_split
 
 
 def _asked(latency_s: float, scored: int | None, cached: int | None) -> SimpleNamespace:

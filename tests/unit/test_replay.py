@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bench.corpora import CorpusMode, build_tenants, rendered_texts
-from bench.replay import ReplayRequest, SuppressionReplica, recompute_sample, replay_tenant
+from bench.common.corpora import CorpusMode, build_tenants, rendered_texts
+from bench.service.replay import ReplayRequest, SuppressionReplica, recompute_sample, replay_tenant
 from mnemos.encoder import HashingEncoder
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rerank import FakeReranker

@@ -1,4 +1,4 @@
-"""bench/shard_sim.py: seeded, the ring moves about 1 / (N + 1) of the tenants and only to the new
+"""bench/scale/shard_sim.py: seeded, the ring moves about 1 / (N + 1) of the tenants and only to the new
 shard, a greedy directory balances a light-tailed mix, and the committed numbers are its output."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import shard_sim
+from bench.scale import shard_sim
 
 COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "shard_sim.json"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bench.datasets import load_longmemeval
-from bench.reranker_cli import reranker
+from bench.common.datasets import load_longmemeval
+from bench.training.cli import reranker
 from bench.training.errors import TrainingDataError
 from bench.training.pairs import (
     MiningConfig,
@@ -196,7 +196,7 @@ def test_loading_a_non_commercial_model_warns_once_naming_its_licence(tmp_path: 
 
 
 def test_the_bench_refuses_a_question_every_model_trained_on_naming_both() -> None:
-    from bench.folds import FoldRerankers, RerankerFold
+    from bench.common.folds import FoldRerankers, RerankerFold
     from mnemos.rerank import FakeReranker
 
     folds = [RerankerFold("lme-fold-1", "a", frozenset({"q1", "q2"})), RerankerFold("lme-fold-2", "b", frozenset({"q2"}))]

@@ -1,0 +1,1 @@
+"""What several benchmarks share: datasets, corpora, questions, folds, statistics, caches, plots, data, the service harness."""

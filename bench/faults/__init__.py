@@ -1,0 +1,1 @@
+"""``mnemos bench faults``: real worker processes, private Redis and Postgres, injected faults, then a count."""

