@@ -5,7 +5,7 @@ ingest, query and suppression workers as processes (``python -m workers worker .
 prefix and queue of the run's own, waits until they listen, and removes everything on exit.
 :func:`publish_tenants` publishes dataset conversations turn by turn, as an agent would, and waits
 until every turn is committed. ``mnemos bench service`` (the main job, :mod:`bench.service.mainjob`) and
-``mnemos bench speed`` (:mod:`bench.speed.run`) run on it.
+``mnemos bench speed`` (:mod:`bench.speed.run`) run on it; both time :func:`freshness` on it.
 
 A reranker trained on some conversations (its ``mnemos_provenance.json``) is only evaluated on
 the others (:func:`evaluated_conversations`).
@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +298,39 @@ def publish_conversations(run: ServiceRun, conversations: Sequence[Conversation]
                           timeout_s: float = 3600.0) -> dict[str, float]:
     """:func:`publish_tenants` with one tenant per conversation, named after it."""
     return publish_tenants(run, [(c.conversation_id, c) for c in conversations], timeout_s)
+
+
+def freshness(run, tenant_id: str, probes: int) -> tuple[list[float], int]:
+    """Seconds from XADD to the committed row, for ``probes`` new turns of ``tenant_id``; and how
+    many of them the query worker then returned.
+
+    Each probe has a session of its own, and the check retrieves with a filter on that session:
+    it tests that the committed turn is visible to the query worker, not how the cross-encoder ranks
+    an off-topic sentence (a LoCoMo-trained one scores these probes below ordinary chat turns).
+    """
+    seconds, visible = [], 0
+    for number in range(probes):
+        turn_id = f"probe-{uuid.uuid4().hex[:8]}"
+        session_id = f"session-{turn_id}"
+        text = f"Freshness probe {number}: the parcel code is {uuid.uuid4().hex[:6]}"
+        started = time.perf_counter()
+        run.client.publish_turn({"tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id,
+                                 "role": "user", "text": text, "occurred_at": datetime.now(UTC).isoformat()})
+        deadline = started + 60
+        while True:
+            with run.store.tenant(tenant_id) as tx:
+                if tx.stored_turns([turn_id]):
+                    break
+            if time.perf_counter() > deadline:
+                raise click.ClickException(f"probe {turn_id} was not stored within 60s")
+            time.sleep(0.005)
+        seconds.append(time.perf_counter() - started)
+        hits = run.client.retrieve(tenant_id, text, k=5, filters={"session_ids": [session_id]}).hits
+        if turn_id in [t for h in hits for t in (h.turn_id, *h.aliases)]:
+            visible += 1
+        else:
+            log.warning("probe %s committed but the query worker did not return it", turn_id)
+    return seconds, visible
 
 
 # what the service recorded -----------------------------------------------------------------------

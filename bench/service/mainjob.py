@@ -19,7 +19,7 @@ Protocol:
    sees outcomes of the burn-in and of the evaluation questions asked before it on its tenant,
    never its own; no question is scored by state its own half fed.
 4. Freshness: XADD to committed-and-retrievable, probed on the first tenant afterwards
-   (:func:`bench.speed.run.freshness`).
+   (:func:`bench.common.harness.freshness`).
 5. In-process replay (:mod:`bench.service.replay`): the same requests through :func:`mnemos.pipeline.retrieve`
    on tenants built by :func:`bench.common.corpora.build_tenants` from the embeddings the ingest worker
    stored for each tenant (:func:`bench.service.mainjob_replay.stored_vectors`), each at the suppression state version
@@ -50,6 +50,7 @@ from bench.common.datasets import Conversation
 from bench.common.fetch import DataFetchError, locate_locomo
 from bench.common.harness import (
     ServiceRun,
+    freshness,
     group_caught_up,
     isolated_settings,
     publish_tenants,
@@ -181,8 +182,6 @@ def scrape_counter(port: int, name: str) -> float | None:
 
 def run_service_phases(settings: Settings, plans: list[TenantPlan], *, probes: int, keep: bool) -> ServiceRecord:
     """Ingest, burn-in, suppression catch-up, evaluation and freshness through the worker processes."""
-    from bench.speed.run import freshness
-
     phases: dict[str, float] = {}
     clock = time.monotonic()
     with running_service(settings, keep=keep, log_level="WARNING") as run:

@@ -23,8 +23,6 @@ import logging
 import shlex
 import sys
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -33,6 +31,7 @@ from tqdm import tqdm
 from bench.common.harness import (
     bench_settings,
     evaluated_conversations,
+    freshness,
     machine,
     percentile,
     publish_conversations,
@@ -81,39 +80,6 @@ def rerank_times(conversations, questions, encoder, reranker, pool_size: int) ->
         reranker.score(question.text, pool)
         times.append(time.perf_counter() - started)
     return times
-
-
-def freshness(run, tenant_id: str, probes: int) -> tuple[list[float], int]:
-    """Seconds from XADD to the committed row, for ``probes`` new turns of ``tenant_id``; and how
-    many of them the query worker then returned.
-
-    Each probe has a session of its own, and the check retrieves with a filter on that session:
-    it tests that the committed turn is visible to the query worker, not how the cross-encoder ranks
-    an off-topic sentence (a LoCoMo-trained one scores these probes below ordinary chat turns).
-    """
-    seconds, visible = [], 0
-    for number in range(probes):
-        turn_id = f"probe-{uuid.uuid4().hex[:8]}"
-        session_id = f"session-{turn_id}"
-        text = f"Freshness probe {number}: the parcel code is {uuid.uuid4().hex[:6]}"
-        started = time.perf_counter()
-        run.client.publish_turn({"tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id,
-                                 "role": "user", "text": text, "occurred_at": datetime.now(UTC).isoformat()})
-        deadline = started + 60
-        while True:
-            with run.store.tenant(tenant_id) as tx:
-                if tx.stored_turns([turn_id]):
-                    break
-            if time.perf_counter() > deadline:
-                raise click.ClickException(f"probe {turn_id} was not stored within 60s")
-            time.sleep(0.005)
-        seconds.append(time.perf_counter() - started)
-        hits = run.client.retrieve(tenant_id, text, k=5, filters={"session_ids": [session_id]}).hits
-        if turn_id in [t for h in hits for t in (h.turn_id, *h.aliases)]:
-            visible += 1
-        else:
-            log.warning("probe %s committed but the query worker did not return it", turn_id)
-    return seconds, visible
 
 
 def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
