@@ -10,7 +10,7 @@ Protocol:
 2. Data: the conversations the reranker never trained on (its ``mnemos_provenance.json``). Each
    one is published turn by turn as two tenants, ``<conversation>.a`` and ``<conversation>.b``.
 3. Held-out suppression: the conversation's questions are split in halves A and B by the quality
-   bench's seeded split (:func:`bench.quality.engine.prepare_questions`). On ``.a`` a burn-in asks half-A
+   bench's seeded split (:func:`bench.common.questions.prepare_questions`). On ``.a`` a burn-in asks half-A
    questions through the queue (drawn with replacement, seeded as the quality bench's per-tenant
    held-out runs, ``burnin_factor`` x the half's size); ``.b`` mirrors it with half B. When the
    suppression worker has applied every burn-in outcome (its group has no lag and nothing
@@ -57,8 +57,8 @@ from bench.common.harness import (
     run_stamp,
     running_service,
 )
+from bench.common.questions import BenchQuestion, prepare_questions, stable_seed
 from bench.quality.cli import display_path
-from bench.quality.engine import BenchQuestion, prepare_questions, stable_seed
 from bench.service.mainjob_replay import replay_in_process
 from bench.service.records import Asked, ServiceRecord, TenantPlan, progress_bar
 from workers.runtime.embedded import EmbeddedServices

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from api.schemas import Outcome as OutcomeMessage
 from api.schemas import RetrievalResult
 from bench.common.datasets import Conversation
-from bench.quality.engine import BenchQuestion
+from bench.common.questions import BenchQuestion
 from workers.settings import Settings
 
 

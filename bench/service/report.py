@@ -201,7 +201,7 @@ def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path
             "rerank_max_length", "device")}, "precision": _precisions(settings),
         "protocol": {
             "heldout": "two tenants per conversation: .a burns in on half A and is evaluated on half B, .b the "
-                       "other way round; halves from bench.quality.engine.prepare_questions",
+                       "other way round; halves from bench.common.questions.prepare_questions",
             "burnin_factor": burnin_factor, "seed": seed,
             "burn_in": "draws with replacement from the half (seeded as mnemos bench quality's per-tenant held-out "
                        "runs); evaluation starts once the suppression worker applied every burn-in outcome",

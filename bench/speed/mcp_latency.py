@@ -94,7 +94,7 @@ async def _measure_tenant(rq_client: Any, mcp_client: Any, tenant: str, texts: l
 def run_mcp_bench(settings: Settings, *, data: Path, reranker: str | None, limit: int | None,
                   limit_conversations: int | None, json_path: Path | None) -> int:
     """Run the comparison (module docstring) and print it; writes JSON to ``json_path`` when given."""
-    from bench.quality.engine import prepare_questions
+    from bench.common.questions import prepare_questions
 
     stamp = run_stamp()
     run_settings = bench_settings(settings, reranker=reranker, stamp=stamp).replace(rerank_cache_pairs=0,

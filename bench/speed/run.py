@@ -86,7 +86,7 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
                     limit_conversations: int | None, probes: int, json_path: Path | None,
                     sweep_from: tuple[Path, ...] = (), markdown: Path | None = None) -> int:
     from bench.common.corpora import rendered_texts
-    from bench.quality.engine import prepare_questions
+    from bench.common.questions import prepare_questions
     from workers.runtime.models import load_encoder, load_reranker
 
     stamp = run_stamp()

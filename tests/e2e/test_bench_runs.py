@@ -21,8 +21,8 @@ import bench.common.harness
 import bench.service.mainjob
 import bench.speed.run
 from bench.common.datasets import load_locomo
+from bench.common.questions import prepare_questions
 from bench.common.queue_cleanup import queue_job_ids
-from bench.quality.engine import prepare_questions
 from bench.service.mainjob import run_main_job
 from bench.speed.run import run_speed_bench
 from tests.e2e.recorded_runs import database_name, drop_runs, record_runs
