@@ -16,11 +16,16 @@ import numpy as np
 from bench.common.corpora import global_id
 from bench.common.datasets import Conversation
 
-__all__ = ["DATASET_SPLIT", "BenchQuestion", "prepare_questions", "stable_seed"]
+__all__ = ["DATASET_SPLIT", "BenchQuestion", "overall_question", "prepare_questions", "stable_seed"]
 
 
 DATASET_SPLIT = "*dataset*"
 """The split tag of a dataset whose conversations hold one question each (:func:`prepare_questions`)."""
+
+
+def overall_question(category: int | None) -> bool:
+    """True for questions in the headline set: LoCoMo categories 1-4, or uncategorised datasets."""
+    return category is None or category != 5
 
 
 def stable_seed(*parts: object) -> list[int]:

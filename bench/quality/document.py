@@ -16,6 +16,7 @@ import numpy as np
 
 from bench.common.corpora import CorpusMode
 from bench.common.datasets import Conversation
+from bench.common.questions import overall_question
 from bench.common.stats import bootstrap_ci, compare_paired
 from bench.quality.arms import BASELINE_ARM, FULL_ARM, GAP_ARM, arm_by_name
 from bench.quality.engine import (
@@ -28,7 +29,7 @@ from bench.quality.engine import (
     RunKey,
 )
 from bench.quality.report import run_row
-from bench.quality.selection import Selection, overall_question
+from bench.quality.selection import Selection
 
 if TYPE_CHECKING:
     from bench.quality.options import QualityOptions

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from bench.common.corpora import CorpusMode
+from bench.common.questions import overall_question
 from bench.common.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired
 from bench.quality.arms import CONVEX_ARM, Arm, arm_by_name
 from bench.quality.engine import BenchQuestion, Engine, Protocol, QuestionMetrics
-from bench.quality.selection import overall_question
 
 __all__ = ["CONVEX_GRID", "RRF_ARM", "FusionChoice", "choose_convex_weight", "convex_arm", "fusion_json", "fusion_lines"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from bench.common.questions import overall_question
 from bench.common.stats import bootstrap_ci, compare_paired
 from bench.quality.arms import BASELINE_ARM
 from bench.quality.engine import BenchQuestion, QuestionMetrics
-from bench.quality.selection import overall_question
 
 __all__ = ["CATEGORY_NAMES", "render_markdown", "run_row"]
 

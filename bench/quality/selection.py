@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.common.corpora import CorpusMode
+from bench.common.questions import overall_question
 from bench.common.stats import DEFAULT_RESAMPLES, compare_paired
 from bench.quality.engine import Engine, PoolResult
 from mnemos.features import Feature, FeatureSetting
 
-__all__ = ["DEFAULT_GRID", "SUPPRESSION_OFF", "CandidateOutcome", "Selection", "overall_question", "select_full"]
+__all__ = ["DEFAULT_GRID", "SUPPRESSION_OFF", "CandidateOutcome", "Selection", "select_full"]
 
 DEFAULT_GRID: dict[Feature, tuple[dict[str, float], ...]] = {
     Feature.SESSION: tuple({"top": t, "weight": w} for t in (1, 3) for w in (0.5, 1.0, 2.0)),
@@ -44,11 +45,6 @@ SELECTION_RULE = (
     "NDCG@10 gain over the current configuration is > 0 in every corpus mode and paired permutation "
     "p < {alpha} in at least one"
 )
-
-
-def overall_question(category: int | None) -> bool:
-    """True for questions in the headline set: LoCoMo categories 1-4, or uncategorised datasets."""
-    return category is None or category != 5
 
 
 @dataclass(frozen=True)

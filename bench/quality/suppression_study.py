@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from bench.common.corpora import CorpusMode
+from bench.common.questions import overall_question
 from bench.common.stats import compare_paired
 from bench.quality.arms import BASELINE_ARM, GAP_ARM, Arm, arm_by_name
 from bench.quality.engine import Engine, PoolResult, Protocol
-from bench.quality.selection import overall_question
 
 __all__ = ["DEFAULT_STUDY_GRID", "study_markdown", "suppression_study"]
 

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.common.corpora import CorpusMode
+from bench.common.questions import overall_question
 from bench.common.stats import bootstrap_ci, compare_paired
 from bench.quality.arms import BASELINE_ARM, arm_by_name
 from bench.quality.engine import Engine, Protocol, QuestionMetrics
-from bench.quality.selection import Selection, overall_question
+from bench.quality.selection import Selection
 from mnemos.rerank import Reranker
 
 __all__ = ["Variant", "parse_reranker_spec", "reranker_details", "run_variant", "time_reranker"]

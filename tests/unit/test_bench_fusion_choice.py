@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from bench.common.corpora import CorpusMode
+from bench.common.questions import overall_question
 from bench.quality.engine import Engine, Protocol, prepare_questions
 from bench.quality.fusion_choice import CONVEX_GRID, choose_convex_weight, convex_arm
 from bench.quality.run import QualityOptions, run_quality
-from bench.quality.selection import overall_question
 from mnemos.encoder import HashingEncoder
 from mnemos.fusion import Fusion
 from tests.unit.test_bench_synthetic import synthetic_conversations
