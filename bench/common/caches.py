@@ -20,9 +20,12 @@ import numpy as np
 from mnemos.encoder import Encoder
 from mnemos.rerank import Reranker, model_digest
 
-__all__ = ["PersistentEncoder", "PersistentReranker", "cached_bi_encoder"]
+__all__ = ["DEFAULT_CACHE_DIR", "PersistentEncoder", "PersistentReranker", "cached_bi_encoder"]
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mnemos" / "bench"
+"""Where the benchmark commands keep these caches unless ``--cache-dir`` says otherwise."""
 
 def _key(*parts: str) -> bytes:
     return hashlib.sha1("\x1f".join(parts).encode("utf-8")).digest()

@@ -6,12 +6,17 @@ conversation ids and LongMemEval question ids (one question per haystack, so a L
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from bench.common.paths import display_path
 from mnemos.rerank import Reranker
+from workers.runtime.models import PROVENANCE_FILE
 
-__all__ = ["FoldRerankers", "RerankerFold"]
+__all__ = ["FoldRerankers", "RerankerFold", "load_folds", "parse_fold_spec"]
 
 
 @dataclass(frozen=True)
@@ -58,3 +63,64 @@ class FoldRerankers:
         if isinstance(calibrated, dict) and isinstance(calibrated.get("value"), int | float):
             return float(calibrated["value"])
         return default
+
+
+def parse_fold_spec(spec: str) -> tuple[Path, list[str] | None]:
+    """``"DIR"`` or ``"DIR=conv-a,conv-b"`` (the conversations DIR's model was trained on).
+
+    Without ``=``, the training conversations are read from ``DIR/mnemos_provenance.json``.
+    """
+    path, sep, convs = spec.partition("=")
+    if not sep:
+        return Path(path), None
+    return Path(path), [c.strip() for c in convs.split(",") if c.strip()]
+
+
+def _read_provenance(path: Path) -> dict[str, Any]:
+    file = path / PROVENANCE_FILE
+    if not file.is_file():
+        return {}
+    return json.loads(file.read_text(encoding="utf-8"))
+
+
+def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int,
+               precision: str = "auto", device: str = "cpu", windows: int = 1):
+    """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`FoldRerankers` (None for
+    no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
+    timing). The cross-encoders run on ``device`` (a torch device string, ``cpu`` or ``cuda``) in
+    ``precision`` (``auto`` resolved as the query worker resolves ``MNEMOS_RERANK_PRECISION``:
+    :func:`mnemos.precision.resolve_precision`). Scores are cached per model identity, ``max_length``
+    and resolved precision (not per device: fp32 logits agree across devices to rounding), and
+    ``windows`` above 1 (a long turn read in windows, its best kept).
+
+    Raises:
+        ValueError: if a directory does not exist or names no training conversations.
+    """
+    from bench.common.caches import PersistentReranker
+    from mnemos.precision import resolve_precision
+    from mnemos.rerank import CachedReranker, CrossEncoderReranker, model_digest
+
+    computes_in = resolve_precision(precision, device)
+    records, rerankers, loaders = [], {}, {}
+    for i, spec in enumerate(specs):
+        path, explicit = parse_fold_spec(spec)
+        if not path.is_dir():
+            raise ValueError(f"reranker directory {path} does not exist")
+        provenance = _read_provenance(path)
+        trained = explicit if explicit is not None else provenance.get("training_conversations")
+        if trained is None:
+            raise ValueError(f"{path} has no {PROVENANCE_FILE}; give DIR=conv-a,conv-b")
+        name = path.name or f"fold-{i}"
+        identity = model_digest(path.resolve())
+        records.append(RerankerFold(name, display_path(path), frozenset(trained), identity, provenance))
+
+        def load(p: Path = path) -> CrossEncoderReranker:
+            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size, device=device,
+                                        precision=computes_in, windows=windows)
+
+        window_key = f"|windows={windows}" if windows > 1 else ""
+        persistent = PersistentReranker(f"{identity}|max_length={max_length}|{computes_in.value}{window_key}",
+                                        cache_dir / "rerank_scores", load)
+        rerankers[name] = CachedReranker(persistent, max_entries=None)
+        loaders[name] = load
+    return (FoldRerankers(records, rerankers) if records else None), loaders

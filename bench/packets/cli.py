@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from bench.quality.cli import DEFAULT_CACHE_DIR, load_folds, parse_fold_spec
+from bench.common.caches import DEFAULT_CACHE_DIR
+from bench.common.folds import load_folds, parse_fold_spec
 from mnemos.packets import TokenCounter, whitespace_tokens
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from workers.runtime.models import PROVENANCE_FILE
+from bench.common.caches import DEFAULT_CACHE_DIR
+from bench.common.folds import load_folds
 
 if TYPE_CHECKING:
     from bench.common.caches import PersistentEncoder
@@ -33,84 +34,9 @@ if TYPE_CHECKING:
     from bench.quality.engine import FoldRerankers
     from bench.quality.run import QualityOptions, QualityReport
 
-__all__ = ["QualityCommand", "bench", "parse_fold_spec", "run_quality_command"]
+__all__ = ["QualityCommand", "bench", "run_quality_command"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "mnemos" / "bench"
-
-
-def parse_fold_spec(spec: str) -> tuple[Path, list[str] | None]:
-    """``"DIR"`` or ``"DIR=conv-a,conv-b"`` (the conversations DIR's model was trained on).
-
-    Without ``=``, the training conversations are read from ``DIR/mnemos_provenance.json``.
-    """
-    path, sep, convs = spec.partition("=")
-    if not sep:
-        return Path(path), None
-    return Path(path), [c.strip() for c in convs.split(",") if c.strip()]
-
-
-def _read_provenance(path: Path) -> dict[str, Any]:
-    file = path / PROVENANCE_FILE
-    if not file.is_file():
-        return {}
-    return json.loads(file.read_text(encoding="utf-8"))
-
-
-def display_path(path: Path) -> str:
-    """``path`` relative to the working directory when it lies below it, else its last two parts:
-    results name models and data without a machine's absolute path."""
-    resolved = path.resolve()
-    try:
-        return str(resolved.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(Path(*resolved.parts[-2:]))
-
-
-def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int,
-               precision: str = "auto", device: str = "cpu", windows: int = 1):
-    """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`~bench.common.folds.FoldRerankers` (None for
-    no spec) whose rerankers read and fill the disk score cache, and an uncached loader per fold (for
-    timing). The cross-encoders run on ``device`` (a torch device string, ``cpu`` or ``cuda``) in
-    ``precision`` (``auto`` resolved as the query worker resolves ``MNEMOS_RERANK_PRECISION``:
-    :func:`mnemos.precision.resolve_precision`). Scores are cached per model identity, ``max_length``
-    and resolved precision (not per device: fp32 logits agree across devices to rounding), and
-    ``windows`` above 1 (a long turn read in windows, its best kept).
-
-    Raises:
-        ValueError: if a directory does not exist or names no training conversations.
-    """
-    from bench.common.caches import PersistentReranker
-    from bench.quality.engine import FoldRerankers, RerankerFold
-    from mnemos.precision import resolve_precision
-    from mnemos.rerank import CachedReranker, CrossEncoderReranker, model_digest
-
-    computes_in = resolve_precision(precision, device)
-    records, rerankers, loaders = [], {}, {}
-    for i, spec in enumerate(specs):
-        path, explicit = parse_fold_spec(spec)
-        if not path.is_dir():
-            raise ValueError(f"reranker directory {path} does not exist")
-        provenance = _read_provenance(path)
-        trained = explicit if explicit is not None else provenance.get("training_conversations")
-        if trained is None:
-            raise ValueError(f"{path} has no {PROVENANCE_FILE}; give DIR=conv-a,conv-b")
-        name = path.name or f"fold-{i}"
-        identity = model_digest(path.resolve())
-        records.append(RerankerFold(name, display_path(path), frozenset(trained), identity, provenance))
-
-        def load(p: Path = path) -> CrossEncoderReranker:
-            return CrossEncoderReranker(p, max_length=max_length, batch_size=batch_size, device=device,
-                                        precision=computes_in, windows=windows)
-
-        window_key = f"|windows={windows}" if windows > 1 else ""
-        persistent = PersistentReranker(f"{identity}|max_length={max_length}|{computes_in.value}{window_key}",
-                                        cache_dir / "rerank_scores", load)
-        rerankers[name] = CachedReranker(persistent, max_entries=None)
-        loaders[name] = load
-    return (FoldRerankers(records, rerankers) if records else None), loaders
-
 
 VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
 

@@ -57,8 +57,8 @@ from bench.common.harness import (
     run_stamp,
     running_service,
 )
+from bench.common.paths import display_path
 from bench.common.questions import BenchQuestion, prepare_questions, stable_seed
-from bench.quality.cli import display_path
 from bench.service.mainjob_replay import replay_in_process
 from bench.service.records import Asked, ServiceRecord, TenantPlan, progress_bar
 from workers.runtime.embedded import EmbeddedServices
@@ -298,7 +298,7 @@ def run_main_job(settings: Settings, *, data: Path | None, reranker: str | None,
 
 def _shown(location: str | None) -> str | None:
     """A reranker location as results record it: a directory relative to the working directory
-    (else its last two parts, :func:`bench.quality.cli.display_path`), a name or ``fake`` as given."""
+    (else its last two parts, :func:`bench.common.paths.display_path`), a name or ``fake`` as given."""
     return display_path(Path(location)) if location is not None and Path(location).is_dir() else location
 
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.common.harness import machine, percentile
+from bench.common.paths import display_path
 from bench.common.plot import plot_ndcg
 from bench.common.questions import overall_question
 from bench.common.stats import bootstrap_ci
-from bench.quality.cli import display_path
 from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics
 from mnemos.precision import resolve_precision
 from workers.query.worker import feature_settings

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.common.caches import PersistentEncoder, cached_bi_encoder
-from bench.quality.cli import load_folds
+from bench.common.folds import load_folds
 
 
 def _encoder_dir(tmp_path):

@@ -9,9 +9,9 @@ import pytest
 
 from bench.common.caches import PersistentEncoder, PersistentReranker
 from bench.common.corpora import CorpusMode
+from bench.common.folds import parse_fold_spec
 from bench.common.plot import plot_ndcg
 from bench.quality.arms import ARM_NAMES, arm_by_name
-from bench.quality.cli import parse_fold_spec
 from bench.quality.engine import Engine, FoldRerankers, Protocol, RerankerFold, RunKey, prepare_questions
 from bench.quality.run import QualityOptions, run_quality
 from bench.quality.selection import SUPPRESSION_OFF, select_full
