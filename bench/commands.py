@@ -14,14 +14,16 @@ Importing this module checks that the ``bench`` extra is installed and raises
 
 from __future__ import annotations
 
+import click
+
 from bench.common.extras import require_extra
 
 require_extra("bench")
 
-from bench.common.fetch import data  # noqa: E402
+from bench.common.fetch import data  # noqa: E402 (after the extra check, on purpose)
 from bench.faults.cli import faults  # noqa: E402
 from bench.packets.cli import packets  # noqa: E402
-from bench.quality.cli import bench  # noqa: E402 (after the extra check, on purpose)
+from bench.quality.cli import quality  # noqa: E402
 from bench.quality.precision_check import precision  # noqa: E402
 from bench.scale.cli import scale  # noqa: E402
 from bench.service.mainjob import service  # noqa: E402
@@ -31,6 +33,13 @@ from bench.training.cli import reranker  # noqa: E402
 
 __all__ = ["bench", "data", "reranker"]
 
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: retrieval quality (and, from the service, speed)."""
+
+
+bench.add_command(quality, "quality")
 bench.add_command(service, "service")
 bench.add_command(speed, "speed")
 bench.add_command(speed_report, "speed-report")

@@ -1,6 +1,6 @@
-"""``mnemos bench``: the benchmark command group; ``quality`` lives here.
+"""``mnemos bench quality``: the command and what it loads and writes.
 
-:mod:`bench.commands` adds the ``service``, ``speed`` and ``faults`` commands to :data:`bench`
+:mod:`bench.commands` adds it, with the other benchmarks' commands, to the ``mnemos bench`` group
 and offers the group to the root CLI as an entry-point plugin. Commands are thin: parse options, call a
 ``run_*`` function that returns an exit code.
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from bench.quality.engine import FoldRerankers
     from bench.quality.run import QualityOptions, QualityReport
 
-__all__ = ["QualityCommand", "bench", "run_quality_command"]
+__all__ = ["QualityCommand", "quality", "run_quality_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -320,12 +320,7 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
-@click.group()
-def bench() -> None:
-    """Benchmarks: retrieval quality (and, from the service, speed)."""
-
-
-@bench.command("quality")
+@click.command("quality")
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Dataset file (LoCoMo locomo10.json or a LongMemEval JSON).")
 @click.option("--format", "data_format", type=click.Choice(["locomo", "longmemeval"]), default="locomo",
