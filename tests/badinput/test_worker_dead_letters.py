@@ -28,8 +28,8 @@ from tests.badinput.harness import (
     turn_ids,
     wire_fields,
 )
-from workers.ingest.dead_letters import MAX_PAYLOAD_FIELD_CHARS
 from workers.ingest.worker import IngestWorker
+from workers.runtime.dead_letters import MAX_PAYLOAD_FIELD_CHARS
 from workers.settings import Settings
 from workers.store import PostgresStore
 

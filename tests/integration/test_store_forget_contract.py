@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from workers.ingest.dead_letters import DeadLetter
+from workers.runtime.dead_letters import DeadLetter
 from workers.runtime.errors import StoreError
 from workers.store import Store
 from workers.store.rows import EntryRow, TenantLock, Tombstone, vector_to_bytes

@@ -1,1 +1,1 @@
-"""The ingest side: the ingest worker, dead letters, forget in Postgres and Redis, reindex."""
+"""The ingest side: the ingest worker, forget in Postgres and Redis, reindex."""

@@ -47,7 +47,6 @@ from mnemos.canonical_set import CanonicalSet
 from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.ingest.dead_letters import DeadLetter, payload_of, publish_dead_letters
 from workers.ingest.forget import Verdict, apply_forget, tombstone_verdict
 from workers.ingest.forget_streams import (
     covered_dead_letters,
@@ -57,6 +56,7 @@ from workers.ingest.forget_streams import (
     erase_results,
     sweep_deferred,
 )
+from workers.runtime.dead_letters import DeadLetter, payload_of, publish_dead_letters
 from workers.runtime.errors import EmbeddingVersionError
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.metrics import ServiceMetrics

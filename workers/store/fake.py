@@ -42,7 +42,7 @@ from workers.store.rows import (
 )
 
 if TYPE_CHECKING:
-    from workers.ingest.dead_letters import DeadLetter
+    from workers.runtime.dead_letters import DeadLetter
 
 
 class FakeStore:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from workers.store.rows import EntryRow, LedgerRow, TenantRow, Tombstone
 
 if TYPE_CHECKING:
-    from workers.ingest.dead_letters import DeadLetter
+    from workers.runtime.dead_letters import DeadLetter
 
 
 @dataclass

@@ -27,7 +27,7 @@ from workers.store.postgres_tenant import PostgresTenantSession, insert_dead_let
 from workers.store.rows import SchemaState, TenantVersionRow
 
 if TYPE_CHECKING:
-    from workers.ingest.dead_letters import DeadLetter
+    from workers.runtime.dead_letters import DeadLetter
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from workers.store.rows import (
 )
 
 if TYPE_CHECKING:
-    from workers.ingest.dead_letters import DeadLetter
+    from workers.runtime.dead_letters import DeadLetter
 
 
 class TenantSession(Protocol):

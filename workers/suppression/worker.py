@@ -35,8 +35,8 @@ from api.directory import marked
 from api.errors import InvalidInputError, Reason
 from api.schemas import Outcome as OutcomeMessage
 from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas, warm_up_kmeans
-from workers.ingest.dead_letters import DeadLetter, payload_of
 from workers.query.wire import outcome_record
+from workers.runtime.dead_letters import DeadLetter, payload_of
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.metrics import ServiceMetrics
 from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
