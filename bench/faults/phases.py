@@ -30,7 +30,7 @@ from bench.faults.run import (
     words,
 )
 from mnemos.suppression import UpdateRule, outcome_deltas
-from workers.query.wire import outcome_record
+from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store.audit import Audit
 

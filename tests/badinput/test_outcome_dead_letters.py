@@ -28,7 +28,7 @@ from tests.badinput.harness import (
     turn,
     turn_ids,
 )
-from workers.query.wire import outcome_record
+from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store import PostgresStore
 

@@ -52,8 +52,8 @@ from tests.badinput.harness import (
 )
 from tests.support import spawn_logged, stop_process, wait_for
 from workers.ingest.worker import GROUP as INGEST_GROUP
-from workers.query.wire import outcome_record
 from workers.runtime.streams import StreamMessage
+from workers.runtime.wire import outcome_record
 from workers.store import PostgresStore
 
 

@@ -14,7 +14,7 @@ from tests.integration.factories import (
     query_service,
     suppression_worker,
 )
-from workers.query.wire import outcome_record
+from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store import PostgresStore
 

@@ -1,5 +1,5 @@
 """The wire records (api.schemas) and the core records (mnemos.records, mnemos.filters) stay in step,
-and workers/query/wire.py converts between them without losing a field."""
+and workers/runtime/wire.py converts between them without losing a field."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from api import packets as wire_packets
 from api import schemas
 from mnemos import records
 from mnemos.filters import EntryFilter
-from workers.query.wire import entry_filter, hit_message, outcome_message, outcome_record, result_message
+from workers.runtime.wire import entry_filter, hit_message, outcome_message, outcome_record, result_message
 
 T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
 # core-only fields of a retrieval result: the outcome goes to the outcomes stream, the timings

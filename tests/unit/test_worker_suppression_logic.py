@@ -24,9 +24,9 @@ from tests.unit.worker_fakes import (
     outcome,
     suppression_worker,
 )
-from workers.query.wire import outcome_record
 from workers.runtime.errors import StoreError
 from workers.runtime.streams import StreamMessage
+from workers.runtime.wire import outcome_record
 from workers.store import FakeStore
 from workers.store.rows import TenantLock
 

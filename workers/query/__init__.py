@@ -1,1 +1,1 @@
-"""The query worker: retrieval and catalog jobs, wire conversion, packets, tenant indexes."""
+"""The query worker: retrieval and catalog jobs, packets, tenant indexes."""

@@ -32,7 +32,7 @@ from mnemos.filters import EntryFilter
 from mnemos.packets import PacketConfig, Relevance, TokenCounter, hidden_candidates, packet_from_index
 from mnemos.records import RetrievalResult
 from mnemos.tenant_index import TenantIndex
-from workers.query.wire import packet_message
+from workers.runtime.wire import packet_message
 from workers.settings import Settings
 
 __all__ = ["PacketCache", "PacketKey", "build_packet", "packet_config"]
@@ -109,7 +109,7 @@ class PacketCache:
 def build_packet(index: TenantIndex, request: schemas.RetrievalRequest, allowed: EntryFilter | None,
                  core: RetrievalResult, settings: Settings, count_tokens: TokenCounter) -> Packet:
     """The wire packet of one answered request (``request.budget_tokens`` set) from its core result,
-    ``allowed`` being the core filter the retrieval ran under (:func:`workers.query.wire.entry_filter` of
+    ``allowed`` being the core filter the retrieval ran under (:func:`workers.runtime.wire.entry_filter` of
     the request, converted once by the caller). The hidden candidates come from the retrieval's
     ``core.unfiltered`` lists (retrieved with ``unfiltered=True``); nothing is searched here."""
     assert request.budget_tokens is not None

@@ -65,12 +65,12 @@ from mnemos.suppression import SuppressionTable
 from workers.query.intermediate import sweep
 from workers.query.packets import PacketCache, PacketKey, build_packet
 from workers.query.tenant_cache import CacheStats, TenantCache, TenantState
-from workers.query.wire import entry_filter, outcome_message, result_message
 from workers.runtime.errors import EmbeddingVersionError, OutsideQueryWorkerError
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.liveness import Liveness
 from workers.runtime.metrics import ServiceMetrics
 from workers.runtime.store_state import current_version, require_tenant_version
+from workers.runtime.wire import entry_filter, outcome_message, result_message
 from workers.settings import Settings
 from workers.store import Store
 

@@ -35,11 +35,11 @@ from api.directory import marked
 from api.errors import InvalidInputError, Reason
 from api.schemas import Outcome as OutcomeMessage
 from mnemos.suppression import QueryClusters, UpdateRule, outcome_deltas, warm_up_kmeans
-from workers.query.wire import outcome_record
 from workers.runtime.dead_letters import DeadLetter, payload_of
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.metrics import ServiceMetrics
 from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
+from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store import Store, TenantSession
 from workers.store.rows import TenantLock, vectors_from_bytes
