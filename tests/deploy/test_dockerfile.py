@@ -241,7 +241,7 @@ def test_migrations_ship_as_package_data_and_the_build_checks_the_installed_migr
     check_at = _index(BUILD, lambda i, v: i == "RUN" and "discover()" in v)
     assert check_at >= project_at
     check = BUILD.instructions[check_at][1]
-    assert "python -P -c" in check and "from workers.ops.migrate import discover" in check
+    assert "python -P -c" in check and "from workers.store.schema import discover" in check
     assert "/src/migrations" in check and "found == expected > 0" in check
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from workers.ops.migrate import discover, run_migrations
+from workers.ops.migrate import run_migrations
 from workers.runtime.errors import MigrationError
 from workers.store import PostgresStore
+from workers.store.schema import discover
 
 pytestmark = pytest.mark.integration
 

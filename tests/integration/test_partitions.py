@@ -13,7 +13,8 @@ import pytest
 from psycopg import sql
 
 from tests.support import PG_ADMIN_URL
-from workers.ops.migrate import discover, run_migrations
+from workers.ops.migrate import run_migrations
+from workers.store.schema import discover
 
 pytestmark = pytest.mark.integration
 

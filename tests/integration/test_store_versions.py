@@ -25,7 +25,7 @@ from tests.integration.factories import (
 )
 from tests.support import PG_ADMIN_URL
 from workers.ingest.reindex import run_reindex
-from workers.ops.migrate import discover, ensure_database, run_migrations
+from workers.ops.migrate import ensure_database, run_migrations
 from workers.runtime.errors import EmbeddingVersionError, ReindexError, SchemaOutdatedError
 from workers.runtime.store_state import (
     EmbeddingVersion,
@@ -36,6 +36,7 @@ from workers.runtime.store_state import (
 )
 from workers.settings import Settings
 from workers.store import PostgresStore
+from workers.store.schema import discover
 
 pytestmark = pytest.mark.integration
 

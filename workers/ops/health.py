@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 import redis
 
 from api.heartbeats import KINDS, WorkerBeat, worker_beats
-from workers.ops.migrate import discover
 from workers.runtime.connections import redis_client
 from workers.runtime.errors import (
     EmbeddingVersionError,
@@ -40,6 +39,7 @@ from workers.runtime.redaction import redact, redact_url, secrets_of
 from workers.runtime.store_state import EmbeddingVersion, check_schema, current_version, version_counts
 from workers.settings import Settings
 from workers.store import PostgresStore, Store
+from workers.store.schema import discover
 
 
 def _to_stderr(line: str) -> None:

@@ -5,18 +5,14 @@ shard its own).
 Applied versions are recorded in ``schema_migrations`` (version, name, sha256, applied_at). A
 session-level advisory lock serialises concurrent migrators (two pods starting at once), so each
 file runs once; each file runs in its own transaction together with its bookkeeping row (the
-statements are in :mod:`workers.store.schema`). An applied file whose checksum changed is an
-error: migrations are append-only.
+files are found, and the statements run, by :mod:`workers.store.schema`). An applied file whose
+checksum changed is an error: migrations are append-only.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
 import logging
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -24,45 +20,11 @@ import psycopg
 from workers.runtime.errors import MigrationError, WorkerError
 from workers.runtime.redaction import redact_url
 from workers.settings import Settings
-from workers.store.schema import ensure_database, migration_ledger
+from workers.store.schema import MIGRATIONS_DIR, discover, ensure_database, migration_ledger
 
-__all__ = ["MIGRATIONS_DIR", "Migration", "discover", "ensure_database", "migrate_shards", "run_migrations"]
+__all__ = ["ensure_database", "migrate_shards", "run_migrations"]
 
 log = logging.getLogger(__name__)
-
-MIGRATIONS_DIR = Path(str(importlib.resources.files("migrations")))  # package data: works installed or editable
-_FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-
-
-@dataclass(frozen=True)
-class Migration:
-    """One SQL file: ``version`` is its 4-digit prefix, ``sha256`` the hex digest of its bytes."""
-
-    version: str
-    name: str
-    path: Path
-    sha256: str
-
-    def sql_text(self) -> str:
-        return self.path.read_text(encoding="utf-8")
-
-
-def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
-    """Migration files of ``directory`` sorted by version; raises MigrationError on bad names or none."""
-    found: list[Migration] = []
-    for path in sorted(directory.glob("*.sql")):
-        match = _FILE_RE.match(path.name)
-        if match is None:
-            raise MigrationError(f"migration file name must look like 0001_name.sql: {path.name}")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        found.append(Migration(match.group(1), match.group(2), path, digest))
-    if not found:
-        raise MigrationError(f"no migration files (*.sql) in {directory}")
-    versions = [m.version for m in found]
-    if len(set(versions)) != len(versions):
-        raise MigrationError(f"duplicate migration versions in {directory}: {versions}")
-    return found
-
 
 def run_migrations(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Apply every pending migration; returns the versions applied now (empty if up to date).

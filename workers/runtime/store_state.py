@@ -19,10 +19,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mnemos.rendering import RENDERING_VERSION
-from workers.ops.migrate import discover
 from workers.runtime.errors import EmbeddingVersionError, SchemaOutdatedError
 from workers.store import Store, TenantSession
 from workers.store.rows import TenantRow
+from workers.store.schema import discover
 
 
 @dataclass(frozen=True)

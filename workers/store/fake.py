@@ -40,6 +40,7 @@ from workers.store.rows import (
     matrix_from_bytes,
     vector_to_bytes,
 )
+from workers.store.schema import discover  # the migrations this code ships
 
 if TYPE_CHECKING:
     from workers.runtime.dead_letters import DeadLetter
@@ -86,8 +87,6 @@ class FakeStore:
 
     def schema_state(self) -> SchemaState:
         if self._applied is None:
-            from workers.ops.migrate import discover  # the migrations this code ships
-
             return SchemaState(True, True, frozenset(m.version for m in discover()))
         return SchemaState(bool(self._applied), True, self._applied)
 

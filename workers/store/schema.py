@@ -1,16 +1,22 @@
 """Database administration: create and drop a database, and the bookkeeping of ``mnemos migrate``.
 
-:mod:`workers.ops.migrate` decides which migration files run; this module holds the statements:
-creating the database, the ``schema_migrations`` table (version, name, sha256, applied_at), the
-session-level advisory lock that serialises concurrent migrators (two pods starting at once), and
-running one file in its own transaction together with its bookkeeping row.
+:mod:`workers.ops.migrate` decides which migration files run; this module finds the files this code
+ships (:func:`discover`, which the workers' start-up check of the schema reads too) and
+holds the statements: creating the database, the ``schema_migrations`` table (version, name, sha256,
+applied_at), the session-level advisory lock that serialises concurrent migrators (two pods starting
+at once), and running one file in its own transaction together with its bookkeeping row.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.resources
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -21,6 +27,38 @@ from workers.runtime.errors import MigrationError
 log = logging.getLogger(__name__)
 
 MIGRATION_LOCK_KEY = 0x6D6E656D6F73  # "mnemos": any fixed bigint shared by all migrators
+MIGRATIONS_DIR = Path(str(importlib.resources.files("migrations")))  # package data: works installed or editable
+_FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One SQL file: ``version`` is its 4-digit prefix, ``sha256`` the hex digest of its bytes."""
+
+    version: str
+    name: str
+    path: Path
+    sha256: str
+
+    def sql_text(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+
+def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Migration files of ``directory`` sorted by version; raises MigrationError on bad names or none."""
+    found: list[Migration] = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _FILE_RE.match(path.name)
+        if match is None:
+            raise MigrationError(f"migration file name must look like 0001_name.sql: {path.name}")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        found.append(Migration(match.group(1), match.group(2), path, digest))
+    if not found:
+        raise MigrationError(f"no migration files (*.sql) in {directory}")
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"duplicate migration versions in {directory}: {versions}")
+    return found
 
 
 def _admin_url(database_url: str) -> tuple[str, str | None]:
