@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from workers.runtime.errors import StoreError
-from workers.runtime.store_state import check_schema
 from workers.store import Store
 from workers.store.rows import EntryRow, StagedEmbedding, TenantLock, vector_to_bytes
+from workers.store.state import check_schema
 
 pytestmark = pytest.mark.integration
 

@@ -27,16 +27,16 @@ from tests.support import PG_ADMIN_URL
 from workers.ingest.reindex import run_reindex
 from workers.ops.migrate import ensure_database, run_migrations
 from workers.runtime.errors import EmbeddingVersionError, ReindexError, SchemaOutdatedError
-from workers.runtime.store_state import (
+from workers.settings import Settings
+from workers.store import PostgresStore
+from workers.store.schema import discover
+from workers.store.state import (
     EmbeddingVersion,
     check_schema,
     check_store,
     current_version,
     tenant_versions,
 )
-from workers.settings import Settings
-from workers.store import PostgresStore
-from workers.store.schema import discover
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 
 A tenant is stale when its stored embeddings were made with another rendering
 (:mod:`mnemos.rendering`) or another encoder dimension than this configuration makes
-(:mod:`workers.runtime.store_state`). For each stale tenant:
+(:mod:`workers.store.state`). For each stale tenant:
 
 1. **Stage, in batches** (``reindex_batch_size`` rows, one transaction each, committed as they
    go): every stored turn, canonical and alias rows alike, is rendered, embedded and written to
@@ -37,16 +37,16 @@ from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
 from workers.runtime.errors import ReindexError
 from workers.runtime.models import TruncationCounter
-from workers.runtime.store_state import (
+from workers.settings import Settings
+from workers.store import PostgresStore, Store, TenantSession
+from workers.store.rows import StagedEmbedding, TenantLock
+from workers.store.state import (
     EmbeddingVersion,
     check_schema,
     current_version,
     read_tenant,
     tenant_versions,
 )
-from workers.settings import Settings
-from workers.store import PostgresStore, Store, TenantSession
-from workers.store.rows import StagedEmbedding, TenantLock
 
 log = logging.getLogger(__name__)
 

@@ -61,11 +61,11 @@ from workers.runtime.errors import EmbeddingVersionError
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.metrics import ServiceMetrics
 from workers.runtime.models import TruncationCounter
-from workers.runtime.store_state import current_version, require_tenant_version
 from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.settings import Settings
 from workers.store import Store, TenantSession
 from workers.store.rows import EntryRow, TenantLock, vector_to_bytes, vectors_from_bytes
+from workers.store.state import current_version, require_tenant_version
 
 log = logging.getLogger(__name__)
 

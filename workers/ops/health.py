@@ -36,10 +36,10 @@ from workers.runtime.errors import (
 from workers.runtime.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
 from workers.runtime.models import load_encoder, load_reranker
 from workers.runtime.redaction import redact, redact_url, secrets_of
-from workers.runtime.store_state import EmbeddingVersion, check_schema, current_version, version_counts
 from workers.settings import Settings
 from workers.store import PostgresStore, Store
 from workers.store.schema import discover
+from workers.store.state import EmbeddingVersion, check_schema, current_version, version_counts
 
 
 def _to_stderr(line: str) -> None:

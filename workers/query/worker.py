@@ -69,10 +69,10 @@ from workers.runtime.errors import EmbeddingVersionError, OutsideQueryWorkerErro
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.liveness import Liveness
 from workers.runtime.metrics import ServiceMetrics
-from workers.runtime.store_state import current_version, require_tenant_version
 from workers.runtime.wire import entry_filter, outcome_message, result_message
 from workers.settings import Settings
 from workers.store import Store
+from workers.store.state import current_version, require_tenant_version
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from workers.runtime.liveness import Liveness
 from workers.runtime.metrics import ServiceMetrics, serve
 from workers.runtime.models import limit_blas_threads, load_encoder, load_reranker, load_truncation_counter
 from workers.runtime.redaction import redact_url
-from workers.runtime.store_state import EmbeddingVersion, check_store, current_version
 from workers.runtime.streams import StreamSampler, consumer_name
 from workers.settings import Settings
 from workers.store import PostgresStore, Store
+from workers.store.state import EmbeddingVersion, check_store, current_version
 from workers.suppression import worker as suppression
 
 if TYPE_CHECKING:

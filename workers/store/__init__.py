@@ -6,8 +6,10 @@
   :mod:`workers.store.postgres_tenant`): the service's implementation, rows read by column name.
 * :class:`FakeStore` (:mod:`workers.store.fake`): the same Protocol in memory, for fast tests of
   the worker logic.
-* :mod:`workers.store.schema` (create and drop databases, migration bookkeeping) and
-  :mod:`workers.store.audit` (cross-tenant reads for the fault benchmark).
+* :mod:`workers.store.schema` (create and drop databases, migration files and bookkeeping),
+  :mod:`workers.store.state` (what a process checks of its database before work: the schema, the
+  tenants' embedding versions) and :mod:`workers.store.audit` (cross-tenant reads for the fault
+  benchmark).
 
 No SQL text lives outside this package and ``migrations/`` (``tests/unit/test_architecture.py``).
 """
