@@ -19,9 +19,9 @@ import uuid
 
 from api.heartbeats import live_workers
 from workers.cli import configure_logging
+from workers.launch.supervisor import prepare, spawn_workers, stop_workers
 from workers.runtime.connections import redis_client
 from workers.runtime.embedded import EmbeddedServices
-from workers.runtime.supervisor import prepare, spawn_workers, stop_workers
 from workers.settings import Settings, child_environment, prepare_offline_models, quiet_model_loading
 
 FACTS = ("I moved to Lisbon in March and work from a café near Alfama.",

@@ -158,7 +158,7 @@ def reindex(ctx: click.Context, tenant_id: str | None, progress: bool) -> None:
 @click.pass_context
 def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> None:
     """Run one worker until SIGTERM/SIGINT."""
-    from workers.runtime import process
+    from workers.launch import process
 
     settings = _settings(ctx)
     if kind == "ingest":
@@ -326,7 +326,7 @@ def reshard_where(ctx: click.Context, tenant_id: str) -> None:
 @click.pass_context
 def up(ctx: click.Context, embedded: bool) -> None:
     """Migrations plus ingest, query and suppression workers, until Ctrl-C."""
-    from workers.runtime.supervisor import run_up
+    from workers.launch.supervisor import run_up
 
     sys.exit(run_up(_settings(ctx), allow_embedded=embedded))
 
@@ -338,9 +338,9 @@ def up(ctx: click.Context, embedded: bool) -> None:
 @click.pass_context
 def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     """Publish a small two-tenant conversation, wait until it is stored, ask questions, print hits."""
+    from workers.launch.supervisor import prepare, spawn_workers, stop_workers
     from workers.ops.demo import run_demo
     from workers.runtime.embedded import EmbeddedServices
-    from workers.runtime.supervisor import prepare, spawn_workers, stop_workers
     from workers.store import PostgresStore
 
     settings = _settings(ctx)
@@ -362,9 +362,9 @@ def _sharded_demo(settings: Settings, spawn: bool, wait_s: float) -> int:
     one port per kind on this machine), each tenant's turns stored and asked on its shard's servers."""
     from contextlib import ExitStack
 
+    from workers.launch.supervisor import spawn_workers, stop_workers
     from workers.ops.demo import run_demo
     from workers.ops.migrate import migrate_shards
-    from workers.runtime.supervisor import spawn_workers, stop_workers
     from workers.store import PostgresStore
 
     shards = [settings.for_shard(s) for s in range(settings.shards)]

@@ -38,9 +38,9 @@ from bench.common.datasets import Conversation, load_locomo
 from bench.common.datasets import Turn as DatasetTurn
 from bench.common.queue_cleanup import delete_queue
 from workers.ingest.worker import GROUP as INGEST_GROUP
+from workers.launch.supervisor import WORKER_KINDS, spawn_workers, stop_workers
 from workers.ops.migrate import ensure_database, run_migrations
 from workers.runtime.models import cross_encoder_location, reranker_provenance
-from workers.runtime.supervisor import WORKER_KINDS, spawn_workers, stop_workers
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.store.schema import drop_database

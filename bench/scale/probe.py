@@ -31,7 +31,7 @@ from rq.serializers import JSONSerializer
 
 from api.client import job_id_for
 from bench.common.harness import ServiceRun
-from workers.runtime.supervisor import spawn_workers
+from workers.launch.supervisor import spawn_workers
 from workers.settings import Settings
 
 CACHE_HITS = "mnemos_query_tenant_cache_hits_total"

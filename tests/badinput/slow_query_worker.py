@@ -1,6 +1,6 @@
 """A real query worker process whose reranker is slow: ``python -m tests.badinput.slow_query_worker``.
 
-Runs :func:`workers.runtime.process.run_query` with settings from the environment (``MNEMOS_*``), but the
+Runs :func:`workers.launch.process.run_query` with settings from the environment (``MNEMOS_*``), but the
 reranker is a :class:`mnemos.rerank.FakeReranker` that touches ``--marker`` when a rerank starts
 and then sleeps ``--sleep-s`` seconds, so a test can SIGKILL the process in the middle of a
 rerank. Test support only.
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep-s", type=float, default=60.0)
     args = parser.parse_args(argv)
     prepare_offline_models()
-    from workers.runtime import process
+    from workers.launch import process
 
     reranker = SlowReranker(args.marker, args.sleep_s)
     process.load_reranker = lambda _settings: reranker  # type: ignore[assignment]

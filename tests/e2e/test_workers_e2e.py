@@ -15,7 +15,7 @@ import redis
 from api.heartbeats import live_workers
 from tests.integration.factories import client_for, conversation_turns, turn
 from tests.support import wait_until
-from workers.runtime.supervisor import spawn_workers, stop_workers
+from workers.launch.supervisor import spawn_workers, stop_workers
 from workers.settings import Settings
 from workers.store import PostgresStore
 

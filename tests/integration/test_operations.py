@@ -22,6 +22,7 @@ from rq.serializers import JSONSerializer
 from api.schemas import RetrievalRequest
 from tests.integration.factories import client_for, ingest_turns, query_service, turn
 from tests.support import JOB_TTLS, wait_until
+from workers.launch.process import open_checked_store
 from workers.query.intermediate import seen_key, sweep
 from workers.query.worker import QueryWorker, retrieval_job
 from workers.runtime.connections import redis_client as service_redis_client
@@ -29,7 +30,6 @@ from workers.runtime.errors import StoreError
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.liveness import Liveness
 from workers.runtime.metrics import LIVENESS_PATH, ServiceMetrics, start_server
-from workers.runtime.process import open_checked_store
 from workers.runtime.streams import StreamConsumer, run_consumer
 from workers.settings import Settings
 from workers.store import PostgresStore

@@ -14,7 +14,7 @@ import redis
 
 from api.heartbeats import live_workers
 from tests.support import wait_until
-from workers.runtime.supervisor import spawn_workers, stop_workers
+from workers.launch.supervisor import spawn_workers, stop_workers
 from workers.settings import Settings, child_environment
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra is not install
 
 from tests.integrations.harness import start_http_server, start_workers  # noqa: E402
 from tests.integrations.mcp_helpers import http_client, ok, recall_when_back, texts, tool_error, turn_ids  # noqa: E402
-from workers.runtime.supervisor import stop_workers  # noqa: E402
+from workers.launch.supervisor import stop_workers  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 
 pytestmark = pytest.mark.e2e

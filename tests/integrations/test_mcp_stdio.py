@@ -21,7 +21,7 @@ from tests.integrations.mcp_helpers import (  # noqa: E402
     turn_ids,
 )
 from tests.support import wait_until  # noqa: E402
-from workers.runtime.supervisor import stop_workers  # noqa: E402
+from workers.launch.supervisor import stop_workers  # noqa: E402
 from workers.settings import Settings  # noqa: E402
 
 pytestmark = pytest.mark.e2e

@@ -97,7 +97,7 @@ def test_the_cycle_finder_finds_a_constructed_circle() -> None:
 
 def test_the_graph_resolves_submodules_relative_and_lazy_imports() -> None:
     graph = _graph()
-    assert "workers.runtime.supervisor" in graph["workers.cli"]  # imported inside a command function
+    assert "workers.launch.supervisor" in graph["workers.cli"]  # imported inside a command function
     assert graph["mnemos"]  # the package's __init__ re-exports from its submodules
 
 

@@ -13,8 +13,8 @@ import time
 import pytest
 import redis
 
+from workers.launch.process import _RestartBackoff, _WorkLoopEnded
 from workers.runtime.errors import StoreError
-from workers.runtime.process import _RestartBackoff, _WorkLoopEnded
 from workers.runtime.streams import StreamMessage, run_consumer
 
 
@@ -117,7 +117,7 @@ def test_a_stop_request_ends_a_long_wait_at_once() -> None:
 
 def test_the_query_worker_restarts_after_half_a_second_doubling_and_again_after_a_healthy_run(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="workers.runtime.process")
+    caplog.set_level(logging.WARNING, logger="workers.launch.process")
     backoff = _RestartBackoff(cap=5.0)
     assert [backoff.compute(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 4.0, 5.0]
     backoff.ended(_WorkLoopEnded(ran_s=61.0), 6)  # the sixth end came after a minute of work

@@ -1,1 +1,1 @@
-"""What every process runs on: entry points, supervisor, stream loop, Redis client, settings checks, heartbeats, liveness, metrics, models, database checks, errors and exit codes."""
+"""What every process runs on: the stream loop, the Redis client, settings checks, heartbeats, liveness, metrics, models, embedded servers, dead letters, wire conversions, errors and exit codes."""
