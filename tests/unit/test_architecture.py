@@ -3,8 +3,10 @@ function may be, and no machine paths in committed files.
 
 docs/architecture.md "Modules" states the layering these tests hold: the pure core (``mnemos``)
 imports none of the other parts; the service (``workers``) and the client (``api``) never import
-the benchmark part (``bench``), which reaches the CLI only as an entry-point plugin. Every SQL
-statement lives in the store (``workers/store/``) or in ``migrations/``.
+the benchmark part (``bench``), which reaches the CLI only as an entry-point plugin. Inside the
+service and the benchmark part, the rooms (sub-packages) are layered: a room imports only rooms below
+it, never a sibling (``WORKERS_LAYERS``, ``BENCH_LAYERS``). Every SQL statement lives in the store
+(``workers/store/``) or in ``migrations/``.
 """
 
 from __future__ import annotations
@@ -85,6 +87,103 @@ def test_the_service_top_holds_only_the_command_and_the_settings() -> None:
     top = REPO / "workers"
     assert {p.name for p in top.glob("*.py")} == WORKERS_TOP
     assert {p.name for p in top.iterdir() if (p / "__init__.py").is_file()} == WORKERS_WINGS
+
+
+# The rooms of a part, bottom first (docs/architecture.md "Modules"): a room is a sub-package (a wing of
+# workers/, a package of bench/) or a module at the part's top. A room imports only itself and rooms of
+# lower layers: never one above it, never a sibling of its own layer. The base of the service is one
+# room in two places: settings.py checks its URLs and shard map with runtime/ helpers, and runtime/
+# reads Settings (test_import_cycles.py keeps the modules themselves out of circles).
+WORKERS_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"runtime", "settings"}),  # what every process runs on
+    frozenset({"store"}),  # Postgres
+    frozenset({"ingest", "query", "suppression"}),  # the three workers
+    frozenset({"ops"}),  # the operator commands' glue
+    frozenset({"launch"}),  # the workers' entry points and mnemos up (which migrates first)
+    frozenset({"cli"}),  # the mnemos command
+    frozenset({"__main__"}),
+)
+WORKERS_ONE_ROOM = frozenset({"runtime", "settings"})
+BENCH_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"common"}),  # what several benchmarks share, the service harness included
+    frozenset({"training"}),  # the reranker's training, which the quality benchmark evaluates
+    frozenset({"quality", "service", "speed", "scale", "faults", "packets"}),  # one package per benchmark
+    frozenset({"commands"}),  # the front door: mnemos bench, reranker, data
+)
+
+
+def _room(path: Path, root: Path) -> str | None:
+    """The room of the module at ``path`` under its part's folder ``root``: its sub-package, or the top
+    module's own name (None for the part's ``__init__.py``)."""
+    parts = path.relative_to(root).parts
+    return parts[0] if len(parts) > 1 else (None if path.stem == "__init__" else path.stem)
+
+
+def _imported_rooms(path: Path, package: str) -> Iterator[tuple[int, str]]:
+    """(line, room) of every import in ``path`` of a module of ``package`` (``from package import x``
+    counts as importing room ``x``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = ([node.module] if "." in node.module
+                     else [f"{node.module}.{alias.name}" for alias in node.names])
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == package and len(parts) > 1:
+                yield node.lineno, parts[1]
+
+
+def _crossings(root: Path, layers: tuple[frozenset[str], ...], one_room: frozenset[str] = frozenset()) -> list[str]:
+    """Every import in the part at ``root`` of a room above the importer's or of a sibling in its layer,
+    and every room no layer names."""
+    layer_of = {room: i for i, rooms in enumerate(layers) for room in rooms}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        room = _room(path, root)
+        if room is None:
+            continue
+        if room not in layer_of:
+            found.append(f"{path.relative_to(root.parent).as_posix()}: room {room} is in no layer")
+            continue
+        for line, other in _imported_rooms(path, root.name):
+            if other == room or (room in one_room and other in one_room):
+                continue
+            if layer_of.get(other, len(layers)) >= layer_of[room]:
+                found.append(f"{path.relative_to(root.parent).as_posix()}:{line}: {room} imports {other}")
+    return found
+
+
+def test_the_layer_check_sees_upward_and_sideways_imports(tmp_path: Path) -> None:
+    part = tmp_path / "part"
+    for room in ("low", "left", "right", "up"):
+        (part / room).mkdir(parents=True)
+        (part / room / "__init__.py").write_text("", encoding="utf-8")
+    (part / "low" / "a.py").write_text("def f():\n    from part.up import b\n", encoding="utf-8")
+    (part / "left" / "a.py").write_text("import part.low.a\nfrom part.right import a\n", encoding="utf-8")
+    (part / "up" / "b.py").write_text("from part.left import a\nfrom part import low\n", encoding="utf-8")
+    (part / "stray.py").write_text("", encoding="utf-8")
+    layers = (frozenset({"low"}), frozenset({"left", "right"}), frozenset({"up"}))
+    assert _crossings(part, layers) == [
+        "part/left/a.py:2: left imports right", "part/low/a.py:2: low imports up", "part/stray.py: room stray is in no layer"]
+
+
+def test_the_service_wings_import_only_downwards() -> None:
+    """docs/architecture.md "Modules": runtime/ (with settings.py) at the bottom, then store/, then the three
+    workers (none imports another), then ops/, then launch/, then the mnemos command."""
+    assert _crossings(REPO / "workers", WORKERS_LAYERS, WORKERS_ONE_ROOM) == []
+    assert {room for layer in WORKERS_LAYERS for room in layer} == WORKERS_WINGS | {"settings", "cli", "__main__"}
+
+
+def test_a_benchmark_imports_no_sibling_benchmark() -> None:
+    """docs/architecture.md "Modules": a benchmark's package imports bench/common/ and bench/training/,
+    never another benchmark; common/ imports no other package of bench/, training/ only common/."""
+    assert _crossings(REPO / "bench", BENCH_LAYERS) == []
+    packages = {p.name for p in (REPO / "bench").iterdir() if (p / "__init__.py").is_file()}
+    assert packages | {"commands"} == {room for layer in BENCH_LAYERS for room in layer}
 
 
 # A string constant is SQL when, after leading whitespace, it opens like a statement: a keyword
