@@ -22,7 +22,7 @@ from enum import IntEnum
 
 from mnemos.errors import InvalidParameterError
 
-__all__ = ["RENDERING_VERSION", "Rendering", "render_turn"]
+__all__ = ["RENDERING_VERSION", "Rendering", "render_turn", "rendered_speaker"]
 
 
 class Rendering(IntEnum):
@@ -68,3 +68,18 @@ def render_turn(
     if version is Rendering.SPEAKER and speaker:
         return f"{speaker}: {body}"
     return body
+
+
+def rendered_speaker(rendered: str) -> str | None:
+    """The speaker of a ``SPEAKER`` rendering: ``"user"`` for ``"user: I moved to Oslo"``.
+
+    The inverse of :func:`render_turn`'s prefix, for code that holds only rendered texts (reranker
+    training matches a positive's hard negatives to its speaker, docs/reranker.md "Training data
+    from LongMemEval"). Returns None when the text has no ``"<speaker>: "`` prefix (a ``TEXT``
+    rendering, or a turn stored without a speaker). A ``TEXT`` rendering whose own text starts
+    with ``"word: "`` reads as that speaker: call this on ``SPEAKER`` renderings only.
+    """
+    speaker, sep, _ = rendered.partition(": ")
+    if not sep or not speaker.strip() or "\n" in speaker:
+        return None
+    return speaker

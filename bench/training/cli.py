@@ -59,6 +59,7 @@ def run_train(
     seed: int,
     max_steps: int | None = None,
     dense: bool = True,
+    same_speaker: bool = False,
     threads: int | None = 2,
     layers: int | None = None,
     device: str = "cpu",
@@ -108,7 +109,8 @@ def run_train(
         positives, corpora = training_positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
                                         question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence)
         encoder = _load_bi_encoder(device) if dense else None
-        mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense)
+        mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
+                                             same_speaker=same_speaker)
         examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
         if corpora and calibration_queries > 0:
             calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
@@ -121,6 +123,7 @@ def run_train(
             "depth": mining.depth,
             "bm25": mining.use_bm25,
             "dense": mining.use_dense,
+            "same_speaker": mining.same_speaker,
             "n_positive_candidates": len(positives),
             "seconds": round(mined_at - started, 3),
         }
@@ -335,6 +338,8 @@ def reranker() -> None:
               help="Peak learning rate (linear warmup over 10% of the steps, then linear decay).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
+@click.option("--same-speaker/--any-speaker", "same_speaker", default=False, show_default=True,
+              help="Hard negatives spoken by the positive's own speaker first (docs/reranker.md).")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch CPU threads.")
 @click.option("--layers", type=click.IntRange(min=1, max=6), default=None,
               help="Keep only the first N transformer layers (a faster reranker); default all 6.")
@@ -350,7 +355,7 @@ def reranker() -> None:
 @click.option("--distil-weight", type=click.FloatRange(min=0, max=1), default=None,
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
-          max_steps, dense, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
+          max_steps, dense, same_speaker, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
           learning_rate) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
@@ -382,7 +387,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             data=data, pairs=pairs, conversations=ids, fold=_parse_fold(fold) if fold else None, out=out,
             longmemeval=tuple(longmemeval), pairs_licence=pairs_licence,
             question_fold=_parse_fold(question_fold, "--question-fold") if question_fold else None,
-            max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, threads=threads,
+            max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, same_speaker=same_speaker,
+            threads=threads,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,

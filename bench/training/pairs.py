@@ -29,7 +29,7 @@ import numpy as np
 from bench.training.errors import TrainingDataError
 from mnemos.bm25_index import BM25Index
 from mnemos.fusion import reciprocal_rank_fusion
-from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn
+from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn, rendered_speaker
 
 __all__ = [
     "Conversation",
@@ -94,6 +94,14 @@ class MiningConfig:
     j of a query takes the j-th slice of that list, so sibling positives get different negatives.
     ``max_pairs`` caps the output by sampling whole positive groups (a positive with its
     negatives), so the positive/negative ratio survives the cap.
+
+    ``same_speaker`` puts the hard candidates spoken by the positive's own speaker
+    (:func:`mnemos.rendering.rendered_speaker`) ahead of the others, each part in its ranking
+    order, and draws the random negatives from that speaker's turns (any turn when it has none),
+    so a speaker's share of positives is the same for every speaker. Without it the speaker prefix itself becomes a label: LongMemEval's evidence is a user
+    turn for 94% of its questions while BM25's hard candidates are mostly long assistant turns, so
+    a model learns "assistant: ... = not relevant" and buries every answer the assistant gave
+    (docs/reranker.md "What the cross-encoder learns").
     """
 
     hard_negatives: int = 3
@@ -103,6 +111,7 @@ class MiningConfig:
     use_dense: bool = True
     max_pairs: int | None = None
     seed: int = 0
+    same_speaker: bool = False
 
 
 class TextEncoder(Protocol):
@@ -365,6 +374,15 @@ def _interleave(*rankings: list[int]) -> list[int]:
     return out
 
 
+def _speaker_first(candidates: list[str], positive: str) -> list[str]:
+    """``candidates`` with those of ``positive``'s speaker first, each part in its own order."""
+    speaker = rendered_speaker(positive)
+    if speaker is None:
+        return candidates
+    same = [c for c in candidates if rendered_speaker(c) == speaker]
+    return same + [c for c in candidates if rendered_speaker(c) != speaker]
+
+
 def mine_examples(
     positives: Sequence[PositivePair],
     *,
@@ -407,11 +425,15 @@ def mine_examples(
             for i in (m for m in members if positives[m].query == q):
                 p = positives[i]
                 chosen = [n for n in p.negatives if n not in gold[q]][: max(config.hard_negatives, len(p.negatives))]
+                ranked = _speaker_first(hard, p.passage) if config.same_speaker else hard
                 start = slot[q] * config.hard_negatives
-                pool = hard[start:] + hard[:start]
+                pool = ranked[start:] + ranked[:start]
                 chosen += [n for n in pool if n not in chosen][: max(0, config.hard_negatives - len(chosen))]
                 slot[q] += 1
                 others = [x for x in passages if x not in gold[q] and x not in chosen]
+                if config.same_speaker:
+                    speaker = rendered_speaker(p.passage)
+                    others = [x for x in others if rendered_speaker(x) == speaker] or others
                 chosen += rng.sample(others, min(config.random_negatives, len(others)))
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))

@@ -21,6 +21,7 @@ from bench.training.pairs import (
     question_folds,
 )
 from bench.training.sources import training_positives
+from mnemos.rendering import render_turn, rendered_speaker
 from workers.runtime.model_licences import COMMERCIAL_USE_LICENCES, restricted_sources, training_sources
 from workers.runtime.models import PROVENANCE_FILE, warn_restricted_licence
 
@@ -90,6 +91,43 @@ def test_mined_negatives_come_from_the_same_haystack(tiny_file: Path) -> None:
         assert (example.label == 1.0) == (example.passage in {p.passage for p in positives if p.group == group})
     commute_negatives = [e.passage for e in examples if e.label == 0.0 and "commute" in e.query]
     assert commute_negatives and "a long ride" in commute_negatives[0]  # BM25's hard one ("is", "long") first
+
+
+RIDE = [_turn("user", "The tram ride this morning took forty minutes.", answer=True),
+        _turn("assistant", "A long tram ride this morning? A ride that long is a good time for podcasts."),
+        _turn("user", "The tram was late."),
+        _turn("assistant", "Basil likes sun."),
+        _turn("user", "I planted basil.")]
+
+
+def _ride_negatives(tmp_path: Path, same_speaker: bool, hard: int) -> list[str]:
+    path = tmp_path / "ride.json"
+    path.write_text(json.dumps([_item("r1", "How long was the tram ride this morning?", "single-session-user",
+                                      [("s-ride", RIDE)])]), encoding="utf-8")
+    positives, corpora = longmemeval_positives(load_longmemeval(path))
+    config = MiningConfig(hard_negatives=hard, random_negatives=1, use_dense=False, same_speaker=same_speaker)
+    return [e.passage for e in mine_examples(positives, config=config, corpora=corpora) if e.label == 0.0]
+
+
+def test_same_speaker_mining_gives_a_positive_hard_and_random_negatives_of_its_own_speaker(tmp_path: Path) -> None:
+    plain = _ride_negatives(tmp_path, same_speaker=False, hard=1)
+    assert plain[0].startswith("assistant: A long tram ride")  # BM25's hardest candidate, the other speaker
+    matched = _ride_negatives(tmp_path, same_speaker=True, hard=1)
+    assert matched == ["user: The tram was late.", "user: I planted basil."]  # hard, then random, both the user's
+
+
+def test_same_speaker_mining_takes_other_speakers_when_its_own_run_out(tmp_path: Path) -> None:
+    matched = _ride_negatives(tmp_path, same_speaker=True, hard=2)
+    assert matched[:2] == ["user: The tram was late.", "assistant: A long tram ride this morning? A ride that long "
+                           "is a good time for podcasts."]
+    assert matched[2] == "user: I planted basil."  # the random one still from the user's own turns
+
+
+def test_rendered_speaker_reads_the_prefix_that_render_turn_writes() -> None:
+    assert rendered_speaker(render_turn("Caroline", "I went: it was fun")) == "Caroline"
+    assert rendered_speaker(render_turn("assistant", "Sure.")) == "assistant"
+    assert rendered_speaker(render_turn("", "no speaker")) is None
+    assert rendered_speaker("no prefix at all") is None
 
 
 def test_miner_refuses_unknown_question_ids(tiny_file: Path) -> None:
