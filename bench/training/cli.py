@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from bench.training.distil import DistilConfig
-    from bench.training.pairs import LabelledPair
+    from bench.training.pairs import LabelledPair, MiningConfig
 
 __all__ = ["reranker", "run_check", "run_train"]
 
@@ -42,6 +42,13 @@ def _parse_fold(spec: str, option: str = "--fold") -> tuple[int, int]:
     except ValueError as exc:
         raise click.BadParameter(f"expected i/k such as 2/2, got {spec!r}", param_hint=option) from exc
     return fold, n_folds
+
+
+def _mining_record(mining: MiningConfig, n_positives: int, seconds: float) -> dict[str, object]:
+    """The provenance's ``mining`` entry: the :class:`MiningConfig` that made the pairs, and its cost."""
+    return {"hard_negatives": mining.hard_negatives, "random_negatives": mining.random_negatives,
+            "depth": mining.depth, "bm25": mining.use_bm25, "dense": mining.use_dense,
+            "same_speaker": mining.same_speaker, "n_positive_candidates": n_positives, "seconds": round(seconds, 3)}
 
 
 def run_train(
@@ -117,16 +124,7 @@ def run_train(
                                                            n_queries=calibration_queries, seed=seed)
         del encoder
         mined_at = time.perf_counter()
-        provenance["mining"] = {
-            "hard_negatives": mining.hard_negatives,
-            "random_negatives": mining.random_negatives,
-            "depth": mining.depth,
-            "bm25": mining.use_bm25,
-            "dense": mining.use_dense,
-            "same_speaker": mining.same_speaker,
-            "n_positive_candidates": len(positives),
-            "seconds": round(mined_at - started, 3),
-        }
+        provenance["mining"] = _mining_record(mining, len(positives), mined_at - started)
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
         config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device,
                                       learning_rate=learning_rate)
