@@ -3,7 +3,7 @@
 ``pyproject.toml`` declares them under the entry-point group ``mnemos.commands``
 (:data:`workers.cli.COMMANDS_GROUP`): ``bench`` (quality, service, speed, speed-report, scale, faults, packets,
 precision, mcp), ``reranker``
-(train, check) and ``data`` (fetch). The service CLI finds them through the installed
+(train, check, pools) and ``data`` (fetch). The service CLI finds them through the installed
 distribution's metadata and never imports this package by name, so the service image, which
 installs neither extra, simply has no such commands.
 
@@ -30,6 +30,7 @@ from bench.service.mainjob import service  # noqa: E402
 from bench.speed.mcp_latency import mcp_latency  # noqa: E402
 from bench.speed.run import speed, speed_report  # noqa: E402
 from bench.training.cli import reranker  # noqa: E402
+from bench.training.pools_cli import pools  # noqa: E402
 
 __all__ = ["bench", "data", "reranker"]
 
@@ -48,3 +49,5 @@ bench.add_command(faults, "faults")
 bench.add_command(packets, "packets")
 bench.add_command(precision, "precision")
 bench.add_command(mcp_latency, "mcp")
+
+reranker.add_command(pools, "pools")  # bench/training/cli.py is full

@@ -51,7 +51,7 @@ def test_declared_groups_load_and_register() -> None:
     root = _service_group()
     assert sorted(register_plugins(root, _declared())) == ["bench", "data", "mcp", "reranker"]
     assert {"quality", "service", "speed", "faults"} <= set(root.commands["bench"].commands)  # type: ignore[attr-defined]
-    assert {"train", "check"} <= set(root.commands["reranker"].commands)  # type: ignore[attr-defined]
+    assert {"train", "check", "pools"} <= set(root.commands["reranker"].commands)  # type: ignore[attr-defined]
     out = CliRunner().invoke(root, ["bench", "faults", "--help"])
     assert out.exit_code == 0 and "--redis-restarts" in out.output
 
