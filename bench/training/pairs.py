@@ -97,7 +97,8 @@ class MiningConfig:
 
     ``same_speaker`` puts the hard candidates spoken by the positive's own speaker
     (:func:`mnemos.rendering.rendered_speaker`) ahead of the others, each part in its ranking
-    order, and draws the random negatives from that speaker's turns (any turn when it has none),
+    order, and draws the random negatives from that speaker's turns first (then any turn when they
+    run out; any turn for a positive without a speaker prefix),
     so a speaker's share of positives is the same for every speaker. Without it the speaker prefix itself becomes a label: LongMemEval's evidence is a user
     turn for 94% of its questions while BM25's hard candidates are mostly long assistant turns, so
     a model learns "assistant: ... = not relevant" and buries every answer the assistant gave
@@ -383,6 +384,16 @@ def _speaker_first(candidates: list[str], positive: str) -> list[str]:
     return same + [c for c in candidates if rendered_speaker(c) != speaker]
 
 
+def _random_negatives(rng: random.Random, others: list[str], positive: str, config: MiningConfig) -> list[str]:
+    """``config.random_negatives`` passages drawn from ``others``; with ``same_speaker``, from those of
+    ``positive``'s speaker first, topped up from the rest when they run out (no speaker: any)."""
+    speaker = rendered_speaker(positive) if config.same_speaker else None
+    same = [x for x in others if rendered_speaker(x) == speaker] if speaker is not None else []
+    picked = rng.sample(same, min(config.random_negatives, len(same)))
+    rest = [x for x in others if x not in picked] if picked else others
+    return picked + rng.sample(rest, min(config.random_negatives - len(picked), len(rest)))
+
+
 def mine_examples(
     positives: Sequence[PositivePair],
     *,
@@ -431,10 +442,7 @@ def mine_examples(
                 chosen += [n for n in pool if n not in chosen][: max(0, config.hard_negatives - len(chosen))]
                 slot[q] += 1
                 others = [x for x in passages if x not in gold[q] and x not in chosen]
-                if config.same_speaker:
-                    speaker = rendered_speaker(p.passage)
-                    others = [x for x in others if rendered_speaker(x) == speaker] or others
-                chosen += rng.sample(others, min(config.random_negatives, len(others)))
+                chosen += _random_negatives(rng, others, p.passage, config)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
 

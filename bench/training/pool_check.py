@@ -217,6 +217,18 @@ def summarise(rows: Sequence[PoolRow], *, n_resamples: int = 10_000) -> PoolChec
     )
 
 
+def _nothing_selected(conversations: Sequence[Conversation], trained: Collection[str], on_training: bool) -> str:
+    """Why :func:`select_questions` chose nothing: no usable question at all, or every one on the other side."""
+    usable = len(select_questions(conversations, ()))
+    if not usable:
+        return "no question with evidence (abstention apart) in the data"
+    if on_training:
+        return (f"no trained-on question: none of the {usable} questions with evidence (abstention apart) "
+                "is in the model's training_conversations")
+    return (f"no held-out question, nothing is held out: all {usable} questions with evidence (abstention apart) "
+            "are in the model's training_conversations (--on-training checks them as a fit)")
+
+
 def check_pools(
     conversations: Sequence[Conversation], reranker: Reranker, *, trained: Collection[str],
     on_training: bool = False, pool_size: int = 30, limit: int | None = None, n_resamples: int = 10_000,
@@ -235,14 +247,14 @@ def check_pools(
         progress: called as ``progress(done, total)`` after each question.
 
     Raises:
-        ValueError: if ``pool_size`` < 1, or no question is selected.
+        ValueError: if ``pool_size`` < 1, or no question is selected (the message says whether the data
+            has none with evidence or every one is on the other side of ``trained``).
     """
     if pool_size < 1:
         raise ValueError(f"pool_size must be >= 1, got {pool_size}")
     chosen = select_questions(conversations, trained, on_training=on_training, limit=limit)
     if not chosen:
-        which = "trained-on" if on_training else "held-out"
-        raise ValueError(f"no {which} question with evidence (abstention apart) in the data")
+        raise ValueError(_nothing_selected(conversations, trained, on_training))
     rows = []
     for done, (conv, question) in enumerate(chosen, start=1):
         rows.append(pool_row(conv, question, reranker, pool_size))

@@ -66,14 +66,19 @@ def run_pools(
     and writes it to ``markdown_out``; ``json_out`` gets the arguments (files by name only, never a
     path), the model digest, the groups, the paired comparisons and one row per question.
 
-    Returns 0, or 2 on unusable input (no provenance, a malformed data file, a model that does not
-    load, no question selected); the message goes to stderr.
+    Returns 0, or 2 on unusable input (no provenance, an output file whose directory does not exist,
+    a malformed data file, a model that does not load, no question selected), checked before the
+    model loads where it can be; the message goes to stderr.
     """
     try:
         trained = training_conversations(model_dir)
     except TrainingDataError as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
+    for option, out in (("--json", json_out), ("--markdown", markdown_out)):
+        if out is not None and not out.parent.is_dir():
+            click.echo(f"error: {option} {out}: no directory {out.parent} to write it in", err=True)
+            return 2
     import torch
 
     from bench.common.datasets import DatasetError, load_longmemeval

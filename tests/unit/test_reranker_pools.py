@@ -163,3 +163,78 @@ def test_cli_writes_json_without_paths(tmp_path: Path, tiny_file: Path, monkeypa
     assert report["rows"][0]["rerank"] == pytest.approx(1.0)
     assert str(tmp_path) not in out.read_text(encoding="utf-8")
     assert md.read_text(encoding="utf-8") in result.output
+
+
+def test_every_question_trained_on_says_nothing_is_held_out(tiny_file: Path) -> None:
+    conversations = load_longmemeval(tiny_file)
+    with pytest.raises(ValueError, match="nothing is held out: all 2 questions"):
+        check_pools(conversations, _prefers_assistant(), trained={"q-user", "q-asst", "q-none_abs", "q-empty"})
+    with pytest.raises(ValueError, match="no trained-on question: none of the 2 questions"):
+        check_pools(conversations, _prefers_assistant(), trained=set(), on_training=True)
+    with pytest.raises(ValueError, match="^no question with evidence"):
+        check_pools(conversations[2:], _prefers_assistant(), trained=set())  # abstention and evidence-less only
+
+
+def test_cli_refuses_an_output_in_a_missing_directory_before_loading_the_model(
+        tmp_path: Path, tiny_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / PROVENANCE_FILE).write_text(json.dumps({"training_conversations": []}), encoding="utf-8")
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr("mnemos.rerank.CrossEncoderReranker", no_model)
+    for option in ("--json", "--markdown"):
+        result = CliRunner().invoke(pools, ["--model", str(model), "--longmemeval", str(tiny_file),
+                                            option, str(tmp_path / "missing" / "out")])
+        assert result.exit_code == 2, result.output
+        assert f"error: {option} " in result.output and "no directory" in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(("provenance", "message"), [
+    ("{not json", "cannot read its mnemos_provenance.json (JSONDecodeError)"),
+    ("[1, 2]", "no training_conversations list"),
+    ('{"training_conversations": "q-user"}', "no training_conversations list"),
+])
+def test_cli_refuses_an_unreadable_provenance(tmp_path: Path, tiny_file: Path, provenance: str, message: str) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / PROVENANCE_FILE).write_text(provenance, encoding="utf-8")
+    result = CliRunner().invoke(pools, ["--model", str(model), "--longmemeval", str(tiny_file)])
+    assert result.exit_code == 2 and message in result.output
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "invalid JSON"),
+    ("{}", "expected a list of items"),
+    ("[]", "no question with evidence"),
+])
+def test_cli_refuses_unusable_data_in_one_line(tmp_path: Path, content: str, message: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / PROVENANCE_FILE).write_text(json.dumps({"training_conversations": []}), encoding="utf-8")
+    monkeypatch.setattr("mnemos.rerank.CrossEncoderReranker", _FakeCrossEncoder)
+    data = tmp_path / "lme.json"
+    data.write_text(content, encoding="utf-8")
+    result = CliRunner().invoke(pools, ["--model", str(model), "--longmemeval", str(data), "--threads", "1"])
+    assert result.exit_code == 2 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_pool_of_one_and_a_limit_beyond_the_questions(tmp_path: Path, tiny_file: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    (model / PROVENANCE_FILE).write_text(json.dumps({"training_conversations": []}), encoding="utf-8")
+    monkeypatch.setattr("mnemos.rerank.CrossEncoderReranker", _FakeCrossEncoder)
+    out = tmp_path / "pools.json"
+    result = CliRunner().invoke(pools, ["--model", str(model), "--longmemeval", str(tiny_file), "--threads", "1",
+                                        "--pool-size", "1", "--limit", "99", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "nan" not in result.output.lower()
+    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    assert [(row["question_id"], row["pool"]) for row in rows] == [("q-user", 1), ("q-asst", 1)]

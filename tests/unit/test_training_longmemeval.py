@@ -16,12 +16,13 @@ from bench.training.errors import TrainingDataError
 from bench.training.pairs import (
     MiningConfig,
     PairSource,
+    PositivePair,
     longmemeval_positives,
     mine_examples,
     question_folds,
 )
 from bench.training.sources import training_positives
-from mnemos.rendering import render_turn, rendered_speaker
+from mnemos.rendering import Rendering, render_turn, rendered_speaker
 from workers.runtime.model_licences import COMMERCIAL_USE_LICENCES, restricted_sources, training_sources
 from workers.runtime.models import PROVENANCE_FILE, warn_restricted_licence
 
@@ -244,3 +245,43 @@ def test_the_bench_refuses_a_question_every_model_trained_on_naming_both() -> No
         router.fold_for("q2")
     message = str(refused.value)
     assert "\n" not in message and "q2" in message and "lme-fold-1" in message and "lme-fold-2" in message
+
+
+def _speaker_negatives(corpus: list[str], positive: int, hard: int, random_: int) -> list[str]:
+    pair = PositivePair("tram ride", corpus[positive], "g", PairSource.QA)
+    config = MiningConfig(hard_negatives=hard, random_negatives=random_, use_dense=False, same_speaker=True)
+    examples = mine_examples([pair], config=config, corpora={"g": corpus})
+    assert [e.passage for e in examples if e.label == 1.0] == [corpus[positive]]
+    negatives = [e.passage for e in examples if e.label == 0.0]
+    assert corpus[positive] not in negatives  # a positive is never its own negative
+    return negatives
+
+
+def test_same_speaker_random_negatives_top_up_from_other_speakers_when_the_speaker_runs_out() -> None:
+    corpus = [render_turn("Zed", "tram ride long"), render_turn("user", "tram late"),
+              render_turn("Zed", "basil"), render_turn("assistant", "podcasts")]
+    negatives = _speaker_negatives(corpus, 0, hard=0, random_=2)
+    assert negatives[0] == "Zed: basil" and negatives[1] in corpus[1::2]  # own speaker first, then any
+    alone = [render_turn("Zed", "tram ride long"), render_turn("user", "tram late"), render_turn("assistant", "basil")]
+    assert sorted(_speaker_negatives(alone, 0, hard=1, random_=1)) == sorted(alone[1:])  # nobody else is Zed
+
+
+def test_same_speaker_mining_of_a_turn_without_a_speaker_draws_from_every_turn() -> None:
+    corpus = [render_turn("", "tram ride long"), render_turn("user", "tram late"), render_turn("", "basil"),
+              render_turn("assistant", "podcasts")]
+    negatives = _speaker_negatives(corpus, 0, hard=1, random_=2)
+    assert negatives[0] == "user: tram late"  # hard: BM25 order, no speaker to prefer
+    assert len(negatives) == 3 and set(negatives[1:]) <= set(corpus[1:])  # was one: only the speakerless turns
+
+
+def test_same_speaker_reads_names_with_a_colon_and_text_renderings_by_their_first_colon() -> None:
+    # Known limits, pinned: a name with ": " reads as its first part (LoCoMo's names have none), and a
+    # TEXT rendering starting with "word: " reads as that speaker. Mining stays sane either way.
+    corpus = [render_turn("Dr: Who", "tram ride long"), render_turn("Dr: No", "tram late"),
+              render_turn("Amy", "tram ride")]
+    assert rendered_speaker(corpus[0]) == rendered_speaker(corpus[1]) == "Dr"
+    assert _speaker_negatives(corpus, 0, hard=1, random_=1) == corpus[1:]
+    text = [render_turn("user", "Note: tram ride long", version=Rendering.TEXT),
+            render_turn("assistant", "tram late", version=Rendering.TEXT)]
+    assert rendered_speaker(text[0]) == "Note"
+    assert _speaker_negatives(text, 0, hard=1, random_=1) == [text[1]]
