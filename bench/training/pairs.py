@@ -98,9 +98,10 @@ class MiningConfig:
     ``same_speaker`` puts the hard candidates spoken by the positive's own speaker
     (:func:`mnemos.rendering.rendered_speaker`) ahead of the others, each part in its ranking
     order, and draws the random negatives from that speaker's turns first (then any turn when they
-    run out; any turn for a positive without a speaker prefix),
-    so a speaker's share of positives is the same for every speaker. Without it the speaker prefix itself becomes a label: LongMemEval's evidence is a user
-    turn for 94% of its questions while BM25's hard candidates are mostly long assistant turns, so
+    run out; any turn for a positive without a speaker prefix), so a speaker's share of positives
+    is the same for every speaker. Without it the speaker prefix itself becomes a label:
+    LongMemEval's evidence is a user turn for 94% of its questions while BM25's hard candidates
+    are mostly long assistant turns, so
     a model learns "assistant: ... = not relevant" and buries every answer the assistant gave
     (docs/reranker.md "What the cross-encoder learns").
     """
