@@ -20,31 +20,23 @@ from bench.training.pool_check import (
 from bench.training.pools_cli import pools
 from mnemos.precision import Precision
 from mnemos.rerank import FakeReranker
+from tests.unit.longmemeval_items import lme_item, lme_turn, write_items
 from workers.runtime.models import PROVENANCE_FILE
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
-
-
-def _turn(role: str, content: str, answer: bool = False) -> dict[str, object]:
-    return {"role": role, "content": content, **({"has_answer": True} if answer else {})}
 
 
 def _session(evidence: int | None) -> list[dict[str, object]]:
     """Ten user turns then two assistant turns, all ``"cat <word>"``: for "Which cat?" every one has the
     same BM25 score, so BM25's order is the position order (ties by ascending id); plus a turn
     that does not match at all."""
-    turns = [_turn("user" if i < 10 else "assistant", f"cat {word}", answer=i == evidence)
+    turns = [lme_turn("user" if i < 10 else "assistant", f"cat {word}", answer=i == evidence)
              for i, word in enumerate(WORDS)]
-    return [*turns, _turn("user", "the weather is mild")]
+    return [*turns, lme_turn("user", "the weather is mild")]
 
 
 def _item(qid: str, qtype: str, evidence: int | None) -> dict[str, object]:
-    return {
-        "question_id": qid, "question_type": qtype, "question": "Which cat?", "answer": "x",
-        "question_date": "2023/06/01 (Thu) 10:00", "haystack_session_ids": [f"s-{qid}"],
-        "haystack_dates": ["2023/05/10 (Wed) 09:00"], "haystack_sessions": [_session(evidence)],
-        "answer_session_ids": [],
-    }
+    return lme_item(qid, "Which cat?", qtype, [(f"s-{qid}", _session(evidence))])
 
 
 TINY = [
@@ -61,9 +53,7 @@ def _prefers_assistant() -> FakeReranker:
 
 @pytest.fixture
 def tiny_file(tmp_path: Path) -> Path:
-    path = tmp_path / "longmemeval_tiny.json"
-    path.write_text(json.dumps(TINY), encoding="utf-8")
-    return path
+    return write_items(tmp_path / "longmemeval_tiny.json", TINY)
 
 
 def test_held_out_filter_skips_trained_abstention_and_evidence_less(tiny_file: Path) -> None:

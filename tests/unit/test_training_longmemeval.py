@@ -23,6 +23,7 @@ from bench.training.pairs import (
 )
 from bench.training.sources import training_positives
 from mnemos.rendering import Rendering, render_turn, rendered_speaker
+from tests.unit.longmemeval_items import lme_item, lme_turn, write_items
 from workers.runtime.model_licences import COMMERCIAL_USE_LICENCES, restricted_sources, training_sources
 from workers.runtime.models import PROVENANCE_FILE, warn_restricted_licence
 
@@ -30,46 +31,30 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "mnemos" / "shipped" / "reranker"
 
 
-def _turn(role: str, content: str, answer: bool = False) -> dict:
-    return {"role": role, "content": content, **({"has_answer": True} if answer else {})}
+COMMUTE = [lme_turn("user", "My commute to the office takes 45 minutes by tram.", answer=True),
+           lme_turn("assistant", "That is a long ride; podcasts can help pass the time.")]
+GARDEN = [lme_turn("user", "I planted tomatoes and basil on the balcony."),
+          lme_turn("assistant", "Basil likes sun; water the tomatoes every morning.")]
+TRAIN_RIDE = [lme_turn("user", "The tram was late again this morning, twenty minutes."),
+              lme_turn("assistant", "Delays are frustrating; check the live board before leaving.")]
+DOG = [lme_turn("user", "My dog Biscuit learned to fetch the newspaper.", answer=True),
+       lme_turn("assistant", "Biscuit sounds clever!")]
 
-
-COMMUTE = [_turn("user", "My commute to the office takes 45 minutes by tram.", answer=True),
-           _turn("assistant", "That is a long ride; podcasts can help pass the time.")]
-GARDEN = [_turn("user", "I planted tomatoes and basil on the balcony."),
-          _turn("assistant", "Basil likes sun; water the tomatoes every morning.")]
-TRAIN_RIDE = [_turn("user", "The tram was late again this morning, twenty minutes."),
-              _turn("assistant", "Delays are frustrating; check the live board before leaving.")]
-DOG = [_turn("user", "My dog Biscuit learned to fetch the newspaper.", answer=True),
-       _turn("assistant", "Biscuit sounds clever!")]
-
-
-def _item(qid: str, question: str, qtype: str, sessions: list[tuple[str, list[dict]]]) -> dict:
-    return {
-        "question_id": qid, "question_type": qtype, "question": question, "answer": "x",
-        "question_date": "2023/06/01 (Thu) 10:00",
-        "haystack_session_ids": [s for s, _ in sessions],
-        "haystack_dates": [f"2023/05/{10 + i:02d} (Wed) 09:00" for i in range(len(sessions))],
-        "haystack_sessions": [turns for _, turns in sessions],
-        "answer_session_ids": [],
-    }
 
 
 # q1: the commute session repeats (same id, same turns, later date): read once
 TINY = [
-    _item("q1", "How long is my commute?", "single-session-user",
+    lme_item("q1", "How long is my commute?", "single-session-user",
           [("s-commute", COMMUTE), ("s-garden", GARDEN), ("s-tram", TRAIN_RIDE), ("s-commute", COMMUTE)]),
-    _item("q2", "What did my dog learn?", "single-session-user", [("s-dog", DOG), ("s-garden", GARDEN)]),
-    _item("q3_abs", "What is my cat called?", "single-session-user", [("s-dog", DOG), ("s-garden", GARDEN)]),
-    _item("q4", "What is my favourite colour?", "multi-session", [("s-garden", GARDEN)]),  # no has_answer turn
+    lme_item("q2", "What did my dog learn?", "single-session-user", [("s-dog", DOG), ("s-garden", GARDEN)]),
+    lme_item("q3_abs", "What is my cat called?", "single-session-user", [("s-dog", DOG), ("s-garden", GARDEN)]),
+    lme_item("q4", "What is my favourite colour?", "multi-session", [("s-garden", GARDEN)]),  # no has_answer turn
 ]
 
 
 @pytest.fixture
 def tiny_file(tmp_path: Path) -> Path:
-    path = tmp_path / "longmemeval_tiny.json"
-    path.write_text(json.dumps(TINY), encoding="utf-8")
-    return path
+    return write_items(tmp_path / "longmemeval_tiny.json", TINY)
 
 
 def test_miner_pairs_questions_with_their_evidence_and_skips_abstention_and_evidence_less(tiny_file: Path) -> None:
@@ -94,17 +79,16 @@ def test_mined_negatives_come_from_the_same_haystack(tiny_file: Path) -> None:
     assert commute_negatives and "a long ride" in commute_negatives[0]  # BM25's hard one ("is", "long") first
 
 
-RIDE = [_turn("user", "The tram ride this morning took forty minutes.", answer=True),
-        _turn("assistant", "A long tram ride this morning? A ride that long is a good time for podcasts."),
-        _turn("user", "The tram was late."),
-        _turn("assistant", "Basil likes sun."),
-        _turn("user", "I planted basil.")]
+RIDE = [lme_turn("user", "The tram ride this morning took forty minutes.", answer=True),
+        lme_turn("assistant", "A long tram ride this morning? A ride that long is a good time for podcasts."),
+        lme_turn("user", "The tram was late."),
+        lme_turn("assistant", "Basil likes sun."),
+        lme_turn("user", "I planted basil.")]
 
 
 def _ride_negatives(tmp_path: Path, same_speaker: bool, hard: int) -> list[str]:
-    path = tmp_path / "ride.json"
-    path.write_text(json.dumps([_item("r1", "How long was the tram ride this morning?", "single-session-user",
-                                      [("s-ride", RIDE)])]), encoding="utf-8")
+    path = write_items(tmp_path / "ride.json", [lme_item("r1", "How long was the tram ride this morning?",
+                                                           "single-session-user", [("s-ride", RIDE)])])
     positives, corpora = longmemeval_positives(load_longmemeval(path))
     config = MiningConfig(hard_negatives=hard, random_negatives=1, use_dense=False, same_speaker=same_speaker)
     return [e.passage for e in mine_examples(positives, config=config, corpora=corpora) if e.label == 0.0]
@@ -151,11 +135,9 @@ def test_question_folds_are_stratified_seeded_and_partition_the_questions() -> N
 
 
 def test_a_question_fold_holds_the_same_questions_out_of_every_file(tiny_file: Path, tmp_path: Path) -> None:
-    oracle = tmp_path / "longmemeval_oracle_tiny.json"
-    oracle.write_text(json.dumps([_item("q1", "How long is my commute?", "single-session-user",
-                                        [("s-commute", COMMUTE)]),
-                                  _item("q2", "What did my dog learn?", "single-session-user", [("s-dog", DOG)])]),
-                      encoding="utf-8")
+    oracle = write_items(tmp_path / "longmemeval_oracle_tiny.json",
+                         [lme_item("q1", "How long is my commute?", "single-session-user", [("s-commute", COMMUTE)]),
+                          lme_item("q2", "What did my dog learn?", "single-session-user", [("s-dog", DOG)])])
     provenance: dict[str, object] = {}
     positives, corpora = training_positives(None, None, None, None, provenance, longmemeval=[tiny_file, oracle],
                                     question_fold=(1, 2), fold_seed=0)
