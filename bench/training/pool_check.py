@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.common.datasets import Conversation, Question
+from bench.common.questions import overall_question
 from bench.common.stats import PairedComparison, bootstrap_ci, compare_paired
 from mnemos.bm25_index import BM25Index
 from mnemos.evaluation import ndcg_at_k
@@ -35,7 +36,6 @@ from mnemos.rendering import render_turn
 from mnemos.rerank import Reranker
 
 __all__ = [
-    "ABSTENTION_CATEGORY",
     "ALL",
     "METRICS",
     "NDCG_K",
@@ -50,9 +50,6 @@ __all__ = [
     "select_questions",
     "summarise",
 ]
-
-ABSTENTION_CATEGORY = 5
-"""LongMemEval's abstention questions (:data:`bench.common.datasets.LONGMEMEVAL_CATEGORIES`): nothing to retrieve."""
 
 NDCG_K = 10
 """Rank cut-off of NDCG and of the assistant share."""
@@ -134,7 +131,7 @@ def select_questions(
         if not conv.questions or (conv.conversation_id in trained_ids) != on_training:
             continue
         question = conv.questions[0]
-        if question.category != ABSTENTION_CATEGORY and question.relevant_turn_ids:
+        if overall_question(question.category) and question.relevant_turn_ids:
             chosen.append((conv, question))
     return chosen if limit is None else chosen[:limit]
 
@@ -163,11 +160,12 @@ def pool_row(conv: Conversation, question: Question, reranker: Reranker, pool_si
     Raises:
         ValueError: if the reranker returns another number of scores than the pool has turns.
     """
+    rendered = [render_turn(t.role, t.text, t.image_caption) for t in conv.turns]
     index = BM25Index()
-    index.add(list(range(len(conv.turns))), [render_turn(t.role, t.text, t.image_caption) for t in conv.turns])
+    index.add(list(range(len(rendered))), rendered)
     hits = index.search(question.text, pool_size)
     turns = [conv.turns[position] for position, _ in hits]
-    texts = [render_turn(t.role, t.text, t.image_caption) for t in turns]
+    texts = [rendered[position] for position, _ in hits]
     logits = np.asarray(reranker.score(question.text, texts)) if texts else np.zeros(0, dtype=np.float32)
     if logits.shape != (len(texts),):
         raise ValueError(f"the reranker gave {logits.shape} scores for a pool of {len(texts)} turns")
