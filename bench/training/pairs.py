@@ -380,8 +380,11 @@ def _speaker_first(candidates: list[str], positive: str) -> list[str]:
     speaker = rendered_speaker(positive)
     if speaker is None:
         return candidates
-    same = [c for c in candidates if rendered_speaker(c) == speaker]
-    return same + [c for c in candidates if rendered_speaker(c) != speaker]
+    same: list[str] = []
+    other: list[str] = []
+    for candidate in candidates:
+        (same if rendered_speaker(candidate) == speaker else other).append(candidate)
+    return same + other
 
 
 def _random_negatives(rng: random.Random, others: list[str], positive: str, config: MiningConfig) -> list[str]:
