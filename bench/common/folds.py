@@ -6,15 +6,13 @@ conversation ids and LongMemEval question ids (one question per haystack, so a L
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bench.common.paths import display_path
 from mnemos.rerank import Reranker
-from workers.runtime.models import PROVENANCE_FILE
+from workers.runtime.models import PROVENANCE_FILE, reranker_provenance
 
 __all__ = ["FoldRerankers", "RerankerFold", "load_folds", "parse_fold_spec"]
 
@@ -76,13 +74,6 @@ def parse_fold_spec(spec: str) -> tuple[Path, list[str] | None]:
     return Path(path), [c.strip() for c in convs.split(",") if c.strip()]
 
 
-def _read_provenance(path: Path) -> dict[str, Any]:
-    file = path / PROVENANCE_FILE
-    if not file.is_file():
-        return {}
-    return json.loads(file.read_text(encoding="utf-8"))
-
-
 def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size: int,
                precision: str = "auto", device: str = "cpu", windows: int = 1):
     """Reranker folds from ``DIR[=CONV,...]`` specs: a :class:`FoldRerankers` (None for
@@ -106,7 +97,7 @@ def load_folds(specs: list[str], *, cache_dir: Path, max_length: int, batch_size
         path, explicit = parse_fold_spec(spec)
         if not path.is_dir():
             raise ValueError(f"reranker directory {path} does not exist")
-        provenance = _read_provenance(path)
+        provenance = reranker_provenance(str(path)) or {}
         trained = explicit if explicit is not None else provenance.get("training_conversations")
         if trained is None:
             raise ValueError(f"{path} has no {PROVENANCE_FILE}; give DIR=conv-a,conv-b")
