@@ -102,7 +102,7 @@ class MiningConfig:
     is the same for every speaker. Without it the speaker prefix itself becomes a label:
     LongMemEval's evidence is a user turn for 94% of its questions while BM25's hard candidates
     are mostly long assistant turns, so a model learns "assistant: ... = not relevant" and buries
-    every answer the assistant gave (docs/reranker.md "Why the shipped model is weak").
+    every answer the assistant gave (docs/reranker.md "Why the first LongMemEval model was weak").
     """
 
     hard_negatives: int = 3
