@@ -74,8 +74,8 @@ def rendered_speaker(rendered: str) -> str | None:
     """The speaker of a ``SPEAKER`` rendering: ``"user"`` for ``"user: I moved to Oslo"``.
 
     The inverse of :func:`render_turn`'s prefix, for code that holds only rendered texts (reranker
-    training matches a positive's hard negatives to its speaker, docs/reranker.md "Why the shipped
-    model is weak"). Returns None when the text has no ``"<speaker>: "`` prefix (a ``TEXT``
+    training matches a positive's hard negatives to its speaker, docs/reranker.md "Why the first
+    LongMemEval model was weak"). Returns None when the text has no ``"<speaker>: "`` prefix (a ``TEXT``
     rendering, or a turn stored without a speaker). A ``TEXT`` rendering whose own text starts
     with ``"word: "`` reads as that speaker: call this on ``SPEAKER`` renderings only.
     """
