@@ -67,6 +67,7 @@ def run_train(
     max_steps: int | None = None,
     dense: bool = True,
     same_speaker: bool = False,
+    named_user_share: float = 0.0,
     threads: int | None = 2,
     layers: int | None = None,
     device: str = "cpu",
@@ -83,6 +84,8 @@ def run_train(
     ``longmemeval`` (all questions, or ``question_fold`` ``(i, k)``: stratified by question type,
     seeded by ``seed``, fold i held out) and a JSONL ``pairs`` file (with its SPDX
     ``pairs_licence``). The provenance lists each source with its licence and the items used.
+    ``named_user_share`` of the LongMemEval questions are rendered under a first name
+    (:mod:`bench.training.named_user`).
 
     Every turn is rendered as the service renders it (:mod:`mnemos.rendering`). The provenance
     names the data by file name and sha256 (never a machine path), the recipe, the seed and the
@@ -114,7 +117,8 @@ def run_train(
         calibration: list[tuple[str, list[str]]] = []
         teacher_setup = _teacher_setup(teacher, temperature, distil_weight)
         positives, corpora = training_positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
-                                        question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence)
+                                        question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence,
+                                                named_user_share=named_user_share)
         encoder = _load_bi_encoder(device) if dense else None
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
                                              same_speaker=same_speaker)
@@ -338,6 +342,8 @@ def reranker() -> None:
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
 @click.option("--same-speaker/--any-speaker", "same_speaker", default=False, show_default=True,
               help="Hard negatives spoken by the positive's own speaker first (docs/reranker.md).")
+@click.option("--named-user-share", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True,
+              help="Share of LongMemEval questions rendered under a first name, their first person rewritten to it.")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch CPU threads.")
 @click.option("--layers", type=click.IntRange(min=1, max=6), default=None,
               help="Keep only the first N transformer layers (a faster reranker); default all 6.")
@@ -353,7 +359,7 @@ def reranker() -> None:
 @click.option("--distil-weight", type=click.FloatRange(min=0, max=1), default=None,
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
-          max_steps, dense, same_speaker, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
+          max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
           learning_rate) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
@@ -374,6 +380,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
         raise click.UsageError("--conversations/--fold apply to --data only")
     if question_fold and not longmemeval:
         raise click.UsageError("--question-fold applies to --longmemeval only")
+    if named_user_share and not longmemeval:
+        raise click.UsageError("--named-user-share applies to --longmemeval only")
     if pairs_licence and pairs is None:
         raise click.UsageError("--pairs-licence applies to --pairs only")
     if teacher is None and (temperature is not None or distil_weight is not None):
@@ -386,7 +394,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             longmemeval=tuple(longmemeval), pairs_licence=pairs_licence,
             question_fold=_parse_fold(question_fold, "--question-fold") if question_fold else None,
             max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, same_speaker=same_speaker,
-            threads=threads,
+            named_user_share=named_user_share, threads=threads,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,

@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from bench.training.errors import TrainingDataError
+from bench.training.named_user import name_question
 from mnemos.bm25_index import BM25Index
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn, rendered_speaker
@@ -257,6 +258,7 @@ def longmemeval_positives(
     question_ids: Iterable[str] | None = None,
     *,
     rendering: Rendering | int = RENDERING_VERSION,
+    user_names: Mapping[str, str] | None = None,
 ) -> tuple[list[PositivePair], dict[str, list[str]]]:
     """Positive pairs and mining corpora from LongMemEval items (one question per haystack).
 
@@ -266,6 +268,11 @@ def longmemeval_positives(
     the haystack counted once (the loader keeps it at its first date) and identical texts once.
     Abstention questions (id ending ``_abs``) and questions without an evidence turn give no
     positive and no corpus. Passages are rendered as the service renders stored turns.
+
+    A question in ``user_names`` (``{question_id: first name}``, from
+    :func:`bench.training.named_user.assign_names`) is rendered under that name: its haystack's
+    ``user`` turns take the name as their speaker and its text's first person is rewritten to it
+    (:func:`bench.training.named_user.name_question`), as a LoCoMo question names its speaker.
 
     Returns:
         ``(positives, corpora)``: positives in item order, evidence turns by id; corpora
@@ -284,15 +291,18 @@ def longmemeval_positives(
     corpora: dict[str, list[str]] = {}
     for qid in wanted:
         conv = by_id[qid]
-        text_of = turn_passages(conv, rendering)
+        name = (user_names or {}).get(qid)
+        text_of = turn_passages(conv, rendering) if name is None else {
+            t.turn_id: render_turn(name if t.role == "user" else t.role, t.text, t.image_caption, version=rendering)
+            for t in conv.turns}
         found = False
         for question in conv.questions:
             if qid.endswith(ABSTENTION_SUFFIX):
                 continue
+            text = question.text if name is None else name_question(question.text, name)
             for turn_id in sorted(question.relevant_turn_ids):
                 if turn_id in text_of:
-                    positives.append(PositivePair(question.text, text_of[turn_id], qid, PairSource.LONGMEMEVAL,
-                                                  turn_id))
+                    positives.append(PositivePair(text, text_of[turn_id], qid, PairSource.LONGMEMEVAL, turn_id))
                     found = True
         if found:
             corpora[qid] = list(dict.fromkeys(text_of.values()))

@@ -37,12 +37,14 @@ def training_positives(data: Path | None, pairs: Path | None, conversations: lis
                fold: tuple[int, int] | None,
                provenance: dict[str, object], *, longmemeval: Sequence[Path] = (),
                question_fold: tuple[int, int] | None = None, fold_seed: int = 0,
-               pairs_licence: str | None = None) -> tuple[list[PositivePair], dict[str, list[str]] | None]:
+               pairs_licence: str | None = None, named_user_share: float = 0.0,
+               ) -> tuple[list[PositivePair], dict[str, list[str]] | None]:
     """The positives to mine from and each group's candidate passages (None when the only source is
     a pairs file), from every source given. Records in ``provenance`` what was read: ``sources``
     (name, SPDX licence, file name and sha256, the items used, positives), the union of items as
     ``training_conversations`` (LoCoMo conversations and LongMemEval question ids: what the
-    benchmarks refuse to grade the model on) and the held-out items.
+    benchmarks refuse to grade the model on) and the held-out items. ``named_user_share`` of the
+    LongMemEval questions are rendered under a first name (:mod:`bench.training.named_user`).
 
     Raises:
         TrainingDataError: on a malformed pairs file, unknown conversations or impossible folds.
@@ -59,7 +61,8 @@ def training_positives(data: Path | None, pairs: Path | None, conversations: lis
         sources.append(record)
         trained += record["items"]  # type: ignore[arg-type]
     if longmemeval:
-        got, got_corpora, records = longmemeval_sources(longmemeval, question_fold, fold_seed, provenance)
+        got, got_corpora, records = longmemeval_sources(longmemeval, question_fold, fold_seed, provenance,
+                                                     named_user_share=named_user_share)
         positives += got
         _merge_corpora(corpora, got_corpora)  # S and oracle hold the same question: one corpus
         sources += records
@@ -115,14 +118,17 @@ def locomo_source(data: Path, conversations: list[str] | None, fold: tuple[int, 
 
 
 def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | None, seed: int,
-                         provenance: dict[str, object]
+                         provenance: dict[str, object], *, named_user_share: float = 0.0,
                          ) -> tuple[list[PositivePair], dict[str, list[str]], list[dict[str, object]]]:
     """LongMemEval positives (question, ``has_answer`` turn) with their haystacks as corpora, one
     source record per file. With ``question_fold`` the questions of all files are split together
     (:func:`bench.training.pairs.question_folds` over the union of ids, stratified by type, seeded),
-    so a question held out of one file is held out of every file."""
+    so a question held out of one file is held out of every file. A ``named_user_share`` of the
+    questions, drawn by ``seed`` (:func:`bench.training.named_user.assign_names`), is rendered
+    under a first name; the record counts them as ``named_user_questions``."""
     from bench.common.datasets import load_longmemeval
     from bench.training import pairs as training_pairs
+    from bench.training.named_user import assign_names
     from workers.runtime.model_licences import DATASET_LICENCES
 
     loaded = [(path, load_longmemeval(path)) for path in files]
@@ -145,7 +151,8 @@ def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | 
     records: list[dict[str, object]] = []
     for path, convs in loaded:
         chosen = [c.conversation_id for c in convs if c.conversation_id not in held_out]
-        got, got_corpora = training_pairs.longmemeval_positives(convs, chosen)
+        names = assign_names(chosen, named_user_share, seed) if named_user_share else {}
+        got, got_corpora = training_pairs.longmemeval_positives(convs, chosen, user_names=names)
         positives += got
         _merge_corpora(corpora, got_corpora)
         used = sorted({p.group for p in got})
@@ -154,6 +161,7 @@ def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | 
             "sha256": file_sha256(path), "item_kind": "questions", "items": used,
             "n_positives": len(got), "positives": "question -> has_answer turn (abstention and evidence-less "
                                                   "questions skipped)",
+            "named_user_share": named_user_share, "named_user_questions": len(set(names) & set(used)),
         })
     return positives, corpora, records
 
