@@ -63,7 +63,10 @@ class RetrievalConfig:
         pool_size: P, entries reranked in the shallow pass (30).
         deep_pool_size: entries reranked in the deep pass (100); also the depth each retriever
             is read to when a deep pass is possible.
-        deep_threshold: deep pass when the top rerank logit is below this; None disables it.
+        deep_threshold: deep pass when the top rerank logit is below this; None (the default)
+            disables it. The paper's adaptive deep pass is kept as a setting, but with the shipped
+            cross-encoder both training-source and never-seen dev splits drop it and the main job
+            gains without it (docs/architecture.md "Retrieval", step 5).
         rrf_k: RRF constant (60).
         fusion: how the retrievers' lists are fused: :attr:`Fusion.RRF` (the default, ranks only)
             or :attr:`Fusion.CONVEX` (``convex_weight * bm25 + (1 - convex_weight) * dense`` of
@@ -85,7 +88,7 @@ class RetrievalConfig:
     n_candidates: int = 30
     pool_size: int = 30
     deep_pool_size: int = 100
-    deep_threshold: float | None = 0.0
+    deep_threshold: float | None = None
     rrf_k: int = DEFAULT_RRF_K
     fusion: Fusion = Fusion.RRF
     convex_weight: float = DEFAULT_CONVEX_WEIGHT

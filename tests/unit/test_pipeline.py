@@ -183,7 +183,7 @@ def test_no_deep_pass_when_confident_or_disabled(encoder):
 
 def test_deep_pass_on_small_tenant_makes_no_empty_rerank_call(index, encoder):
     reranker = FakeReranker(fn=lambda q, t: -2.0)
-    result = _run(index, encoder, "dog", reranker=reranker, config=RetrievalConfig())
+    result = _run(index, encoder, "dog", reranker=reranker, config=RetrievalConfig(deep_threshold=0.0))
     assert result.deep_pass and result.pool_size == len(TEXTS) and len(reranker.calls) == 1
 
 
