@@ -385,23 +385,22 @@ def _interleave(*rankings: list[int]) -> list[int]:
     return out
 
 
-def _speaker_first(candidates: list[str], positive: str) -> list[str]:
-    """``candidates`` with those of ``positive``'s speaker first, each part in its own order."""
-    speaker = rendered_speaker(positive)
+def _speaker_first(candidates: list[str], speaker: str | None, speaker_of: Mapping[str, str | None]) -> list[str]:
+    """``candidates`` with those of ``speaker`` first, each part in its own order (None: unchanged)."""
     if speaker is None:
         return candidates
     same: list[str] = []
     other: list[str] = []
     for candidate in candidates:
-        (same if rendered_speaker(candidate) == speaker else other).append(candidate)
+        (same if speaker_of[candidate] == speaker else other).append(candidate)
     return same + other
 
 
-def _random_negatives(rng: random.Random, others: list[str], positive: str, config: MiningConfig) -> list[str]:
-    """``config.random_negatives`` passages drawn from ``others``; with ``same_speaker``, from those of
-    ``positive``'s speaker first, topped up from the rest when they run out (no speaker: any)."""
-    speaker = rendered_speaker(positive) if config.same_speaker else None
-    same = [x for x in others if rendered_speaker(x) == speaker] if speaker is not None else []
+def _random_negatives(rng: random.Random, others: list[str], speaker: str | None,
+                      speaker_of: Mapping[str, str | None], config: MiningConfig) -> list[str]:
+    """``config.random_negatives`` passages drawn from ``others``; from those of ``speaker`` (the
+    positive's, under ``same_speaker``) first, topped up from the rest when they run out (None: any)."""
+    same = [x for x in others if speaker_of[x] == speaker] if speaker is not None else []
     picked = rng.sample(same, min(config.random_negatives, len(same)))
     rest = [x for x in others if x not in picked] if picked else others
     return picked + rng.sample(rest, min(config.random_negatives - len(picked), len(rest)))
@@ -436,6 +435,8 @@ def mine_examples(
     for group, members in by_group.items():
         passages = list(dict.fromkeys(corpora[group] if corpora and group in corpora else
                                       [positives[i].passage for i in members]))
+        # each passage's speaker, parsed once per group (same_speaker only)
+        speaker_of = {x: rendered_speaker(x) for x in passages} if config.same_speaker else {}
         index = _GroupIndex(passages, encoder if config.use_dense else None, config.use_bm25 and config.hard_negatives > 0)
         queries = list(dict.fromkeys(positives[i].query for i in members))
         bm25 = index.bm25(queries, config.depth) if config.hard_negatives else [[] for _ in queries]
@@ -449,13 +450,14 @@ def mine_examples(
             for i in (m for m in members if positives[m].query == q):
                 p = positives[i]
                 chosen = [n for n in p.negatives if n not in gold[q]][: max(config.hard_negatives, len(p.negatives))]
-                ranked = _speaker_first(hard, p.passage) if config.same_speaker else hard
+                speaker = rendered_speaker(p.passage) if config.same_speaker else None
+                ranked = _speaker_first(hard, speaker, speaker_of)
                 start = slot[q] * config.hard_negatives
                 pool = ranked[start:] + ranked[:start]
                 chosen += [n for n in pool if n not in chosen][: max(0, config.hard_negatives - len(chosen))]
                 slot[q] += 1
                 others = [x for x in passages if x not in gold[q] and x not in chosen]
-                chosen += _random_negatives(rng, others, p.passage, config)
+                chosen += _random_negatives(rng, others, speaker, speaker_of, config)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
 
