@@ -142,6 +142,8 @@ def run_speed_bench(settings: Settings, *, data: Path, reranker: str | None, lim
         "settings": {"pool_size": run_settings.pool_size, "encoder_batch_size": run_settings.encoder_batch_size,
                      "ingest_batch_size": run_settings.ingest_batch_size, "bi_encoder": run_settings.bi_encoder,
                      "rerank_max_length": run_settings.rerank_max_length,
+                     # the deep pass's knobs: bench_settings runs hybrid_rerank's, so never a deep pass (None)
+                     "deep_threshold": run_settings.deep_threshold, "deep_pool_size": run_settings.deep_pool_size,
                      # what MNEMOS_RERANK_PRECISION resolved to (the query worker resolves it the same way)
                      "rerank_precision": getattr(getattr(cross, "precision", None), "value", None),
                      # and MNEMOS_ENCODER_PRECISION (None: the fake bi-encoder)
