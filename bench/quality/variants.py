@@ -8,6 +8,7 @@ caller's factory, so embeddings and reranker scores come from the same disk cach
 run and the main run's engine is left untouched.
 
 Reported per corpus mode: ``hybrid_rrf`` (first stage), ``hybrid_rerank`` and ``mnemos_full``
+(only when the main run ran it, since its features come from the main run's selection)
 NDCG@10 with 95% bootstrap CIs, and each one's paired difference from the main run's same arm
 (CI and permutation p). A reranker variant also reports the cross-encoder's own time on real
 pools, measured in this process (:func:`time_reranker`), so quality and speed are read together.
@@ -121,6 +122,8 @@ def run_variant(
         for arm in (FIRST_STAGE_ARM, BASELINE_ARM, FULL_ARM):
             if arm != FIRST_STAGE_ARM and engine.rerankers is None:
                 continue
+            if arm == FULL_ARM and (mode, FULL_ARM) not in main:
+                continue  # the main run selected no mnemos_full: its "features" would be none
             metrics = _metrics(engine, mode, arm, selection, variant.suppression, abstain_threshold)
             keys = [k for k in metrics if overall_question(engine.question(k).category)]
             values = [metrics[k].ndcg10 for k in keys]

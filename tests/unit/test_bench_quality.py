@@ -252,3 +252,16 @@ def test_variants_run_on_their_own_corpus_modes_only() -> None:
         assert block["modes"]["per_tenant"]["hybrid_rerank"]["vs_main"]["n"] > 0
     with pytest.raises(ValueError, match="variant corpus modes"):
         QualityOptions(modes=(CorpusMode.POOLED,), variant_modes=(CorpusMode.PER_TENANT,))
+
+
+def test_a_variant_reports_no_mnemos_full_when_the_main_run_selected_none() -> None:
+    """Without the mnemos_full arm there is no feature selection, so a variant's "mnemos_full" would
+    be +clustered_rif_gap under another name: it is left out (its reranker and first stage stay)."""
+    options = QualityOptions(arms=("hybrid_rrf", "hybrid_rerank"), protocols=(Protocol.HELDOUT,),
+                             modes=(CorpusMode.PER_TENANT,), burnin_factor=2.0, n_resamples=200)
+    report = run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(), options=options,
+                         dataset={"name": "synthetic", "path": "-"},
+                         variants=[Variant("same", "changes nothing", {}, rerankers=_rerankers())])
+    (block,) = report.document["variants"]
+    assert set(block["modes"]["per_tenant"]) == {"hybrid_rrf", "hybrid_rerank"}
+    assert block["modes"]["per_tenant"]["hybrid_rerank"]["vs_main"]["delta"] == 0.0
