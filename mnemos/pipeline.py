@@ -64,7 +64,7 @@ class RetrievalConfig:
         deep_pool_size: entries reranked in the deep pass (100); also the depth each retriever
             is read to when a deep pass is possible.
         deep_threshold: deep pass when the top rerank logit is below this; None (the default)
-            disables it. The paper's adaptive deep pass is kept as a setting, but with the shipped
+            disables it; NaN is refused (it would compare false: on, but never taken). The paper's adaptive deep pass is kept as a setting, but with the shipped
             cross-encoder both training-source and never-seen dev splits drop it and the main job
             gains without it (docs/architecture.md "Retrieval", step 5).
         rrf_k: RRF constant (60).
@@ -115,6 +115,8 @@ class RetrievalConfig:
             raise InvalidParameterError(f"convex_weight must be in [0, 1], got {self.convex_weight}")
         if not (self.use_bm25 or self.use_dense):
             raise InvalidParameterError("at least one of use_bm25 and use_dense must be on")
+        if self.deep_threshold is not None and math.isnan(self.deep_threshold):
+            raise InvalidParameterError("deep_threshold must be a number or None (no deep pass), got nan")
         if self.alpha < 0:
             raise InvalidParameterError(f"alpha must be >= 0, got {self.alpha}")
         if not self.suppression_threshold >= 0 or not math.isfinite(self.suppression_threshold):

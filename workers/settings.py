@@ -215,6 +215,8 @@ class Settings:
                 raise SettingsError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not (math.isfinite(self.packet_token_exponent) and self.packet_token_exponent >= 0):
             raise SettingsError(f"packet_token_exponent must be a finite number >= 0, got {self.packet_token_exponent}")
+        if self.deep_threshold is not None and math.isnan(self.deep_threshold):
+            raise SettingsError("deep_threshold must be a number or none (no deep pass), got nan")
         if self.blas_threads is not None and self.blas_threads < 1:
             raise SettingsError(f"blas_threads must be >= 1 or none, got {self.blas_threads}")
         for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",

@@ -14,6 +14,7 @@ Example (LoCoMo fold "a": train on the first five conversations by sample_id)::
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -380,6 +381,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
         raise click.UsageError("--conversations/--fold apply to --data only")
     if question_fold and not longmemeval:
         raise click.UsageError("--question-fold applies to --longmemeval only")
+    if math.isnan(named_user_share):  # click's FloatRange lets NaN through
+        raise click.BadParameter("must be in [0, 1], got nan", param_hint="--named-user-share")
     if named_user_share and not longmemeval:
         raise click.UsageError("--named-user-share applies to --longmemeval only")
     if pairs_licence and pairs is None:

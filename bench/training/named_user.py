@@ -68,12 +68,15 @@ def name_question(question: str, name: str) -> str:
     return _PATTERN.sub(replace, question)
 
 
-def assign_names(question_ids: Iterable[str], share: float, seed: int) -> Mapping[str, str]:
+def assign_names(question_ids: Iterable[str], share: float, seed: int,
+                 questions: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """The questions rendered under a name, and the name of each: ``{question_id: first name}``.
 
     Each question is drawn independently with ``random.Random(f"{seed}:named:{question_id}")``:
-    named with probability ``share``, then given one of :data:`FIRST_NAMES`. The draw depends
-    only on the seed and the id, so a question keeps its name whatever else is trained with it.
+    named with probability ``share``, then given one of :data:`FIRST_NAMES`; a name that is
+    already a word of its text in ``questions`` (``{question_id: text}``) is drawn again from the
+    others, so "Where did Rachel move?" is never asked of a user renamed Rachel. The draw depends only on
+    the seed, the id and the question, so a question keeps its name whatever else is trained with it.
 
     Raises:
         ValueError: unless ``0 <= share <= 1``.
@@ -84,5 +87,9 @@ def assign_names(question_ids: Iterable[str], share: float, seed: int) -> Mappin
     for qid in question_ids:
         rng = random.Random(f"{seed}:named:{qid}")
         if rng.random() < share:
-            names[qid] = rng.choice(FIRST_NAMES)
+            name = rng.choice(FIRST_NAMES)
+            taken = set(re.findall(r"\w+", (questions or {}).get(qid, "")))
+            if name in taken:  # drawn again from the names the question does not hold
+                name = rng.choice([n for n in FIRST_NAMES if n not in taken])
+            names[qid] = name
     return names

@@ -36,6 +36,14 @@ def test_defaults_follow_the_design() -> None:
     assert Settings.from_env({"MNEMOS_FUSION": "convex", "MNEMOS_CONVEX_WEIGHT": "0.3"}).convex_weight == 0.3
 
 
+def test_the_deep_pass_is_off_unless_a_threshold_is_set() -> None:
+    assert Settings.from_env({}).deep_threshold is None
+    assert Settings.from_env({"MNEMOS_DEEP_THRESHOLD": "0"}).deep_threshold == 0.0
+    assert Settings.from_env({"MNEMOS_DEEP_THRESHOLD": "none"}).deep_threshold is None
+    with pytest.raises(SettingsError, match="deep_threshold"):
+        Settings.from_env({"MNEMOS_DEEP_THRESHOLD": "nan"})
+
+
 def test_cross_encoder_none_means_no_reranker() -> None:
     assert Settings.from_env({"MNEMOS_CROSS_ENCODER": "none"}).cross_encoder is None
     assert Settings.from_env({"MNEMOS_CROSS_ENCODER": "/models/ce"}).cross_encoder == "/models/ce"

@@ -137,6 +137,12 @@ def test_suppression_threshold_must_be_finite_and_non_negative(tau):
         RetrievalConfig(suppression_threshold=tau)
 
 
+def test_a_nan_deep_threshold_is_refused_not_silently_never_taken():
+    with pytest.raises(InvalidParameterError, match="deep_threshold"):
+        RetrievalConfig(deep_threshold=float("nan"))
+    assert not RetrievalConfig().deep_enabled  # the default: no deep pass
+
+
 def test_closed_loop_outcome_feeds_the_next_retrieval(index, encoder):
     query = "the dog"
     config = RetrievalConfig(deep_threshold=None, suppression_threshold=0.0)

@@ -52,6 +52,16 @@ def test_assign_names_is_seeded_per_question_and_respects_the_share() -> None:
         assign_names(ids, 1.5, seed=0)
 
 
+def test_a_name_already_in_the_question_is_never_drawn_for_it() -> None:
+    ids = [f"q{i}" for i in range(50)]
+    plain = assign_names(ids, 1.0, seed=0)
+    asked = {qid: f"Where did {name} move to?" for qid, name in plain.items()}
+    avoiding = assign_names(ids, 1.0, seed=0, questions=asked)
+    assert all(avoiding[q] != plain[q] and avoiding[q] not in asked[q] for q in ids)
+    unrelated = assign_names(ids, 1.0, seed=0, questions={q: "Where do I live?" for q in ids})
+    assert unrelated == plain  # the draw only changes where a name is taken
+
+
 def test_no_training_name_is_a_locomo_speaker() -> None:
     assert not set(FIRST_NAMES) & LOCOMO_SPEAKERS and len(set(FIRST_NAMES)) == len(FIRST_NAMES)
 
@@ -101,3 +111,6 @@ def test_cli_keeps_the_named_share_to_longmemeval(tmp_path: Path) -> None:
     result = CliRunner().invoke(reranker, ["train", "--pairs", str(pairs), "--named-user-share", "0.5",
                                            "--out", str(tmp_path / "m")])
     assert result.exit_code == 2 and "--longmemeval only" in result.output
+    result = CliRunner().invoke(reranker, ["train", "--pairs", str(pairs), "--named-user-share", "nan",
+                                           "--out", str(tmp_path / "m")])
+    assert result.exit_code == 2 and "got nan" in result.output
