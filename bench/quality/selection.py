@@ -131,7 +131,7 @@ def select_full(
         kept, per_mode = _decide(new, base, alpha, n_resamples, seed)
         for m in modes:
             per_mode[m.value]["deep_pass_rate"] = float(np.mean([deep[m][k].deep_pass for k in keys])) if keys else 0.0
-        steps.append(CandidateOutcome("deep_pass(pool=30->100,threshold=0)", kept, per_mode))
+        steps.append(CandidateOutcome("deep_pass(pool=30->100,threshold=calibrated)", kept, per_mode))
         if kept:
             deep_on, current, base = True, dict(deep), new
     for feature, options in grid.items():
