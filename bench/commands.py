@@ -14,6 +14,10 @@ Importing this module checks that the ``bench`` extra is installed and raises
 
 from __future__ import annotations
 
+import signal
+import threading
+from types import FrameType
+
 import click
 
 from bench.common.extras import require_extra
@@ -35,9 +39,28 @@ from bench.training.pools_cli import pools  # noqa: E402
 __all__ = ["bench", "data", "reranker"]
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`SystemExit` (status 143) in this process.
+
+    Python's default SIGTERM handling ends the process without unwinding, so a benchmark stopped
+    by ``kill`` (or a CI timeout) left its workers' database, streams and queues behind. Raised as
+    an exception, it runs the ``finally`` of :func:`bench.common.harness.running_service`, which
+    stops the workers and removes what the run made. Only the main thread may set a handler, so
+    elsewhere (a command invoked from a thread) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
 @click.group()
 def bench() -> None:
     """Benchmarks: retrieval quality (and, from the service, speed)."""
+    exit_on_sigterm()
 
 
 bench.add_command(quality, "quality")
