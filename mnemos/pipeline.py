@@ -64,9 +64,10 @@ class RetrievalConfig:
         deep_pool_size: entries reranked in the deep pass (100); also the depth each retriever
             is read to when a deep pass is possible.
         deep_threshold: deep pass when the top rerank logit is below this; None (the default)
-            disables it; NaN is refused (it would compare false: on, but never taken). The paper's adaptive deep pass is kept as a setting, but with the shipped
-            cross-encoder both training-source and never-seen dev splits drop it and the main job
-            gains without it (docs/architecture.md "Retrieval", step 5).
+            disables it; NaN is refused (it would compare false: on, but never taken). The
+            paper's adaptive deep pass is kept as a setting, but with the shipped cross-encoder
+            both training-source and never-seen dev splits drop it and the main job gains
+            without it (docs/architecture.md "Retrieval", step 5).
         rrf_k: RRF constant (60).
         fusion: how the retrievers' lists are fused: :attr:`Fusion.RRF` (the default, ranks only)
             or :attr:`Fusion.CONVEX` (``convex_weight * bm25 + (1 - convex_weight) * dense`` of

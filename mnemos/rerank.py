@@ -361,8 +361,9 @@ class FakeReranker:
     """Deterministic reranker for tests: token overlap between query and text, as a logit.
 
     ``score = |tokens(q) & tokens(t)| - 0.5``, so a text sharing no token scores -0.5 (below a
-    deep-pass threshold of 0.0, as tests set it; the default is no deep pass) and one shared token gives 0.5. ``overrides`` maps a text
-    to a fixed score, and ``fn(query, text)`` replaces the formula entirely.
+    deep-pass threshold of 0.0, as tests set it; the default is no deep pass) and one shared token
+    gives 0.5. ``overrides`` maps a text to a fixed score, and ``fn(query, text)`` replaces the
+    formula entirely.
 
     Records ``calls`` (one ``(query, texts)`` tuple per call that had texts) and ``pairs_scored``.
     """

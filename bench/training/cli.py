@@ -119,7 +119,7 @@ def run_train(
         teacher_setup = _teacher_setup(teacher, temperature, distil_weight)
         positives, corpora = training_positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
                                         question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence,
-                                                named_user_share=named_user_share)
+                                        named_user_share=named_user_share)
         encoder = _load_bi_encoder(device) if dense else None
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
                                              same_speaker=same_speaker)

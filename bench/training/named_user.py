@@ -35,8 +35,8 @@ _REWRITES: tuple[tuple[str, str], ...] = (
     (r"am I", "is {n}"), (r"I am", "{n} is"), (r"have I", "has {n}"), (r"I have", "{n} has"),
     (r"do I", "does {n}"), (r"myself", "{n}"), (r"mine", "{n}'s"), (r"my", "{n}'s"), (r"me", "{n}"), (r"I", "{n}"),
 )
-_PATTERN = re.compile("|".join(rf"(?<![\w'’])(?:{p})(?![\w'’])" for p, _ in _REWRITES), re.IGNORECASE)
-_COMPILED = tuple((re.compile(rf"(?:{p})\Z", re.IGNORECASE), r) for p, r in _REWRITES)
+# one capturing group per rule, so a match's ``lastindex`` names the rule that matched
+_PATTERN = re.compile("|".join(rf"(?<![\w'’])({p})(?![\w'’])" for p, _ in _REWRITES), re.IGNORECASE)
 
 
 def name_question(question: str, name: str) -> str:
@@ -59,11 +59,8 @@ def name_question(question: str, name: str) -> str:
         word = match.group(0)
         if word.lower() == "i" and word != "I":
             return word  # the letter i inside a list ("option i") is not the speaker
-        for pattern, template in _COMPILED:
-            if pattern.match(word):
-                out = template.format(n=name)
-                return out[0].upper() + out[1:] if word[0].isupper() else out
-        return word  # unreachable: every alternative of _PATTERN is in _COMPILED
+        out = _REWRITES[match.lastindex - 1][1].format(n=name)
+        return out[0].upper() + out[1:] if word[0].isupper() else out
 
     return _PATTERN.sub(replace, question)
 

@@ -151,8 +151,9 @@ def longmemeval_sources(files: Sequence[Path], question_fold: tuple[int, int] | 
     records: list[dict[str, object]] = []
     for path, convs in loaded:
         chosen = [c.conversation_id for c in convs if c.conversation_id not in held_out]
-        texts = {c.conversation_id: " ".join(q.text for q in c.questions) for c in convs}
-        names = assign_names(chosen, named_user_share, seed, texts) if named_user_share else {}
+        names = assign_names(chosen, named_user_share, seed,
+                             {c.conversation_id: " ".join(q.text for q in c.questions) for c in convs}
+                             ) if named_user_share else {}
         got, got_corpora = training_pairs.longmemeval_positives(convs, chosen, user_names=names)
         positives += got
         _merge_corpora(corpora, got_corpora)
