@@ -38,7 +38,7 @@ __all__ = ["QualityCommand", "quality", "run_quality_command"]
 
 logger = logging.getLogger(__name__)
 
-VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off")
+VARIANT_NAMES = ("rendering_off", "dedupe_guard_off", "suppression_off", "fusion_convex")
 
 
 def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Path, max_length: int,
@@ -52,6 +52,7 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
         ValueError: on an unknown ablation name or a malformed spec.
     """
     from bench.quality.variants import Variant, parse_reranker_spec, reranker_details
+    from mnemos.fusion import Fusion
     from mnemos.rendering import Rendering
 
     out = []
@@ -66,6 +67,9 @@ def build_variants(names: list[str], reranker_specs: list[str], *, cache_dir: Pa
         elif name == "suppression_off":
             out.append(Variant(name, "mnemos_full's features on hybrid_rerank pools (no suppression)", {},
                                suppression=False))
+        elif name == "fusion_convex":
+            out.append(Variant(name, "reranking arms (and the features' first-stage rank) fused by convex fusion "
+                                     "at hybrid_convex's dev-split weight instead of RRF", {}, fusion=Fusion.CONVEX))
         else:
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANT_NAMES)}")
     if main_timing is not None and reranker_specs:

@@ -53,6 +53,7 @@ from mnemos.features import (
     apply_features,
     parse_time_expressions,
 )
+from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.rendering import RENDERING_VERSION, Rendering
 from mnemos.suppression import QueryClusters, SuppressionTable, outcome_deltas
@@ -138,6 +139,10 @@ class Engine:
         dedupe_guard: dedupe only turns with equal speaker and distinguishing tokens (the default,
             as the service); False dedupes on cosine alone (the "dedupe guard off" ablation).
         rendering: what the models see of a turn (:mod:`mnemos.rendering`; ablations turn it off).
+        reranked_fusion: ``(fusion, convex weight)`` every reranking arm fuses its first stage with
+            instead of its own (None: each arm's own, reciprocal rank fusion); arms without a reranker
+            keep theirs. The ``fusion_convex`` variant sets it (docs/reranker.md "Convex fusion under
+            the features").
         progress: ``progress(total, description)`` returns an ``advance(n)`` callable and a
             ``close()`` callable (tqdm in the CLI, no-op in tests).
     """
@@ -155,6 +160,7 @@ class Engine:
     dedupe_threshold: float | None = 0.95
     dedupe_guard: bool = True
     rendering: Rendering = RENDERING_VERSION
+    reranked_fusion: tuple[Fusion, float] | None = None
     progress: Callable[[int, str], tuple[Callable[[int], None], Callable[[], None]]] | None = None
     tenants: dict[CorpusMode, dict[str, Tenant]] = field(default_factory=dict)
     states: dict[RunKey, list[StateRecord]] = field(default_factory=dict)
@@ -193,11 +199,19 @@ class Engine:
             return (lambda n: None), (lambda: None)
         return self.progress(total, description)
 
+    def _fused_as_asked(self, config: RetrievalConfig) -> RetrievalConfig:
+        """``config`` with :attr:`reranked_fusion` when it reranks and one is set, else itself."""
+        if self.reranked_fusion is None or not config.rerank:
+            return config
+        fusion, weight = self.reranked_fusion
+        return dataclasses.replace(config, fusion=fusion, convex_weight=weight)
+
     def _retrieve(
         self, tenant: Tenant, question: BenchQuestion, config: RetrievalConfig, *,
         table: SuppressionTable | None = None, cluster: int | None = None, outcome_id: str = "",
     ):
         reranker = None
+        config = self._fused_as_asked(config)
         if config.rerank:
             if self.rerankers is None:
                 raise ValueError("a reranking arm needs rerankers")
@@ -263,7 +277,8 @@ class Engine:
         number of texts requested."""
         if self.rerankers is None:
             return 0
-        fused = [dataclasses.replace(c, rerank=False, suppression=False, deep_threshold=None) for c in configs]
+        fused = [dataclasses.replace(self._fused_as_asked(c), rerank=False, suppression=False, deep_threshold=None)
+                 for c in configs]
         depth = max(c.n_candidates * (int(c.use_bm25) + int(c.use_dense)) for c in fused)
         advance, close = self._bar(len(self.questions), "rerank pools (each pair once)")
         requested = 0
@@ -280,7 +295,7 @@ class Engine:
         call. Call after :meth:`prewarm`."""
         if self.rerankers is None:
             return 0
-        deep = dataclasses.replace(shallow, rerank=False, suppression=False, deep_threshold=None,
+        deep = dataclasses.replace(self._fused_as_asked(shallow), rerank=False, suppression=False, deep_threshold=None,
                                    n_candidates=deep_pool_size, pool_size=deep_pool_size)
         advance, close = self._bar(len(self.questions), "rerank deep-pass pools")
         requested = 0

@@ -55,6 +55,7 @@ from bench.quality.selection import Selection, select_full
 from bench.quality.suppression_study import suppression_study
 from bench.quality.variants import Variant, run_variant
 from mnemos.encoder import Encoder
+from mnemos.fusion import Fusion
 
 __all__ = ["QualityOptions", "QualityReport", "run_quality"]
 
@@ -99,6 +100,9 @@ def run_quality(
     rerank_needed = any(a.reranks for a in arms)
     if rerank_needed and rerankers is None:
         raise ValueError("reranking arms need --reranker-fold models")
+    if any(v.fusion is Fusion.CONVEX for v in variants) and CONVEX_ARM not in options.arms:
+        raise ValueError(f"the fusion_convex variant takes its weight from the {CONVEX_ARM} arm's dev-split choice; "
+                         f"add {CONVEX_ARM} to --arms")
     questions = prepare_questions(conversations, seed=options.seed, limit=options.limit)
     if rerankers is not None:
         for conv in {q.conversation_id for q in questions}:
@@ -139,7 +143,7 @@ def run_quality(
     no_evidence_json(runs, results, by_key, options.abstain_threshold)
     full_block = _full_arm_json(engine, options, selection, metrics, base_metrics, baseline, by_key)
     engine.seconds["statistics"] = time.perf_counter() - t0
-    variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options)
+    variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options, fusion)
 
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
@@ -281,9 +285,10 @@ def _full_arm_json(engine: Engine, options: QualityOptions, selection: Selection
 def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine], engine: Engine,
                   metrics: MetricsByRun,
                   selection: Selection, baseline: Mapping[CorpusMode, Mapping[str, PoolResult]],
-                  options: QualityOptions) -> list[dict[str, Any]]:
+                  options: QualityOptions, fusion: FusionChoice | None = None) -> list[dict[str, Any]]:
     """Each variant on its own engine (the main one when it changes nothing but timing), held-out;
-    the seconds they took go to ``engine.seconds["variants"]``."""
+    the seconds they took go to ``engine.seconds["variants"]``. A variant with a ``fusion`` runs its
+    reranking arms at ``fusion``'s weight (the main run's ``hybrid_convex`` choice)."""
     t0 = time.perf_counter()
     if not variants:
         engine.seconds["variants"] = 0.0
@@ -295,14 +300,19 @@ def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine
         changes = dict(variant.engine_changes)
         if variant.rerankers is not None:
             changes["rerankers"] = variant.rerankers
+        if variant.fusion is not None:
+            assert fusion is not None, "run_quality refuses a fusion variant without the hybrid_convex arm"
+            changes["reranked_fusion"] = (variant.fusion, fusion.weight)
         modes = options.variant_modes or engine.modes
         target = make_engine(**changes, modes=modes) if changes else engine
         if target is not engine and target.rerankers is not None:
             target.prewarm([arm_by_name(BASELINE_ARM).config])
         logger.info("variant %s: %s", variant.name, variant.description)
-        blocks.append(run_variant(variant, target, main, selection, abstain_threshold=options.abstain_threshold,
-                                  n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools,
-                                  modes=modes))
+        block = run_variant(variant, target, main, selection, abstain_threshold=options.abstain_threshold,
+                            n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools, modes=modes)
+        if "reranked_fusion" in changes:
+            block["fusion"] = {"fusion": variant.fusion.value, "weight": changes["reranked_fusion"][1]}
+        blocks.append(block)
     engine.seconds["variants"] = time.perf_counter() - t0
     return blocks
 

@@ -28,6 +28,7 @@ from bench.common.stats import bootstrap_ci, compare_paired
 from bench.quality.arms import BASELINE_ARM, arm_by_name
 from bench.quality.engine import Engine, Protocol, QuestionMetrics
 from bench.quality.selection import Selection
+from mnemos.fusion import Fusion
 from mnemos.rerank import Reranker
 
 __all__ = ["Variant", "parse_reranker_spec", "reranker_details", "run_variant", "time_reranker"]
@@ -47,7 +48,9 @@ class Variant:
     main run's folds (None keeps them); ``suppression`` False evaluates ``mnemos_full``'s features
     on ``hybrid_rerank`` pools (suppression off); ``timing`` names the reranker to time per pool;
     ``reranker`` describes a reranker variant for the sweep table (``layers``, ``max_length``,
-    ``epochs``, ``max_pairs`` of its first fold's provenance).
+    ``epochs``, ``max_pairs`` of its first fold's provenance); ``fusion`` makes every reranking arm
+    fuse its first stage that way (:attr:`bench.quality.engine.Engine.reranked_fusion`), convex
+    fusion at the weight the main run chose for ``hybrid_convex`` on the dev split.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Variant:
     suppression: bool = True
     timing: Callable[[], Reranker] | None = None
     reranker: Mapping[str, Any] | None = None
+    fusion: Fusion | None = None
 
 
 def time_reranker(reranker: Reranker, pools: Sequence[tuple[str, Sequence[str]]], *, warmup: int = 3

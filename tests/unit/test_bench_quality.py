@@ -265,3 +265,36 @@ def test_a_variant_reports_no_mnemos_full_when_the_main_run_selected_none() -> N
     (block,) = report.document["variants"]
     assert set(block["modes"]["per_tenant"]) == {"hybrid_rrf", "hybrid_rerank"}
     assert block["modes"]["per_tenant"]["hybrid_rerank"]["vs_main"]["delta"] == 0.0
+
+
+def test_the_fusion_convex_variant_fuses_only_the_reranking_arms_at_the_chosen_weight() -> None:
+    """fusion_convex: the reranking arms' pools come from convex fusion at hybrid_convex's dev-split
+    weight (recorded in the block), the first stage hybrid_rrf stays RRF (Δ 0), and a run without
+    hybrid_convex, which gives the weight, is refused before any work."""
+    from mnemos.fusion import Fusion
+
+    options = QualityOptions(arms=("hybrid_rrf", "hybrid_convex", "hybrid_rerank", "+clustered_rif_gap", "mnemos_full"),
+                             protocols=(Protocol.HELDOUT,), modes=(CorpusMode.POOLED,), burnin_factor=2.0,
+                             n_resamples=200)
+    variant = Variant("fusion_convex", "convex", {}, fusion=Fusion.CONVEX)
+    report = run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(),
+                         options=options, dataset={"name": "synthetic", "path": "-"}, variants=[variant])
+    (block,) = report.document["variants"]
+    assert block["fusion"] == {"fusion": "convex", "weight": report.document["fusion"]["weight"]}
+    arms = block["modes"]["pooled"]
+    assert arms["hybrid_rrf"]["vs_main"]["delta"] == 0.0
+    assert set(arms) == {"hybrid_rrf", "hybrid_rerank", "mnemos_full"}
+
+    engine = _engine(modes=(CorpusMode.POOLED,))
+    convex = Engine(conversations=engine.conversations, questions=engine.questions, encoder=HashingEncoder(64),
+                    rerankers=_rerankers(), modes=(CorpusMode.POOLED,), burnin_factor=2.0,
+                    reranked_fusion=(Fusion.CONVEX, 0.9))
+    rerank, rrf = arm_by_name("hybrid_rerank"), arm_by_name("hybrid_rrf")
+    plain, fused = engine.run_plain(CorpusMode.POOLED, rerank), convex.run_plain(CorpusMode.POOLED, rerank)
+    assert any(set(plain[k].entry_ids) != set(fused[k].entry_ids) for k in plain)  # other pools were reranked
+    assert convex.run_plain(CorpusMode.POOLED, rrf) == engine.run_plain(CorpusMode.POOLED, rrf)
+
+    with pytest.raises(ValueError, match="hybrid_convex"):
+        run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(),
+                    options=QualityOptions(arms=("hybrid_rrf", "hybrid_rerank"), protocols=(Protocol.HELDOUT,)),
+                    dataset={"name": "synthetic", "path": "-"}, variants=[variant])
