@@ -7,7 +7,8 @@ headline on LongMemEval-S pooled: every haystack turn of every question in one 1
 figures below are those of its post-submission update (regex word tokenizer, the tokenizer
 Mnemos uses), except where a row says otherwise. The data set here holds 498 of the 500 questions
 (198,956 distinct turns pooled); Mnemos's figures average over its labelled questions outside the
-abstention category, and its cross-encoder is its own, trained on LoCoMo.
+abstention category, and its cross-encoders are its own: the report names their training sources
+from the folds' provenance (:func:`reranker_sources`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PublishedRow", "published_for", "published_lines"]
+__all__ = ["PublishedRow", "published_for", "published_lines", "reranker_sources"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,21 @@ def published_for(dataset: Mapping[str, Any]) -> tuple[PublishedRow, ...]:
     return ()
 
 
+def reranker_sources(reranker: Mapping[str, Any]) -> str:
+    """The training sources of the report's ``reranker`` block, as ``"LongMemEval (MIT)"``: each
+    fold's provenance ``sources`` (name and licence), else its ``positive_sources`` line, in fold
+    order without repeats; ``"sources not recorded"`` when no fold records any."""
+    names: list[str] = []
+    for fold in reranker.get("folds") or []:
+        provenance = fold.get("provenance") or {}
+        sources = provenance.get("sources") or []
+        found = [f"{s.get('name', '?')} ({s.get('licence', 'licence not recorded')})" for s in sources]
+        if not found and provenance.get("positive_sources"):
+            found = [str(provenance["positive_sources"])]
+        names += [n for n in found if n not in names]
+    return ", ".join(names) if names else "sources not recorded"
+
+
 def published_lines(document: Mapping[str, Any]) -> list[str]:
     """Markdown: the published rows beside this run's pooled NDCG@10 and Recall@30 per protocol
     (transductive is the paper's protocol); nothing when the data set has no published figures or
@@ -80,5 +96,6 @@ def published_lines(document: Mapping[str, Any]) -> list[str]:
         scope += f" (a --limit {d['limit']} sample: not comparable with the published full run)"
     lines += ["", f"The published corpus holds 199,509 turns and 500 questions; this one each (haystack session, "
                   f"position) of the data set once. {scope}. The published cross-encoder is ms-marco-MiniLM-L-6-v2; "
-                  "Mnemos's is its own, trained on LoCoMo (never on LongMemEval)."]
+                  f"Mnemos's are its own, trained on {reranker_sources(document.get('reranker') or {})}; "
+                  "each question is ranked by a fold that never trained on it."]
     return lines

@@ -1,7 +1,7 @@
 """The published figures of the method's source appear beside the run's own for LongMemEval-S only."""
 
 from bench.quality.markdown import quality_header
-from bench.quality.published import published_for, published_lines
+from bench.quality.published import published_for, published_lines, reranker_sources
 
 
 def _run(protocol: str, arm: str, ndcg: float, recall30: float, corpus: str = "pooled") -> dict:
@@ -41,3 +41,17 @@ def test_the_quality_header_carries_them() -> None:
     }
     header = "\n".join(quality_header(document))
     assert "Beside the published figures" in header and "| bm25 | 0.3171 | – | 0.3000 | 0.4000 |" in header
+
+
+def test_the_note_names_the_folds_training_sources_from_their_provenance() -> None:
+    """The sentence under the table names what the cross-encoders learnt from (their provenance),
+    not a fixed source: a LongMemEval-trained fold is not described as trained on LoCoMo."""
+    lme = {"provenance": {"sources": [{"name": "LongMemEval", "licence": "MIT"}]}}
+    old = {"provenance": {"positive_sources": "LoCoMo (CC BY-NC 4.0)"}}
+    assert reranker_sources({"folds": [lme, lme]}) == "LongMemEval (MIT)"
+    assert reranker_sources({"folds": [lme, old]}) == "LongMemEval (MIT), LoCoMo (CC BY-NC 4.0)"
+    assert reranker_sources({"folds": [{"provenance": {}}]}) == "sources not recorded"
+    document = {"dataset": {"format": "longmemeval", "path": "longmemeval_s_498.json.xz"},
+                "runs": [_run("heldout", "bm25", 0.3, 0.4)], "reranker": {"folds": [lme]}}
+    note = published_lines(document)[-1]
+    assert "trained on LongMemEval (MIT)" in note and "LoCoMo" not in note
