@@ -142,7 +142,7 @@ class Engine:
         reranked_fusion: ``(fusion, convex weight)`` every reranking arm fuses its first stage with
             instead of its own (None: each arm's own, reciprocal rank fusion); arms without a reranker
             keep theirs. The ``fusion_convex`` variant sets it (docs/reranker.md "Convex fusion under
-            the features").
+            the cross-encoder").
         progress: ``progress(total, description)`` returns an ``advance(n)`` callable and a
             ``close()`` callable (tqdm in the CLI, no-op in tests).
     """

@@ -100,6 +100,8 @@ def run_quality(
     rerank_needed = any(a.reranks for a in arms)
     if rerank_needed and rerankers is None:
         raise ValueError("reranking arms need --reranker-fold models")
+    if any(v.fusion is not None for v in variants) and not rerank_needed:
+        raise ValueError("a fusion variant changes only the reranking arms; run one (e.g. hybrid_rerank) with it")
     if any(v.fusion is Fusion.CONVEX for v in variants) and CONVEX_ARM not in options.arms:
         raise ValueError(f"the fusion_convex variant takes its weight from the {CONVEX_ARM} arm's dev-split choice; "
                          f"add {CONVEX_ARM} to --arms")
@@ -307,6 +309,10 @@ def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine
         target = make_engine(**changes, modes=modes) if changes else engine
         if target is not engine and target.rerankers is not None:
             target.prewarm([arm_by_name(BASELINE_ARM).config])
+            if selection.deep_pass:
+                deep = arm_by_name(FULL_ARM, deep_pass=True).config
+                assert deep.deep_threshold is not None
+                target.prewarm_deep(arm_by_name(BASELINE_ARM).config, deep.deep_pool_size, deep.deep_threshold)
         logger.info("variant %s: %s", variant.name, variant.description)
         block = run_variant(variant, target, main, selection, abstain_threshold=options.abstain_threshold,
                             n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools, modes=modes)

@@ -283,6 +283,7 @@ def test_the_fusion_convex_variant_fuses_only_the_reranking_arms_at_the_chosen_w
     assert block["fusion"] == {"fusion": "convex", "weight": report.document["fusion"]["weight"]}
     arms = block["modes"]["pooled"]
     assert arms["hybrid_rrf"]["vs_main"]["delta"] == 0.0
+    assert arms["hybrid_rerank"]["vs_main"]["delta"] != 0.0  # the variant's reranking arms ran on other pools
     assert set(arms) == {"hybrid_rrf", "hybrid_rerank", "mnemos_full"}
 
     engine = _engine(modes=(CorpusMode.POOLED,))
@@ -293,7 +294,15 @@ def test_the_fusion_convex_variant_fuses_only_the_reranking_arms_at_the_chosen_w
     plain, fused = engine.run_plain(CorpusMode.POOLED, rerank), convex.run_plain(CorpusMode.POOLED, rerank)
     assert any(set(plain[k].entry_ids) != set(fused[k].entry_ids) for k in plain)  # other pools were reranked
     assert convex.run_plain(CorpusMode.POOLED, rrf) == engine.run_plain(CorpusMode.POOLED, rrf)
+    gap = arm_by_name("+clustered_rif_gap")  # burn-in and frozen evaluation fuse as asked too
+    suppressed = engine.run_suppressed(CorpusMode.POOLED, Protocol.HELDOUT, gap)
+    convex_suppressed = convex.run_suppressed(CorpusMode.POOLED, Protocol.HELDOUT, gap)
+    assert any(set(suppressed[k].entry_ids) != set(convex_suppressed[k].entry_ids) for k in suppressed)
 
+    with pytest.raises(ValueError, match="reranking arms"):
+        run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=None,
+                    options=QualityOptions(arms=("hybrid_rrf", "hybrid_convex"), protocols=(Protocol.HELDOUT,)),
+                    dataset={"name": "synthetic", "path": "-"}, variants=[variant])
     with pytest.raises(ValueError, match="hybrid_convex"):
         run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(),
                     options=QualityOptions(arms=("hybrid_rrf", "hybrid_rerank"), protocols=(Protocol.HELDOUT,)),
