@@ -98,13 +98,7 @@ def run_quality(
     started = time.perf_counter()
     arms = [arm_by_name(a) for a in options.arms]
     rerank_needed = any(a.reranks for a in arms)
-    if rerank_needed and rerankers is None:
-        raise ValueError("reranking arms need --reranker-fold models")
-    if any(v.fusion is not None for v in variants) and not rerank_needed:
-        raise ValueError("a fusion variant changes only the reranking arms; run one (e.g. hybrid_rerank) with it")
-    if any(v.fusion is Fusion.CONVEX for v in variants) and CONVEX_ARM not in options.arms:
-        raise ValueError(f"the fusion_convex variant takes its weight from the {CONVEX_ARM} arm's dev-split choice; "
-                         f"add {CONVEX_ARM} to --arms")
+    _refuse_what_cannot_run(options, variants, rerank_needed, has_rerankers=rerankers is not None)
     questions = prepare_questions(conversations, seed=options.seed, limit=options.limit)
     if rerankers is not None:
         for conv in {q.conversation_id for q in questions}:
@@ -168,6 +162,24 @@ def run_quality(
     }
     return QualityReport(document=document, markdown=render_markdown(document, header=quality_header),
                          per_question=per_question)
+
+
+def _refuse_what_cannot_run(options: QualityOptions, variants: Sequence[Variant], rerank_needed: bool, *,
+                            has_rerankers: bool) -> None:
+    """Refuse, before any work: reranking arms without rerankers; a fusion variant without a
+    reranking arm (it changes only those); a convex one without ``hybrid_convex`` (whose
+    dev-split choice is its weight).
+
+    Raises:
+        ValueError: naming what is missing.
+    """
+    if rerank_needed and not has_rerankers:
+        raise ValueError("reranking arms need --reranker-fold models")
+    if any(v.fusion is not None for v in variants) and not rerank_needed:
+        raise ValueError("a fusion variant changes only the reranking arms; run one (e.g. hybrid_rerank) with it")
+    if any(v.fusion is Fusion.CONVEX for v in variants) and CONVEX_ARM not in options.arms:
+        raise ValueError(f"the fusion_convex variant takes its weight from the {CONVEX_ARM} arm's dev-split choice; "
+                         f"add {CONVEX_ARM} to --arms")
 
 
 def _run_fused_arms(engine: Engine, arms: Sequence[Arm],
