@@ -210,10 +210,15 @@ def _prewarm(engine: Engine, options: QualityOptions) -> None:
         prewarm.append(arm_by_name("dense_rerank").config)
     engine.prewarm(prewarm)
     if FULL_ARM in options.arms and options.full_features == "auto" and Protocol.HELDOUT in options.protocols:
-        deep = arm_by_name(FULL_ARM, deep_pass=True).config
-        assert deep.deep_threshold is not None
-        engine.prewarm_deep(arm_by_name(BASELINE_ARM).config, deep.deep_pool_size, deep.deep_threshold)
+        _prewarm_deep(engine)
     engine.seconds["rerank_prewarm"] = time.perf_counter() - t0
+
+
+def _prewarm_deep(engine: Engine) -> None:
+    """Score the deep-pass pools ``mnemos_full``'s deep pass would rerank (after ``hybrid_rerank``'s)."""
+    deep = arm_by_name(FULL_ARM, deep_pass=True).config
+    assert deep.deep_threshold is not None
+    engine.prewarm_deep(arm_by_name(BASELINE_ARM).config, deep.deep_pool_size, deep.deep_threshold)
 
 
 def _run_reranked_arms(engine: Engine, arms: Sequence[Arm], options: QualityOptions, results: Results,
@@ -322,9 +327,7 @@ def _run_variants(variants: Sequence[Variant], make_engine: Callable[..., Engine
         if target is not engine and target.rerankers is not None:
             target.prewarm([arm_by_name(BASELINE_ARM).config])
             if selection.deep_pass:
-                deep = arm_by_name(FULL_ARM, deep_pass=True).config
-                assert deep.deep_threshold is not None
-                target.prewarm_deep(arm_by_name(BASELINE_ARM).config, deep.deep_pool_size, deep.deep_threshold)
+                _prewarm_deep(target)
         logger.info("variant %s: %s", variant.name, variant.description)
         block = run_variant(variant, target, main, selection, abstain_threshold=options.abstain_threshold,
                             n_resamples=options.n_resamples, seed=options.seed, timing_pools=pools, modes=modes)
