@@ -40,9 +40,11 @@ __all__ = [
     "QueryContext",
     "apply_features",
     "feature_scores",
+    "bm25_adjustment",
     "first_stage_adjustment",
     "importance_adjustment",
     "parse_time_expressions",
+    "retriever_ranks",
     "session_adjustment",
     "session_matches",
     "temporal_adjustment",
@@ -63,6 +65,9 @@ class PoolView:
         initial_ranks: ``(p,)`` 1-based rank of each hit in the suppressed fused (first-stage)
             order, the outcome's ``initial_rank`` (only :func:`first_stage_adjustment` reads
             them; empty is fine without it).
+        bm25_ranks: ``(p,)`` 1-based rank of each hit in the BM25 retriever's own candidate list,
+            ``n + 1`` for a hit outside its first ``n`` (:func:`retriever_ranks`; only
+            :func:`bm25_adjustment` reads them; empty is fine without it).
     """
 
     scores: np.ndarray
@@ -70,6 +75,7 @@ class PoolView:
     session_dates: tuple[datetime, ...]
     embeddings: np.ndarray
     initial_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    bm25_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,8 @@ class Feature(StrEnum):
     """Personalized PageRank importance over the pool's similarity graph (AssoMem §3.2.3)."""
     FIRST_STAGE = "first_stage"
     """First-stage evidence kept in the final score: z-scored fused rank, scaled to the logits' spread."""
+    BM25 = "bm25"
+    """Lexical evidence kept in the final score: z-scored rank in BM25's own list, scaled likewise."""
 
 
 _REQUIRED: dict[Feature, frozenset[str]] = {
@@ -113,12 +121,14 @@ _REQUIRED: dict[Feature, frozenset[str]] = {
     Feature.TEMPORAL: frozenset({"slack_days", "weight"}),
     Feature.IMPORTANCE: frozenset({"weight"}),
     Feature.FIRST_STAGE: frozenset({"weight"}),
+    Feature.BM25: frozenset({"weight"}),
 }
 _OPTIONAL: dict[Feature, frozenset[str]] = {
     Feature.SESSION: frozenset(),
     Feature.TEMPORAL: frozenset(),
     Feature.IMPORTANCE: frozenset({"neighbours", "damping", "iterations"}),
     Feature.FIRST_STAGE: frozenset(),
+    Feature.BM25: frozenset(),
 }
 
 
@@ -130,7 +140,8 @@ class FeatureSetting:
     (sessions boosted, >= 1), ``weight``; ``temporal``: ``slack_days`` (>= 0), ``weight``;
     ``importance``: ``weight`` and optionally ``neighbours``, ``damping``, ``iterations``;
     ``first_stage``: ``weight`` (in standard deviations of the pool's logits per standard
-    deviation of its fused ranks). Weights are rerank-logit units. Hashable, so a :class:`~mnemos.pipeline.RetrievalConfig`
+    deviation of its fused ranks); ``bm25``: ``weight`` (the same, per standard deviation of its
+    BM25 ranks). Weights are rerank-logit units. Hashable, so a :class:`~mnemos.pipeline.RetrievalConfig`
     holding settings stays hashable.
 
     Raises:
@@ -343,6 +354,16 @@ def importance_adjustment(
     return np.asarray(weight * (rank - rank.mean()) / spread, dtype=np.float64)
 
 
+def _rank_evidence(ranks: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
+    """``weight * sd(scores) * z(-ranks)`` over the pool; zeros when the ranks carry no order."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    logits = np.asarray(scores, dtype=np.float64)
+    if ranks.size != logits.size or ranks.size < 2 or ranks.std() == 0:
+        return np.zeros(logits.size, dtype=np.float64)
+    first = -ranks
+    return np.asarray(weight * logits.std() * (first - first.mean()) / first.std(), dtype=np.float64)
+
+
 def first_stage_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
     """``weight * sd(logits) * z(-initial_rank)`` for each pool turn (``(p,)`` float64).
 
@@ -356,12 +377,33 @@ def first_stage_adjustment(pool: PoolView, context: QueryContext, *, weight: flo
     ``context`` is unused (the signature every feature shares).
     """
     del context
-    ranks = np.asarray(pool.initial_ranks, dtype=np.float64)
-    logits = np.asarray(pool.scores, dtype=np.float64)
-    if ranks.size != logits.size or ranks.size < 2 or ranks.std() == 0:
-        return np.zeros(logits.size, dtype=np.float64)
-    first = -ranks
-    return np.asarray(weight * logits.std() * (first - first.mean()) / first.std(), dtype=np.float64)
+    return _rank_evidence(pool.initial_ranks, pool.scores, weight)
+
+
+def bm25_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
+    """``weight * sd(logits) * z(-bm25_rank)`` for each pool turn (``(p,)`` float64).
+
+    The form of :func:`first_stage_adjustment` with the turn's rank in BM25's own candidate list
+    (:func:`retriever_ranks`) instead of its fused rank: the lexical retriever's evidence alone,
+    which fusion with the dense arm blurs. It helps where the cross-encoder misjudges long
+    user-assistant turns that share the question's words (docs/reranker.md "BM25 evidence after
+    the cross-encoder"). Zero when the ranks carry no order or are missing. ``context`` is unused.
+    """
+    del context
+    return _rank_evidence(pool.bm25_ranks, pool.scores, weight)
+
+
+def retriever_ranks(entry_ids: Sequence[int], candidates: Sequence[tuple[int, float]], depth: int) -> np.ndarray:
+    """``(len(entry_ids),)`` int64: each entry's 1-based rank among the first ``depth`` of a
+    retriever's ``(entry_id, score)`` candidates (best first), ``depth + 1`` when it is not there.
+
+    Raises:
+        InvalidParameterError: if ``depth < 1``.
+    """
+    if depth < 1:
+        raise InvalidParameterError(f"depth must be >= 1, got {depth}")
+    rank = {int(eid): r for r, (eid, _) in enumerate(candidates[:depth], start=1)}
+    return np.asarray([rank.get(int(eid), depth + 1) for eid in entry_ids], dtype=np.int64)
 
 
 FEATURE_FUNCTIONS: dict[Feature, Callable[..., np.ndarray]] = {
@@ -369,6 +411,7 @@ FEATURE_FUNCTIONS: dict[Feature, Callable[..., np.ndarray]] = {
     Feature.TEMPORAL: temporal_adjustment,
     Feature.IMPORTANCE: importance_adjustment,
     Feature.FIRST_STAGE: first_stage_adjustment,
+    Feature.BM25: bm25_adjustment,
 }
 """The adjustment function of each :class:`Feature`; each returns ``(p,)`` logits to add."""
 

@@ -44,6 +44,7 @@ from mnemos.features import (
     QueryContext,
     feature_scores,
     parse_time_expressions,
+    retriever_ranks,
 )
 from mnemos.filters import EntryFilter
 from mnemos.fusion import DEFAULT_CONVEX_WEIGHT, DEFAULT_RRF_K, Fusion, ScoredList, fuse
@@ -311,11 +312,12 @@ def retrieve(
     adjusted = _fuse_and_suppress(lists, config, active, watch, cut=config.n_candidates)
     watch.stop()
     if not config.rerank or reranker is None:
-        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None, adjusted, everything)
+        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None, adjusted, everything,
+                       candidates=lists)
 
     pool = _pool(adjusted, config.pool_size)
     if not pool:
-        return _result(watch, cluster, [], None, 0, False, None, unfiltered=everything)
+        return _result(watch, cluster, [], None, 0, False, None, unfiltered=everything, candidates=lists)
 
     watch.start("rerank")
     reranked = _rerank(reranker, query, index, pool)
@@ -325,9 +327,11 @@ def retrieve(
 
     outcome, final_order = _outcome(index, reranked, cluster, outcome_id, q_vec)
     ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch,
-                       {entry.entry_id: entry.initial_rank for entry in outcome.pool}, rrf_k=config.rrf_k)
+                       {entry.entry_id: entry.initial_rank for entry in outcome.pool}, rrf_k=config.rrf_k,
+                       bm25=lists.bm25, depth=config.n_candidates)
     hits = _hits(index, ranked[:k])
-    return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked, everything)
+    return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked, everything,
+                   candidates=lists)
 
 
 def _query_vector(
@@ -484,11 +488,15 @@ def _features(
     initial_ranks: dict[int, int] | None = None,
     *,
     rrf_k: int,
+    bm25: Sequence[tuple[int, float]] = (),
+    depth: int = 1,
 ) -> list[tuple[int, float]]:
     """Stage 6, features: ``(entry_id, score)`` of the reranked pool ``order``, best first: the
     logits as they are without ``settings``, else adjusted by them and stably re-sorted.
     ``initial_ranks`` (entry id -> 1-based suppressed fused rank, the outcome's ``initial_rank``)
-    feed the first-stage feature; the session ranking fuses with the retrieval's ``rrf_k``."""
+    feed the first-stage feature; each turn's rank in the first ``depth`` of the BM25 list
+    ``bm25`` (the shallow pool's candidates, also after a deep pass) feeds the bm25 feature; the
+    session ranking fuses with the retrieval's ``rrf_k``."""
     initial_ranks = initial_ranks or {}
     if not settings:
         return [(eid, scores[eid]) for eid in order]
@@ -505,6 +513,7 @@ def _features(
         session_dates=tuple(index.sessions.date(s) for s in sessions),
         embeddings=index.embeddings_of(order) if Feature.IMPORTANCE in wanted else np.zeros((len(order), 0)),
         initial_ranks=np.asarray([initial_ranks.get(eid, 0) for eid in order], dtype=np.int64),
+        bm25_ranks=retriever_ranks(order, bm25, depth) if Feature.BM25 in wanted else np.zeros(0, dtype=np.int64),
     )
     total = feature_scores(view, context, settings)
     ranked = [(order[i], float(total[i])) for i in np.argsort(-total, kind="stable")]
@@ -533,12 +542,16 @@ def _result(
     top: float | None,
     ranking: Sequence[tuple[int, float]] = (),
     unfiltered: CandidateLists | None = None,
+    *,
+    candidates: CandidateLists | None = None,
 ) -> RetrievalResult:
     """The request's result, with the stage timings of ``watch`` (its running stage stopped), the
-    ``(entry_id, score)`` ranking the hits were cut from and the retrievers' unfiltered lists."""
+    ``(entry_id, score)`` ranking the hits were cut from, the retrievers' lists the fusion read
+    and their unfiltered lists."""
     return RetrievalResult(hits=tuple(hits), outcome=outcome, timings=watch.timings(), pool_size=pool_size,
                            deep_pass=deep, cluster=cluster, top_rerank_score=top,
-                           ranking=tuple((int(eid), float(score)) for eid, score in ranking), unfiltered=unfiltered)
+                           ranking=tuple((int(eid), float(score)) for eid, score in ranking), unfiltered=unfiltered,
+                           candidates=candidates)
 
 
 def _empty_result(cluster: int | None, total_seconds: float) -> RetrievalResult:

@@ -156,6 +156,8 @@ class RetrievalResult:
     ``unfiltered`` is, when the caller asked for it and a filter restricted the candidates, each
     retriever's list as it would have been without the filter, from the same scoring pass as the
     filtered one (an evidence packet names the best of what the filter hid from it); else None.
+    ``candidates`` is each retriever's list as the fusion read it (restricted by the request's
+    filter, as deep as the retrievers searched); None when no retriever ran (no entry allowed).
     """
 
     hits: tuple[Hit, ...]
@@ -167,3 +169,4 @@ class RetrievalResult:
     top_rerank_score: float | None
     ranking: tuple[tuple[int, float], ...] = ()
     unfiltered: CandidateLists | None = None
+    candidates: CandidateLists | None = None

@@ -113,6 +113,9 @@ class Settings:
     # first-stage evidence in the final score (mnemos.features.first_stage_adjustment): weight of the
     # z-scored fused rank in standard deviations of the pool's logits; 0 = off (docs/reranker.md).
     first_stage_weight: float = 1.0
+    # lexical evidence in the final score (mnemos.features.bm25_adjustment): weight of the z-scored
+    # rank in BM25's own candidates, in standard deviations of the pool's logits; 0 = off.
+    bm25_weight: float = 0.0
     dedupe_threshold: float = DEFAULT_DEDUPE_THRESHOLD
     default_k: int = DEFAULT_K  # the k of a request that names none (the client's and the query worker's)
     max_k: int = Limits.max_k
@@ -228,9 +231,10 @@ class Settings:
             raise SettingsError(f"session_top must be >= 1 and temporal_slack_days >= 0, got {self.session_top}, "
                                 f"{self.temporal_slack_days}")
         if not (math.isfinite(self.session_weight) and math.isfinite(self.temporal_weight)
-                and math.isfinite(self.temporal_slack_days) and math.isfinite(self.first_stage_weight)):
-            raise SettingsError("session_weight, temporal_weight, temporal_slack_days and first_stage_weight "
-                                "must be finite")
+                and math.isfinite(self.temporal_slack_days) and math.isfinite(self.first_stage_weight)
+                and math.isfinite(self.bm25_weight)):
+            raise SettingsError("session_weight, temporal_weight, temporal_slack_days, first_stage_weight and "
+                                "bm25_weight must be finite")
         if not 1 <= self.default_k <= self.max_k:
             raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
         # a loop renews its heartbeat between blocking reads (block_ms; the query worker's at least 1 s)

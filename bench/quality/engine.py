@@ -52,6 +52,7 @@ from mnemos.features import (
     QueryContext,
     apply_features,
     parse_time_expressions,
+    retriever_ranks,
 )
 from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig, retrieve
@@ -90,6 +91,7 @@ class PoolResult:
     deep_pass: bool
     top_score: float | None
     initial_ranks: tuple[int, ...] = ()  # per hit: its suppressed fused rank (the outcome's), when reranked
+    bm25_ranks: tuple[int, ...] = ()  # per hit: its rank in BM25's shallow candidates (mnemos.features.retriever_ranks)
 
 
 @dataclass(frozen=True)
@@ -227,14 +229,18 @@ class Engine:
         )
 
     @staticmethod
-    def _pool(result) -> PoolResult:
+    def _pool(result, config: RetrievalConfig) -> PoolResult:
+        """The bench's record of one retrieval; BM25 ranks are cut as the pipeline's features cut them."""
         initial = {e.entry_id: e.initial_rank for e in result.outcome.pool} if result.outcome is not None else {}
+        hit_ids = [h.entry_id for h in result.hits]
+        bm25 = result.candidates.bm25 if result.candidates is not None else ()
         return PoolResult(
             entry_ids=tuple(h.entry_id for h in result.hits),
             scores=tuple(float(h.score) for h in result.hits),
             deep_pass=bool(result.deep_pass),
             top_score=result.top_rerank_score,
             initial_ranks=tuple(initial.get(h.entry_id, 0) for h in result.hits) if initial else (),
+            bm25_ranks=tuple(int(r) for r in retriever_ranks(hit_ids, bm25, config.n_candidates)) if initial else (),
         )
 
     # ---- stateless arms ----------------------------------------------------------------------
@@ -246,7 +252,7 @@ class Engine:
             advance, close = self._bar(len(self.questions), f"{mode.value} {arm.name}")
             out = {}
             for q in self.questions:
-                out[q.key] = self._pool(self._retrieve(self.tenant_of(mode, q), q, arm.config))
+                out[q.key] = self._pool(self._retrieve(self.tenant_of(mode, q), q, arm.config), arm.config)
                 advance(1)
             close()
             self._runs[key] = out
@@ -344,7 +350,7 @@ class Engine:
         out = {}
         for q in evaluate:
             cluster = clusters.assign(self.question_vectors[q.row])
-            out[q.key] = self._pool(self._retrieve(tenant, q, arm.config, table=table, cluster=cluster))
+            out[q.key] = self._pool(self._retrieve(tenant, q, arm.config, table=table, cluster=cluster), arm.config)
             advance(1)
         record = StateRecord(
             tenant_id=tenant.tenant_id, half=half, burn_keys=frozenset(drawn),
@@ -414,6 +420,7 @@ class Engine:
             session_dates=tuple(tenant.sessions.date(s) for s in sessions),
             embeddings=self.turn_vectors[list(pool.entry_ids)],
             initial_ranks=np.asarray(pool.initial_ranks, dtype=np.int64),
+            bm25_ranks=np.asarray(pool.bm25_ranks, dtype=np.int64),
         )
         needs_sessions = any(s.feature is Feature.SESSION for s in settings)
         order = apply_features(view, self.context(mode, question, sessions=needs_sessions), settings)

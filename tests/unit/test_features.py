@@ -167,3 +167,33 @@ def test_first_stage_setting_needs_a_weight() -> None:
     assert FeatureSetting(Feature.FIRST_STAGE, {"weight": 1.0}).label() == "first_stage(weight=1)"
     with pytest.raises(InvalidParameterError):
         FeatureSetting(Feature.FIRST_STAGE, {})
+
+
+def test_bm25_adjustment_is_the_first_stage_form_on_bm25_ranks() -> None:
+    from mnemos.features import bm25_adjustment, first_stage_adjustment
+
+    date0 = datetime(2023, 1, 1, tzinfo=UTC)
+    logits = np.asarray([3.0, 2.0, 0.5, -1.0])
+    pool = PoolView(logits, ("s",) * 4, (date0,) * 4, np.zeros((4, 0)),
+                    initial_ranks=np.asarray([1, 2, 3, 4]), bm25_ranks=np.asarray([31, 2, 1, 31]))
+    adjustment = bm25_adjustment(pool, QueryContext(), weight=2.0)
+    lexical = -np.asarray([31.0, 2.0, 1.0, 31.0])
+    np.testing.assert_allclose(adjustment, 2.0 * logits.std() * (lexical - lexical.mean()) / lexical.std())
+    assert adjustment[2] > adjustment[1] > adjustment[0] == adjustment[3]  # BM25's best gains most
+    # it reads the BM25 ranks, not the fused ones
+    assert not np.allclose(adjustment, first_stage_adjustment(pool, QueryContext(), weight=2.0))
+    missing = PoolView(logits, ("s",) * 4, (date0,) * 4, np.zeros((4, 0)), initial_ranks=np.asarray([1, 2, 3, 4]))
+    assert not bm25_adjustment(missing, QueryContext(), weight=2.0).any()
+    assert FeatureSetting(Feature.BM25, {"weight": 0.5}).label() == "bm25(weight=0.5)"
+
+
+def test_retriever_ranks_cut_the_list_at_its_depth() -> None:
+    from mnemos.errors import InvalidParameterError
+    from mnemos.features import retriever_ranks
+
+    candidates = [(7, 9.0), (3, 5.0), (5, 1.0)]
+    assert retriever_ranks([5, 3, 7, 8], candidates, depth=3).tolist() == [3, 2, 1, 4]
+    assert retriever_ranks([5, 3, 7, 8], candidates, depth=2).tolist() == [3, 2, 1, 3]  # 5 is past the cut
+    assert retriever_ranks([1], [], depth=30).tolist() == [31]
+    with pytest.raises(InvalidParameterError):
+        retriever_ranks([1], candidates, depth=0)

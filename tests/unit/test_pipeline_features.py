@@ -134,3 +134,28 @@ def test_a_heavy_first_stage_weight_returns_the_fused_order_and_keeps_the_outcom
     assert heavy.outcome == plain.outcome  # suppression still learns from the cross-encoder's own ranks
     light = _run(index, encoder, query, _with(FeatureSetting(Feature.FIRST_STAGE, {"weight": 1e-9})))
     assert [h.entry_id for h in light.hits] == [h.entry_id for h in plain.hits]
+
+
+def test_a_heavy_bm25_weight_returns_bm25_order_and_keeps_the_outcome(index, encoder) -> None:
+    query = "the dog and the dentist"
+    plain = _run(index, encoder, query, BASE)
+    depth = BASE.n_candidates
+    bm25_rank = {eid: r for r, (eid, _) in enumerate(plain.candidates.bm25[:depth], start=1)}
+    heavy = _run(index, encoder, query, _with(FeatureSetting(Feature.BM25, {"weight": 1000.0})))
+    ranks = [bm25_rank.get(h.entry_id, depth + 1) for h in heavy.hits]
+    assert ranks == sorted(ranks) and len(set(ranks)) > 2  # BM25's order, with the unranked last
+    assert [h.entry_id for h in heavy.hits] != [h.entry_id for h in plain.hits]
+    assert heavy.outcome == plain.outcome
+
+
+def test_the_bm25_feature_ranks_within_the_filtered_candidates(index, encoder) -> None:
+    from mnemos.filters import EntryFilter
+
+    query = "the dog and the dentist"
+    allowed = EntryFilter(session_ids=frozenset({"S3", "S4"}))
+    result = _run(index, encoder, query, _with(FeatureSetting(Feature.BM25, {"weight": 1000.0})), allowed=allowed)
+    assert result.hits and {h.session_id for h in result.hits} <= {"S3", "S4"}
+    filtered = [eid for eid, _ in result.candidates.bm25]
+    assert filtered and all(index.entry(eid).session_id in {"S3", "S4"} for eid in filtered)
+    ranks = [filtered.index(h.entry_id) + 1 if h.entry_id in filtered else len(filtered) + 1 for h in result.hits]
+    assert ranks == sorted(ranks)  # ranked among the allowed candidates, not the whole tenant's

@@ -121,6 +121,8 @@ def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
                                                           "weight": settings.temporal_weight}))
     if settings.first_stage_weight != 0:
         features.append(FeatureSetting(Feature.FIRST_STAGE, {"weight": settings.first_stage_weight}))
+    if settings.bm25_weight != 0:
+        features.append(FeatureSetting(Feature.BM25, {"weight": settings.bm25_weight}))
     return tuple(features)
 
 
