@@ -110,12 +110,11 @@ class Settings:
     session_weight: float = 2.0
     temporal_slack_days: float = 31.0  # a session may start up to this many days after the named time
     temporal_weight: float = 2.0
-    # first-stage evidence in the final score (mnemos.features.first_stage_adjustment): weight of the
-    # z-scored fused rank in standard deviations of the pool's logits; 0 = off (docs/reranker.md).
-    first_stage_weight: float = 1.0
-    # lexical evidence in the final score (mnemos.features.bm25_adjustment): weight of the z-scored
-    # rank in BM25's own candidates, in standard deviations of the pool's logits; 0 = off.
-    bm25_weight: float = 0.0
+    # first-stage and lexical evidence in the final score (mnemos.features first_stage_adjustment and
+    # bm25_adjustment): weights of the z-scored fused rank and BM25 rank in standard deviations of the
+    # pool's logits, 0 = off; the best pair on LongMemEval-S's dev split (docs/reranker.md).
+    first_stage_weight: float = 0.5
+    bm25_weight: float = 0.5
     dedupe_threshold: float = DEFAULT_DEDUPE_THRESHOLD
     default_k: int = DEFAULT_K  # the k of a request that names none (the client's and the query worker's)
     max_k: int = Limits.max_k
