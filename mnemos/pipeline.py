@@ -275,7 +275,11 @@ def retrieve(
 
     Post-rerank features (``config.features``) run after the rerank and the deep pass, on the
     whole reranked pool: ``rerank logit + adjustments``, stable re-sort (ties keep the
-    cross-encoder's order), then the cut to ``k``. The session feature ranks the tenant's
+    cross-encoder's order), then the cut to ``k``. The first-stage feature reads each turn's
+    suppressed fused rank; the bm25 feature its rank among BM25's first ``config.n_candidates``
+    candidates as the fusion read them (the filtered list under ``allowed``; a turn not among them,
+    one the deep pass or the dense retriever alone brought, ranks ``n_candidates + 1``;
+    :meth:`RetrievalConfig.for_k` raises ``n_candidates`` for a large ``k``). The session feature ranks the tenant's
     sessions (``index.sessions``) for the query; the temporal feature compares the time spans
     the query names with each hit's session start (the earliest ``occurred_at`` of its session).
     The outcome is NOT affected: its ``initial_rank`` / ``final_rank`` are the fused and the
@@ -488,8 +492,8 @@ def _features(
     initial_ranks: dict[int, int] | None = None,
     *,
     rrf_k: int,
-    bm25: Sequence[tuple[int, float]] = (),
-    depth: int = 1,
+    bm25: Sequence[tuple[int, float]],
+    depth: int,
 ) -> list[tuple[int, float]]:
     """Stage 6, features: ``(entry_id, score)`` of the reranked pool ``order``, best first: the
     logits as they are without ``settings``, else adjusted by them and stably re-sorted.

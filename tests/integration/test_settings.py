@@ -78,7 +78,8 @@ def test_the_shipped_cross_encoder_resolves_inside_the_package(monkeypatch: pyte
                                  {"MNEMOS_DB_STATEMENT_TIMEOUT_S": "0"}, {"MNEMOS_INTERMEDIATE_GRACE_S": "-1"},
                                  {"MNEMOS_DATABASE_URL": "postgresql://u:pa@ss@h/db"},
                                  {"MNEMOS_FUSION": "borda"}, {"MNEMOS_CONVEX_WEIGHT": "1.5"},
-                                 {"MNEMOS_CONVEX_WEIGHT": "nan"}])
+                                 {"MNEMOS_CONVEX_WEIGHT": "nan"}, {"MNEMOS_BM25_WEIGHT": "nan"},
+                                 {"MNEMOS_FIRST_STAGE_WEIGHT": "inf"}])
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.from_env(env)
@@ -178,3 +179,14 @@ def test_load_reranker_resolves_auto_by_what_the_cpu_computes(tmp_path, monkeypa
     reranker = load_reranker(Settings(cross_encoder=str(model), device="cpu", rerank_max_length=64))
     assert isinstance(reranker, CrossEncoderReranker)
     assert reranker.precision.value == expected and f"|{expected}|" in reranker.model_version
+
+
+def test_the_evidence_weights_turn_their_features_on_and_off() -> None:
+    from mnemos.features import Feature
+    from workers.query.worker import feature_settings
+
+    on = {s.feature: s.params for s in feature_settings(Settings.from_env({"MNEMOS_BM25_WEIGHT": "1.5"}))}
+    assert on[Feature.BM25] == {"weight": 1.5} and Feature.FIRST_STAGE in on
+    off = {s.feature for s in feature_settings(Settings.from_env({"MNEMOS_BM25_WEIGHT": "0",
+                                                                  "MNEMOS_FIRST_STAGE_WEIGHT": "0"}))}
+    assert Feature.BM25 not in off and Feature.FIRST_STAGE not in off

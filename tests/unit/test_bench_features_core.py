@@ -106,3 +106,27 @@ def test_session_index_matches_the_one_shot_build_and_session_dates(engine: Engi
                     assert tenant.sessions.rank(q.text, vector) == _oracle_rank(sessions, texts, vectors, q.text, vector)
             for entry_id, session in tenant.entry_session.items():
                 assert tenant.sessions.date(session) == tenant.entry_date[entry_id]
+
+
+@pytest.mark.parametrize("feature", [Feature.BM25, Feature.FIRST_STAGE])
+def test_rank_evidence_features_reorder_the_bench_as_the_pipeline_does(engine: Engine, feature: Feature) -> None:
+    """The bench adds the bm25 and first_stage terms to cached pools after retrieval; the service
+    adds them inside retrieve(). Both must give the same order (one code path for the ranks)."""
+    settings = [FeatureSetting(feature, {"weight": 1.0})]
+    arm = arm_by_name("hybrid_rerank")
+    checked = moved = 0
+    for mode in engine.modes:
+        results = engine.run_plain(mode, arm)
+        for q in engine.questions:
+            pool = results[q.key]
+            if len(pool.entry_ids) < 2:
+                continue
+            assert len(pool.bm25_ranks) == len(pool.initial_ranks) == len(pool.entry_ids)
+            in_service = engine._retrieve(engine.tenant_of(mode, q), q, dataclasses.replace(arm.config, features=tuple(settings)))
+            got = engine.reorder(mode, q, pool, settings)
+            assert got == tuple(h.entry_id for h in in_service.hits), (mode, q.key)
+            checked += 1
+            moved += got != pool.entry_ids
+    assert checked > 0 and moved > 0
+    plain = engine.run_plain(CorpusMode.PER_TENANT, arm_by_name("hybrid_rrf"))
+    assert all(p.bm25_ranks == () for p in plain.values())  # no rerank, no ranks to keep

@@ -149,13 +149,44 @@ def test_a_heavy_bm25_weight_returns_bm25_order_and_keeps_the_outcome(index, enc
 
 
 def test_the_bm25_feature_ranks_within_the_filtered_candidates(index, encoder) -> None:
+    from mnemos.features import retriever_ranks
     from mnemos.filters import EntryFilter
 
     query = "the dog and the dentist"
     allowed = EntryFilter(session_ids=frozenset({"S3", "S4"}))
+    allowed_ids = index.allowed_entries(allowed)
     result = _run(index, encoder, query, _with(FeatureSetting(Feature.BM25, {"weight": 1000.0})), allowed=allowed)
     assert result.hits and {h.session_id for h in result.hits} <= {"S3", "S4"}
-    filtered = [eid for eid, _ in result.candidates.bm25]
-    assert filtered and all(index.entry(eid).session_id in {"S3", "S4"} for eid in filtered)
-    ranks = [filtered.index(h.entry_id) + 1 if h.entry_id in filtered else len(filtered) + 1 for h in result.hits]
-    assert ranks == sorted(ranks)  # ranked among the allowed candidates, not the whole tenant's
+    filtered = index.bm25.search(query, BASE.n_candidates, allowed_ids)
+    assert list(result.candidates.bm25) == list(filtered)  # the lists the fusion read, filtered inside BM25
+    whole = index.bm25.search(query, BASE.n_candidates)
+    assert [eid for eid, _ in whole] != [eid for eid, _ in filtered]
+    ranks = retriever_ranks([h.entry_id for h in result.hits], filtered, BASE.n_candidates)
+    assert list(ranks) == sorted(ranks)
+
+
+def test_bm25_ranks_stop_at_the_shallow_depth_after_a_deep_pass(index, encoder) -> None:
+    from mnemos.features import retriever_ranks
+
+    query = "the dog and the dentist"
+    shallow = dataclasses.replace(BASE, n_candidates=3, pool_size=3, deep_pool_size=12, deep_threshold=1e9)
+    deep = _run(index, encoder, query, dataclasses.replace(
+        shallow, features=(FeatureSetting(Feature.BM25, {"weight": 1000.0}),)))
+    assert deep.deep_pass and deep.pool_size > 3 and len(deep.candidates.bm25) > 3  # read deeper than 3
+    ranks = retriever_ranks([h.entry_id for h in deep.hits], deep.candidates.bm25, 3)
+    assert list(ranks) == sorted(ranks) and ranks.max() == 4  # turns past BM25's first 3 share rank 4
+    assert [h.entry_id for h in deep.hits][:3] == [eid for eid, _ in deep.candidates.bm25[:3]]
+    final = {e.entry_id: e.final_rank for e in deep.outcome.pool}
+    rest = [final[h.entry_id] for h in deep.hits[3:]]
+    assert len(rest) > 2 and rest == sorted(rest)  # tied at rank 4, so in the cross-encoder's order
+
+
+def test_candidates_are_reported_on_every_path(index, encoder) -> None:
+    from mnemos.filters import EntryFilter
+
+    query = "the dog"
+    vector = encoder.encode([query])[0]
+    fused = retrieve(index, query, vector, k=5, config=BASE, reranker=None)
+    assert fused.candidates is not None and fused.candidates.bm25 and fused.candidates.dense
+    nothing = EntryFilter(session_ids=frozenset({"no-such-session"}))
+    assert retrieve(index, query, vector, k=5, config=BASE, reranker=FakeReranker(), allowed=nothing).candidates is None
