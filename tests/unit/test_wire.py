@@ -16,8 +16,9 @@ T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
 # core-only fields of a retrieval result: the outcome goes to the outcomes stream, the timings
 # become stage_seconds; wire-only fields are what only the service knows
 # the core's ranking is what a packet is selected from, its unfiltered lists what the packet's hidden
-# candidates are ranked by; the packet is built by the service
-RESULT_CORE_ONLY = {"outcome", "timings", "ranking", "unfiltered"}
+# candidates are ranked by; the packet is built by the service; the candidate lists feed the
+# post-rerank features and the bench, not the client
+RESULT_CORE_ONLY = {"outcome", "timings", "ranking", "unfiltered", "candidates"}
 RESULT_WIRE_ONLY = {"request_id", "tenant_id", "stage_seconds", "memory_version", "suppression_version", "packet",
                     "rerank_pairs_scored", "rerank_pairs_cached", "v"}
 RENAMED = {"PoolRow": "PoolEntry"}
