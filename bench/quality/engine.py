@@ -232,14 +232,14 @@ class Engine:
     def _pool(result, config: RetrievalConfig) -> PoolResult:
         """The bench's record of one retrieval; BM25 ranks are cut as the pipeline's features cut them."""
         initial = {e.entry_id: e.initial_rank for e in result.outcome.pool} if result.outcome is not None else {}
-        hit_ids = [h.entry_id for h in result.hits]
+        hit_ids = tuple(h.entry_id for h in result.hits)
         bm25 = result.candidates.bm25 if result.candidates is not None else ()
         return PoolResult(
-            entry_ids=tuple(h.entry_id for h in result.hits),
+            entry_ids=hit_ids,
             scores=tuple(float(h.score) for h in result.hits),
             deep_pass=bool(result.deep_pass),
             top_score=result.top_rerank_score,
-            initial_ranks=tuple(initial.get(h.entry_id, 0) for h in result.hits) if initial else (),
+            initial_ranks=tuple(initial.get(eid, 0) for eid in hit_ids) if initial else (),
             bm25_ranks=tuple(int(r) for r in retriever_ranks(hit_ids, bm25, config.n_candidates)) if initial else (),
         )
 
