@@ -30,6 +30,7 @@ from bench.quality.engine import (
 )
 from bench.quality.report import run_row
 from bench.quality.selection import Selection
+from mnemos.features import FeatureSetting
 
 if TYPE_CHECKING:
     from bench.quality.options import QualityOptions
@@ -44,6 +45,7 @@ __all__ = [
     "no_evidence_json",
     "run_rows",
     "selection_json",
+    "service_defaults_json",
     "settings_json",
     "full_vs_gap_on_test_split",
 ]
@@ -241,27 +243,62 @@ def ablation_without_suppression(
         return []  # without suppression, mnemos_full is this ablation already
     out = []
     for mode, results in baseline.items():
-        ablated = engine.evaluate(mode, results, reranked=True, settings=selection.settings,
-                                  abstain_threshold=options.abstain_threshold)
-        keys = [k for k in ablated if overall_question(by_key[k].category)]
-        test = [k for k in keys if not by_key[k].dev]
-        values = np.asarray([ablated[k].ndcg10 for k in keys])
-        recall = np.asarray([ablated[k].recall10 for k in keys])
-        entry: dict[str, Any] = {
-            "corpus": mode.value, "features": [s.label() for s in selection.settings], "n": len(keys),
-            "ndcg@10": float(values.mean()), "ndcg@10_ci95": list(bootstrap_ci(values, n_resamples=options.n_resamples,
-                                                                                seed=options.seed)),
-            "recall@10": float(recall.mean()), "recall@10_ci95": list(bootstrap_ci(recall, n_resamples=options.n_resamples,
-                                                                                   seed=options.seed)),
-        }
         others = {BASELINE_ARM: base_metrics[mode]}
         if (mode, Protocol.HELDOUT, FULL_ARM) in metrics:
             others[f"{FULL_ARM} (heldout)"] = metrics[(mode, Protocol.HELDOUT, FULL_ARM)]
-        for name, other in others.items():
-            for split, subset in (("all", keys), ("test_split", test)):
-                cmp = compare_paired([ablated[k].ndcg10 for k in subset], [other[k].ndcg10 for k in subset],
-                                     n_resamples=options.n_resamples, seed=options.seed)
-                entry[f"vs {name} ({split})"] = {"n": cmp.n, "delta_ndcg@10": cmp.delta,
-                                                 "ci95": list(cmp.delta_ci95), "p": cmp.p_value}
-        out.append(entry)
+        out.append(_features_entry(engine, options, mode, results, selection.settings, others, by_key))
     return out
+
+
+def service_defaults_json(
+    engine: Engine,
+    options: QualityOptions,
+    results: Mapping[tuple[CorpusMode, Protocol, str], Mapping[str, PoolResult]],
+    metrics: MetricsByRun,
+    by_key: Mapping[str, BenchQuestion],
+    settings: Sequence[FeatureSetting],
+) -> list[dict[str, Any]]:
+    """The service's default post-rerank features (``workers.settings``, passed in as ``settings``)
+    on the held-out ``+clustered_rif_gap`` pools: what the service ranks with suppression on, the
+    deep pass off and its defaults, whatever the dev-split selection picked for ``mnemos_full``.
+
+    Compared on the same questions (all of categories 1-4, and the test split alone) with held-out
+    ``mnemos_full``, ``+clustered_rif_gap``, ``hybrid_rerank`` and ``bm25`` where they were run;
+    one entry per corpus mode, none when ``+clustered_rif_gap`` was not run held out.
+    """
+    out = []
+    for mode in options.modes:
+        pools = results.get((mode, Protocol.HELDOUT, GAP_ARM))
+        if pools is None:
+            continue
+        others = {f"{name} (heldout)": metrics[(mode, Protocol.HELDOUT, name)]
+                  for name in (FULL_ARM, GAP_ARM, BASELINE_ARM, "bm25") if (mode, Protocol.HELDOUT, name) in metrics}
+        out.append(_features_entry(engine, options, mode, pools, settings, others, by_key))
+    return out
+
+
+def _features_entry(engine: Engine, options: QualityOptions, mode: CorpusMode, pools: Mapping[str, PoolResult],
+                    settings: Sequence[FeatureSetting], others: Mapping[str, Mapping[str, QuestionMetrics]],
+                    by_key: Mapping[str, BenchQuestion]) -> dict[str, Any]:
+    """NDCG@10 and Recall@10 (with CIs) of ``pools`` ranked with ``settings``, and the paired
+    NDCG@10 difference with each of ``others`` on every question of categories 1-4 and on the test split."""
+    ranked = engine.evaluate(mode, pools, reranked=True, settings=settings,
+                             abstain_threshold=options.abstain_threshold)
+    keys = [k for k in ranked if overall_question(by_key[k].category)]
+    test = [k for k in keys if not by_key[k].dev]
+    values = np.asarray([ranked[k].ndcg10 for k in keys])
+    recall = np.asarray([ranked[k].recall10 for k in keys])
+    entry: dict[str, Any] = {
+        "corpus": mode.value, "features": [s.label() for s in settings], "n": len(keys),
+        "ndcg@10": float(values.mean()), "ndcg@10_ci95": list(bootstrap_ci(values, n_resamples=options.n_resamples,
+                                                                            seed=options.seed)),
+        "recall@10": float(recall.mean()), "recall@10_ci95": list(bootstrap_ci(recall, n_resamples=options.n_resamples,
+                                                                               seed=options.seed)),
+    }
+    for name, other in others.items():
+        for split, subset in (("all", keys), ("test_split", test)):
+            cmp = compare_paired([ranked[k].ndcg10 for k in subset], [other[k].ndcg10 for k in subset],
+                                 n_resamples=options.n_resamples, seed=options.seed)
+            entry[f"vs {name} ({split})"] = {"n": cmp.n, "delta_ndcg@10": cmp.delta,
+                                             "ci95": list(cmp.delta_ci95), "p": cmp.p_value}
+    return entry

@@ -15,7 +15,7 @@ from bench.quality.published import published_lines
 from bench.quality.selection import SUPPRESSION_OFF
 from bench.quality.suppression_study import study_markdown
 
-__all__ = ["quality_header", "variant_lines"]
+__all__ = ["quality_header", "service_lines", "variant_lines"]
 
 
 def quality_header(document: Mapping[str, Any]) -> list[str]:
@@ -88,11 +88,27 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
                 f"\nTest split ({item['corpus']}, {item['protocol']}, n={item['n']}): {FULL_ARM} − {GAP_ARM} "
                 f"NDCG@10 {item['delta']:+.4f} [{item['ci95'][0]:+.4f}, {item['ci95'][1]:+.4f}], p={item['p']:.3f}"
             )
+    lines += service_lines(document.get("service_defaults") or [])
     lines += fusion_lines(document.get("fusion"))
     lines += variant_lines(document.get("variants") or [])
     if document.get("suppression_study"):
         lines += [""] + study_markdown(document["suppression_study"])
     lines += published_lines(document)
+    return lines
+
+
+def service_lines(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One paragraph per corpus mode: the service's default features on the held-out ``+clustered_rif_gap``
+    pools and their paired NDCG@10 difference with the other arms (``service_defaults`` of the document)."""
+    lines = []
+    for item in entries:
+        lines.append(
+            f"\nService defaults ({item['corpus']}): `{GAP_ARM}` (held out) + {', '.join(item['features']) or 'nothing'}: "
+            f"NDCG@10 {item['ndcg@10']:.3f} [{item['ndcg@10_ci95'][0]:.3f}, {item['ndcg@10_ci95'][1]:.3f}], Recall@10 "
+            f"{item['recall@10']:.3f}; "
+            + "; ".join(f"{k}: {v['delta_ndcg@10']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] p={v['p']:.3f}"
+                        for k, v in item.items() if k.startswith("vs "))
+        )
     return lines
 
 

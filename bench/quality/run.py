@@ -36,6 +36,7 @@ from bench.quality.document import (
     no_evidence_json,
     run_rows,
     selection_json,
+    service_defaults_json,
     settings_json,
 )
 from bench.quality.engine import (
@@ -56,6 +57,8 @@ from bench.quality.suppression_study import suppression_study
 from bench.quality.variants import Variant, run_variant
 from mnemos.encoder import Encoder
 from mnemos.fusion import Fusion
+from workers.query.worker import feature_settings
+from workers.settings import Settings
 
 __all__ = ["QualityOptions", "QualityReport", "run_quality"]
 
@@ -149,6 +152,7 @@ def run_quality(
         "encoder": {"dim": encoder.dim, "identity": getattr(encoder, "model_key", type(encoder).__name__)},
         "settings": settings_json(options),
         "mnemos_full": full_block,
+        "service_defaults": service_defaults_json(engine, options, results, metrics, by_key, feature_settings(Settings())),
         "fusion": fusion_json(fusion, metrics, by_key, n_resamples=options.n_resamples, seed=options.seed)
         if fusion is not None else None,
         "cost": cost_json(rerankers, engine, time.perf_counter() - started),

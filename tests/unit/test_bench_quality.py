@@ -114,6 +114,25 @@ def test_json_has_the_schema_and_every_run(report) -> None:
         assert 0.0 <= item["ndcg@10"] <= 1.0 and "vs hybrid_rerank (test_split)" in item
 
 
+def test_the_service_defaults_are_scored_on_the_held_out_gap_pools(report) -> None:
+    from workers.query.worker import feature_settings
+    from workers.settings import Settings
+
+    entries = report.document["service_defaults"]
+    runs = {(r["corpus"], r["protocol"], r["arm"]): r for r in report.document["runs"]}
+    assert [e["corpus"] for e in entries] == ["per_tenant", "pooled"]
+    labels = [s.label() for s in feature_settings(Settings())]
+    assert labels and all(e["features"] == labels for e in entries)
+    for entry in entries:
+        gap = runs[(entry["corpus"], "heldout", "+clustered_rif_gap")]
+        vs_gap = entry["vs +clustered_rif_gap (heldout) (all)"]
+        # the paired difference is the features' alone: the same pools, the same questions
+        assert vs_gap["n"] == entry["n"] == gap["n_questions"]
+        assert entry["ndcg@10"] - vs_gap["delta_ndcg@10"] == pytest.approx(gap["ndcg@10"])
+        assert {"vs mnemos_full (heldout) (test_split)", "vs bm25 (heldout) (all)"} <= set(entry)
+    assert "Service defaults (pooled)" in report.markdown
+
+
 def test_numbers_are_sane(report) -> None:
     runs = {(r["corpus"], r["protocol"], r["arm"]): r for r in report.document["runs"]}
     for run in runs.values():
