@@ -8,7 +8,7 @@ metrics into the document's parts (CIs and p-values come from :mod:`bench.qualit
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEEP_VARIANT",
+    "SERVICE_DEFAULTS",
     "MetricsByRun",
     "ablation_without_suppression",
     "corpus_json",
@@ -49,6 +50,9 @@ __all__ = [
     "settings_json",
     "full_vs_gap_on_test_split",
 ]
+
+SERVICE_DEFAULTS = "service_defaults"
+"""The per-question key of the service's default features (:func:`service_defaults_json`)."""
 
 DEEP_VARIANT = "+clustered_rif_gap+deep_pass"
 """The state key of ``mnemos_full`` runs with the adaptive deep pass."""
@@ -246,7 +250,7 @@ def ablation_without_suppression(
         others = {BASELINE_ARM: base_metrics[mode]}
         if (mode, Protocol.HELDOUT, FULL_ARM) in metrics:
             others[f"{FULL_ARM} (heldout)"] = metrics[(mode, Protocol.HELDOUT, FULL_ARM)]
-        out.append(_features_entry(engine, options, mode, results, selection.settings, others, by_key))
+        out.append(_features_entry(engine, options, mode, results, selection.settings, others, by_key)[0])
     return out
 
 
@@ -257,14 +261,17 @@ def service_defaults_json(
     metrics: MetricsByRun,
     by_key: Mapping[str, BenchQuestion],
     settings: Sequence[FeatureSetting],
+    sink: MutableMapping[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]] | None = None,
 ) -> list[dict[str, Any]]:
     """The service's default post-rerank features (``workers.settings``, passed in as ``settings``)
     on the held-out ``+clustered_rif_gap`` pools: what the service ranks with suppression on, the
     deep pass off and its defaults, whatever the dev-split selection picked for ``mnemos_full``.
+    The suppression state is the bench's (its burn-in and K rule), not a service's.
 
     Compared on the same questions (all of categories 1-4, and the test split alone) with held-out
     ``mnemos_full``, ``+clustered_rif_gap``, ``hybrid_rerank`` and ``bm25`` where they were run;
-    one entry per corpus mode, none when ``+clustered_rif_gap`` was not run held out.
+    one entry per corpus mode, none when ``+clustered_rif_gap`` was not run held out. ``sink``, when
+    given, receives the per-question metrics under ``(mode, HELDOUT, SERVICE_DEFAULTS)``.
     """
     out = []
     for mode in options.modes:
@@ -273,15 +280,19 @@ def service_defaults_json(
             continue
         others = {f"{name} (heldout)": metrics[(mode, Protocol.HELDOUT, name)]
                   for name in (FULL_ARM, GAP_ARM, BASELINE_ARM, "bm25") if (mode, Protocol.HELDOUT, name) in metrics}
-        out.append(_features_entry(engine, options, mode, pools, settings, others, by_key))
+        entry, ranked = _features_entry(engine, options, mode, pools, settings, others, by_key)
+        out.append(entry)
+        if sink is not None:
+            sink[(mode, Protocol.HELDOUT, SERVICE_DEFAULTS)] = ranked
     return out
 
 
 def _features_entry(engine: Engine, options: QualityOptions, mode: CorpusMode, pools: Mapping[str, PoolResult],
                     settings: Sequence[FeatureSetting], others: Mapping[str, Mapping[str, QuestionMetrics]],
-                    by_key: Mapping[str, BenchQuestion]) -> dict[str, Any]:
+                    by_key: Mapping[str, BenchQuestion]) -> tuple[dict[str, Any], dict[str, QuestionMetrics]]:
     """NDCG@10 and Recall@10 (with CIs) of ``pools`` ranked with ``settings``, and the paired
-    NDCG@10 difference with each of ``others`` on every question of categories 1-4 and on the test split."""
+    NDCG@10 difference with each of ``others`` on every question of categories 1-4 and on the test
+    split; with the per-question metrics of ``pools`` so ranked."""
     ranked = engine.evaluate(mode, pools, reranked=True, settings=settings,
                              abstain_threshold=options.abstain_threshold)
     keys = [k for k in ranked if overall_question(by_key[k].category)]
@@ -301,4 +312,4 @@ def _features_entry(engine: Engine, options: QualityOptions, mode: CorpusMode, p
                                  n_resamples=options.n_resamples, seed=options.seed)
             entry[f"vs {name} ({split})"] = {"n": cmp.n, "delta_ndcg@10": cmp.delta,
                                              "ci95": list(cmp.delta_ci95), "p": cmp.p_value}
-    return entry
+    return entry, ranked

@@ -144,6 +144,7 @@ def run_quality(
     engine.seconds["statistics"] = time.perf_counter() - t0
     variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options, fusion)
 
+    service_metrics: dict[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]] = {}
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
         "corpus": corpus_json(engine),
@@ -152,7 +153,8 @@ def run_quality(
         "encoder": {"dim": encoder.dim, "identity": getattr(encoder, "model_key", type(encoder).__name__)},
         "settings": settings_json(options),
         "mnemos_full": full_block,
-        "service_defaults": service_defaults_json(engine, options, results, metrics, by_key, feature_settings(Settings())),
+        "service_defaults": service_defaults_json(engine, options, results, metrics, by_key,
+                                                  feature_settings(Settings()), sink=service_metrics),
         "fusion": fusion_json(fusion, metrics, by_key, n_resamples=options.n_resamples, seed=options.seed)
         if fusion is not None else None,
         "cost": cost_json(rerankers, engine, time.perf_counter() - started),
@@ -160,12 +162,16 @@ def run_quality(
         "variants": variant_blocks,
         "suppression_study": study,
     }
-    per_question = {
+    return QualityReport(document=document, markdown=render_markdown(document, header=quality_header),
+                         per_question=_per_question({**metrics, **service_metrics}))
+
+
+def _per_question(metrics: MetricsByRun) -> dict[str, dict[str, list[float]]]:
+    """``{"mode/protocol/arm": {question key: [NDCG@10, Recall@10, Recall@30]}}`` for reanalysis."""
+    return {
         f"{m.value}/{p.value}/{a}": {k: [v.ndcg10, v.recall10, v.recall30] for k, v in values.items()}
         for (m, p, a), values in metrics.items()
     }
-    return QualityReport(document=document, markdown=render_markdown(document, header=quality_header),
-                         per_question=per_question)
 
 
 def _refuse_what_cannot_run(options: QualityOptions, variants: Sequence[Variant], rerank_needed: bool, *,

@@ -131,6 +131,8 @@ def test_the_service_defaults_are_scored_on_the_held_out_gap_pools(report) -> No
         assert entry["ndcg@10"] - vs_gap["delta_ndcg@10"] == pytest.approx(gap["ndcg@10"])
         assert {"vs mnemos_full (heldout) (test_split)", "vs bm25 (heldout) (all)"} <= set(entry)
     assert "Service defaults (pooled)" in report.markdown
+    ndcg = [v[0] for v in report.per_question["pooled/heldout/service_defaults"].values()]
+    assert len(ndcg) >= entries[1]["n"] and min(ndcg) >= 0.0
 
 
 def test_numbers_are_sane(report) -> None:
