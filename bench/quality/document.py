@@ -8,6 +8,7 @@ metrics into the document's parts (CIs and p-values come from :mod:`bench.qualit
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -273,6 +274,7 @@ def service_defaults_json(
     one entry per corpus mode, none when ``+clustered_rif_gap`` was not run held out. ``sink``, when
     given, receives the per-question metrics under ``(mode, HELDOUT, SERVICE_DEFAULTS)``.
     """
+    t0 = time.perf_counter()
     out = []
     for mode in options.modes:
         pools = results.get((mode, Protocol.HELDOUT, GAP_ARM))
@@ -284,6 +286,7 @@ def service_defaults_json(
         out.append(entry)
         if sink is not None:
             sink[(mode, Protocol.HELDOUT, SERVICE_DEFAULTS)] = ranked
+    engine.seconds["service_defaults"] = time.perf_counter() - t0
     return out
 
 

@@ -131,8 +131,49 @@ def test_the_service_defaults_are_scored_on_the_held_out_gap_pools(report) -> No
         assert entry["ndcg@10"] - vs_gap["delta_ndcg@10"] == pytest.approx(gap["ndcg@10"])
         assert {"vs mnemos_full (heldout) (test_split)", "vs bm25 (heldout) (all)"} <= set(entry)
     assert "Service defaults (pooled)" in report.markdown
-    ndcg = [v[0] for v in report.per_question["pooled/heldout/service_defaults"].values()]
-    assert len(ndcg) >= entries[1]["n"] and min(ndcg) >= 0.0
+    per_question = report.per_question["pooled/heldout/service_defaults"]
+    gap = report.per_question["pooled/heldout/+clustered_rif_gap"]
+    assert per_question.keys() == gap.keys()
+    # the features reorder the same 30-turn pool: Recall@30 is the gap arm's, question by question
+    assert all(per_question[k][2] == pytest.approx(gap[k][2]) for k in gap)
+
+
+def test_service_defaults_rank_the_held_out_gap_pools_with_the_worker_settings() -> None:
+    from types import SimpleNamespace
+
+    from bench.quality.document import SERVICE_DEFAULTS, service_defaults_json
+    from bench.quality.engine import QuestionMetrics
+    from workers.query.worker import feature_settings
+    from workers.settings import Settings
+
+    keys = [f"q{i}" for i in range(8)]
+    pools = {(m, p, a): {k: object() for k in keys} for m in (CorpusMode.PER_TENANT, CorpusMode.POOLED)
+             for p in (Protocol.HELDOUT, Protocol.TRANSDUCTIVE) for a in ("+clustered_rif_gap", "hybrid_rerank")}
+    calls = []
+
+    def metrics_of(value: float) -> dict:
+        return {k: QuestionMetrics(value, value, value, 0.0, 0.0, 0.0, None, False) for k in keys}
+
+    class Recorder:
+        seconds: dict = {}
+
+        def evaluate(self, mode, results, *, reranked, settings, abstain_threshold):
+            calls.append((mode, results, tuple(settings), reranked))
+            right = results is pools[(mode, Protocol.HELDOUT, "+clustered_rif_gap")]
+            return metrics_of(0.9 if right else 0.1)
+
+    metrics = {(m, Protocol.HELDOUT, a): metrics_of(0.5) for m in (CorpusMode.PER_TENANT, CorpusMode.POOLED)
+               for a in ("mnemos_full", "bm25")}
+    by_key = {k: SimpleNamespace(category=1, dev=i % 2 == 0) for i, k in enumerate(keys)}
+    sink: dict = {}
+    entries = service_defaults_json(Recorder(), QualityOptions(n_resamples=100), pools, metrics, by_key,
+                                    feature_settings(Settings()), sink=sink)
+    assert [c[0] for c in calls] == [CorpusMode.PER_TENANT, CorpusMode.POOLED]
+    assert all(c[2] == feature_settings(Settings()) and c[3] for c in calls)
+    assert [e["ndcg@10"] for e in entries] == pytest.approx([0.9, 0.9])
+    assert entries[0]["vs bm25 (heldout) (all)"]["delta_ndcg@10"] == pytest.approx(0.4)
+    assert entries[0]["vs bm25 (heldout) (test_split)"]["n"] == 4
+    assert set(sink) == {(m, Protocol.HELDOUT, SERVICE_DEFAULTS) for m in (CorpusMode.PER_TENANT, CorpusMode.POOLED)}
 
 
 def test_numbers_are_sane(report) -> None:
