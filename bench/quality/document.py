@@ -9,7 +9,7 @@ metrics into the document's parts (CIs and p-values come from :mod:`bench.qualit
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -262,8 +262,7 @@ def service_defaults_json(
     metrics: MetricsByRun,
     by_key: Mapping[str, BenchQuestion],
     settings: Sequence[FeatureSetting],
-    sink: MutableMapping[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]] | None = None,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[tuple[CorpusMode, Protocol, str], dict[str, QuestionMetrics]]]:
     """The service's default post-rerank features (``workers.settings``, passed in as ``settings``)
     on the held-out ``+clustered_rif_gap`` pools: what the service ranks with suppression on, the
     deep pass off and its defaults, whatever the dev-split selection picked for ``mnemos_full``.
@@ -271,11 +270,12 @@ def service_defaults_json(
 
     Compared on the same questions (all of categories 1-4, and the test split alone) with held-out
     ``mnemos_full``, ``+clustered_rif_gap``, ``hybrid_rerank`` and ``bm25`` where they were run;
-    one entry per corpus mode, none when ``+clustered_rif_gap`` was not run held out. ``sink``, when
-    given, receives the per-question metrics under ``(mode, HELDOUT, SERVICE_DEFAULTS)``.
+    one entry per corpus mode, none when ``+clustered_rif_gap`` was not run held out. Returns the
+    entries and the per-question metrics, keyed ``(mode, HELDOUT, SERVICE_DEFAULTS)``.
     """
     t0 = time.perf_counter()
     out = []
+    per_question = {}
     for mode in options.modes:
         pools = results.get((mode, Protocol.HELDOUT, GAP_ARM))
         if pools is None:
@@ -284,10 +284,9 @@ def service_defaults_json(
                   for name in (FULL_ARM, GAP_ARM, BASELINE_ARM, "bm25") if (mode, Protocol.HELDOUT, name) in metrics}
         entry, ranked = _features_entry(engine, options, mode, pools, settings, others, by_key)
         out.append(entry)
-        if sink is not None:
-            sink[(mode, Protocol.HELDOUT, SERVICE_DEFAULTS)] = ranked
+        per_question[(mode, Protocol.HELDOUT, SERVICE_DEFAULTS)] = ranked
     engine.seconds["service_defaults"] = time.perf_counter() - t0
-    return out
+    return out, per_question
 
 
 def _features_entry(engine: Engine, options: QualityOptions, mode: CorpusMode, pools: Mapping[str, PoolResult],

@@ -144,7 +144,8 @@ def run_quality(
     engine.seconds["statistics"] = time.perf_counter() - t0
     variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options, fusion)
 
-    service_metrics: dict[tuple[CorpusMode, Protocol, str], Mapping[str, QuestionMetrics]] = {}
+    service, service_metrics = service_defaults_json(engine, options, results, metrics, by_key,
+                                                     feature_settings(Settings()))
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
         "corpus": corpus_json(engine),
@@ -153,8 +154,7 @@ def run_quality(
         "encoder": {"dim": encoder.dim, "identity": getattr(encoder, "model_key", type(encoder).__name__)},
         "settings": settings_json(options),
         "mnemos_full": full_block,
-        "service_defaults": service_defaults_json(engine, options, results, metrics, by_key,
-                                                  feature_settings(Settings()), sink=service_metrics),
+        "service_defaults": service,
         "fusion": fusion_json(fusion, metrics, by_key, n_resamples=options.n_resamples, seed=options.seed)
         if fusion is not None else None,
         "cost": cost_json(rerankers, engine, time.perf_counter() - started),

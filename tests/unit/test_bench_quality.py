@@ -165,15 +165,14 @@ def test_service_defaults_rank_the_held_out_gap_pools_with_the_worker_settings()
     metrics = {(m, Protocol.HELDOUT, a): metrics_of(0.5) for m in (CorpusMode.PER_TENANT, CorpusMode.POOLED)
                for a in ("mnemos_full", "bm25")}
     by_key = {k: SimpleNamespace(category=1, dev=i % 2 == 0) for i, k in enumerate(keys)}
-    sink: dict = {}
-    entries = service_defaults_json(Recorder(), QualityOptions(n_resamples=100), pools, metrics, by_key,
-                                    feature_settings(Settings()), sink=sink)
+    entries, per_question = service_defaults_json(Recorder(), QualityOptions(n_resamples=100), pools, metrics,
+                                                  by_key, feature_settings(Settings()))
     assert [c[0] for c in calls] == [CorpusMode.PER_TENANT, CorpusMode.POOLED]
     assert all(c[2] == feature_settings(Settings()) and c[3] for c in calls)
     assert [e["ndcg@10"] for e in entries] == pytest.approx([0.9, 0.9])
     assert entries[0]["vs bm25 (heldout) (all)"]["delta_ndcg@10"] == pytest.approx(0.4)
     assert entries[0]["vs bm25 (heldout) (test_split)"]["n"] == 4
-    assert set(sink) == {(m, Protocol.HELDOUT, SERVICE_DEFAULTS) for m in (CorpusMode.PER_TENANT, CorpusMode.POOLED)}
+    assert set(per_question) == {(m, Protocol.HELDOUT, SERVICE_DEFAULTS) for m in (CorpusMode.PER_TENANT, CorpusMode.POOLED)}
 
 
 def test_numbers_are_sane(report) -> None:
