@@ -76,13 +76,8 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
                 cells = " | ".join(f"{v['delta']:+.4f} ({v['p']:.3f})" for v in step["dev"].values())
                 lines.append(f"| {step['candidate']} | {'yes' if step['kept'] else 'no'} | {cells} |")
         for item in full.get("without_suppression", []):
-            lines.append(
-                f"\nAblation ({item['corpus']}): the same features on `{BASELINE_ARM}` without suppression: NDCG@10 "
-                f"{item['ndcg@10']:.3f} [{item['ndcg@10_ci95'][0]:.3f}, {item['ndcg@10_ci95'][1]:.3f}], Recall@10 "
-                f"{item['recall@10']:.3f} [{item['recall@10_ci95'][0]:.3f}, {item['recall@10_ci95'][1]:.3f}]; "
-                + "; ".join(f"{k}: {v['delta_ndcg@10']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] p={v['p']:.3f}"
-                            for k, v in item.items() if k.startswith("vs "))
-            )
+            lines.append(_features_paragraph(
+                f"Ablation ({item['corpus']}): the same features on `{BASELINE_ARM}` without suppression", item))
         for item in full.get("test_split", []):
             lines.append(
                 f"\nTest split ({item['corpus']}, {item['protocol']}, n={item['n']}): {FULL_ARM} − {GAP_ARM} "
@@ -100,16 +95,20 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
 def service_lines(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     """One paragraph per corpus mode: the service's default features on the held-out ``+clustered_rif_gap``
     pools and their paired NDCG@10 difference with the other arms (``service_defaults`` of the document)."""
-    lines = []
-    for item in entries:
-        lines.append(
-            f"\nService defaults ({item['corpus']}): `{GAP_ARM}` (held out) + {', '.join(item['features']) or 'nothing'}: "
-            f"NDCG@10 {item['ndcg@10']:.3f} [{item['ndcg@10_ci95'][0]:.3f}, {item['ndcg@10_ci95'][1]:.3f}], Recall@10 "
-            f"{item['recall@10']:.3f}; "
-            + "; ".join(f"{k}: {v['delta_ndcg@10']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] p={v['p']:.3f}"
-                        for k, v in item.items() if k.startswith("vs "))
-        )
-    return lines
+    return [_features_paragraph(f"Service defaults ({item['corpus']}): `{GAP_ARM}` (held out) + "
+                                f"{', '.join(item['features']) or 'nothing'}", item) for item in entries]
+
+
+def _features_paragraph(title: str, item: Mapping[str, Any]) -> str:
+    """``title``, then the NDCG@10 and Recall@10 (95% CIs) of a features entry
+    (:func:`bench.quality.document.service_defaults_json`, the ablation without suppression) and its
+    paired NDCG@10 differences."""
+    return (
+        f"\n{title}: NDCG@10 {item['ndcg@10']:.3f} [{item['ndcg@10_ci95'][0]:.3f}, {item['ndcg@10_ci95'][1]:.3f}], "
+        f"Recall@10 {item['recall@10']:.3f} [{item['recall@10_ci95'][0]:.3f}, {item['recall@10_ci95'][1]:.3f}]; "
+        + "; ".join(f"{k}: {v['delta_ndcg@10']:+.4f} [{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] p={v['p']:.3f}"
+                    for k, v in item.items() if k.startswith("vs "))
+    )
 
 
 def variant_lines(blocks: Sequence[Mapping[str, Any]]) -> list[str]:
