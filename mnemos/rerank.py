@@ -24,7 +24,14 @@ import numpy as np
 
 from mnemos.errors import ModelLoadError
 from mnemos.precision import Precision, resolve_precision, torch_dtype
-from mnemos.rerank_pairs import PaddedBatch, cut_lengths, length_sorted_batches, pad_batch, window_starts
+from mnemos.rerank_pairs import (
+    PaddedBatch,
+    cut_lengths,
+    length_sorted_batches,
+    pad_batch,
+    window_spans,
+    window_starts,
+)
 from mnemos.tokenizer import tokenize
 
 logger = logging.getLogger(__name__)
@@ -196,10 +203,9 @@ class CrossEncoderReranker:
         if starts == [0]:
             encoding.truncate(kept)
             return [encoding]
-        offsets, out = encoding.offsets, []
-        for start in starts:
-            end = min(start + kept, len(offsets)) - 1
-            window = self._tokenizer.encode(text[offsets[start][0]:offsets[end][1]], add_special_tokens=False)
+        out = []
+        for first, last in window_spans(encoding.offsets, kept, self.windows):
+            window = self._tokenizer.encode(text[first:last], add_special_tokens=False)
             window.truncate(kept)
             out.append(window)
         return out

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PairCut", "PaddedBatch", "cut_lengths", "length_sorted_batches", "pad_batch", "window_starts"]
+__all__ = [
+    "PairCut",
+    "PaddedBatch",
+    "cut_lengths",
+    "length_sorted_batches",
+    "pad_batch",
+    "window_spans",
+    "window_starts",
+]
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,27 @@ def window_starts(turn_len: int, kept: int, windows: int) -> list[int]:
     last = turn_len - kept
     count = min(windows, last + 1)  # never more windows than distinct starts
     return sorted({round(i * last / (count - 1)) for i in range(count)})
+
+
+def window_spans(offsets: Sequence[tuple[int, int]], kept: int, windows: int) -> list[tuple[int, int]]:
+    """Character spans ``(start, end)`` of the windows a turn is read in, from its tokens' character
+    ``offsets`` (one ``(start, end)`` per token, as a fast tokenizer reports them, special tokens
+    excluded): window ``i`` runs from the first character of its first token to the last character
+    of its last, its tokens being those :func:`window_starts` gives for ``kept`` tokens and at most
+    ``windows`` windows. One span over the whole text's first ``kept`` tokens when the turn fits or
+    ``windows`` is 1. The reranker re-encodes each span as its own pair, and training reads the same
+    spans (docs/reranker.md "Long turns").
+
+    Raises:
+        ValueError: as :func:`window_starts`, or if ``offsets`` is empty.
+    """
+    if not offsets:
+        raise ValueError("window_spans needs the offsets of at least one token")
+    spans = []
+    for start in window_starts(len(offsets), kept, windows):
+        end = min(start + kept, len(offsets)) - 1
+        spans.append((offsets[start][0], offsets[end][1]))
+    return spans
 
 
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -71,3 +71,15 @@ def test_window_starts_cover_a_long_turn_from_its_start_to_its_end() -> None:
     assert window_starts(101, 100, 4) == [0, 1]  # never more windows than distinct starts
     with pytest.raises(ValueError):
         window_starts(10, 0, 2)
+
+
+def test_window_spans_are_the_character_spans_of_the_window_tokens() -> None:
+    from mnemos.rerank_pairs import window_spans
+
+    # ten 3-character tokens separated by one space: token i covers [4i, 4i + 3)
+    offsets = [(4 * i, 4 * i + 3) for i in range(10)]
+    assert window_spans(offsets, 4, 3) == [(0, 15), (12, 27), (24, 39)]  # starts 0, 3, 6
+    assert window_spans(offsets, 4, 1) == [(0, 15)]  # one window: the first 4 tokens
+    assert window_spans(offsets, 20, 3) == [(0, 39)]  # fits: the whole text
+    with pytest.raises(ValueError):
+        window_spans([], 4, 2)
