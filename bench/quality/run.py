@@ -57,7 +57,7 @@ from bench.quality.suppression_study import suppression_study
 from bench.quality.variants import Variant, run_variant
 from mnemos.encoder import Encoder
 from mnemos.fusion import Fusion
-from workers.query.worker import feature_settings
+from workers.query.config import feature_settings
 from workers.settings import Settings
 
 __all__ = ["QualityOptions", "QualityReport", "run_quality"]

@@ -57,7 +57,7 @@ def replay_in_process(record: ServiceRecord, *, sample_pairs: int, seed: int) ->
     from bench.service.records import progress_bar  # the phases' bars
     from mnemos.rendering import render_turn
     from mnemos.suppression import UpdateRule
-    from workers.query.worker import retrieval_config
+    from workers.query.config import retrieval_config
     from workers.runtime.models import load_encoder, load_reranker, load_truncation_counter
 
     settings = record.settings

@@ -25,7 +25,7 @@ from bench.common.questions import overall_question
 from bench.common.stats import bootstrap_ci
 from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics
 from mnemos.precision import resolve_precision
-from workers.query.worker import feature_settings
+from workers.query.config import feature_settings
 from workers.runtime.models import resolve_device
 
 if TYPE_CHECKING:

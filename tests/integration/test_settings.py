@@ -183,7 +183,7 @@ def test_load_reranker_resolves_auto_by_what_the_cpu_computes(tmp_path, monkeypa
 
 def test_the_evidence_weights_turn_their_features_on_and_off() -> None:
     from mnemos.features import Feature
-    from workers.query.worker import feature_settings
+    from workers.query.config import feature_settings
 
     on = {s.feature: s.params for s in feature_settings(Settings.from_env({"MNEMOS_BM25_WEIGHT": "1.5"}))}
     assert on[Feature.BM25] == {"weight": 1.5} and Feature.FIRST_STAGE in on

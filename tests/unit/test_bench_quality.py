@@ -115,7 +115,7 @@ def test_json_has_the_schema_and_every_run(report) -> None:
 
 
 def test_the_service_defaults_are_scored_on_the_held_out_gap_pools(report) -> None:
-    from workers.query.worker import feature_settings
+    from workers.query.config import feature_settings
     from workers.settings import Settings
 
     entries = report.document["service_defaults"]
@@ -143,7 +143,7 @@ def test_service_defaults_rank_the_held_out_gap_pools_with_the_worker_settings()
 
     from bench.quality.document import SERVICE_DEFAULTS, service_defaults_json
     from bench.quality.engine import QuestionMetrics
-    from workers.query.worker import feature_settings
+    from workers.query.config import feature_settings
     from workers.settings import Settings
 
     keys = [f"q{i}" for i in range(8)]

@@ -141,7 +141,7 @@ def test_rerank_counts_sum_along_the_chain() -> None:
 
 def test_the_fusion_settings_reach_the_retrieval_config() -> None:
     from mnemos.fusion import Fusion
-    from workers.query.worker import retrieval_config
+    from workers.query.config import retrieval_config
     from workers.settings import Settings
 
     default = retrieval_config(Settings(), rerank=True)

@@ -56,12 +56,11 @@ from api.errors import InvalidInputError, Reason
 from api.packets import Packet
 from api.validation import limits_of
 from mnemos.encoder import Encoder
-from mnemos.features import Feature, FeatureSetting
-from mnemos.fusion import Fusion
 from mnemos.packets import token_counter
-from mnemos.pipeline import RetrievalConfig, retrieve
+from mnemos.pipeline import retrieve
 from mnemos.rerank import CachedReranker, Reranker
 from mnemos.suppression import SuppressionTable
+from workers.query.config import retrieval_config
 from workers.query.intermediate import sweep
 from workers.query.packets import PacketCache, PacketKey, build_packet
 from workers.query.tenant_cache import CacheStats, TenantCache, TenantState
@@ -108,31 +107,6 @@ class RerankCounts:
         return RerankCounts(self.cache_hits - before.cache_hits, self.cache_misses - before.cache_misses,
                             self.pairs_truncated - before.pairs_truncated,
                             self.queries_truncated - before.queries_truncated, self.has_cache)
-
-
-def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
-    """The post-rerank features switched on in ``settings`` (a weight of 0 leaves a feature out)."""
-    features = []
-    if settings.session_weight != 0:
-        features.append(FeatureSetting(Feature.SESSION, {"top": settings.session_top,
-                                                         "weight": settings.session_weight}))
-    if settings.temporal_weight != 0:
-        features.append(FeatureSetting(Feature.TEMPORAL, {"slack_days": settings.temporal_slack_days,
-                                                          "weight": settings.temporal_weight}))
-    if settings.first_stage_weight != 0:
-        features.append(FeatureSetting(Feature.FIRST_STAGE, {"weight": settings.first_stage_weight}))
-    if settings.bm25_weight != 0:
-        features.append(FeatureSetting(Feature.BM25, {"weight": settings.bm25_weight}))
-    return tuple(features)
-
-
-def retrieval_config(settings: Settings, *, rerank: bool) -> RetrievalConfig:
-    return RetrievalConfig(
-        n_candidates=settings.n_candidates, pool_size=settings.pool_size, deep_pool_size=settings.deep_pool_size,
-        deep_threshold=settings.deep_threshold, rrf_k=settings.rrf_k, fusion=Fusion(settings.fusion),
-        convex_weight=settings.convex_weight, rerank=rerank, alpha=settings.alpha, suppression=settings.suppression,
-        suppression_threshold=settings.suppression_threshold,
-        features=feature_settings(settings))
 
 
 class QueryService:
