@@ -78,8 +78,8 @@ def run_train(
     temperature: float = 1.0,
     distil_weight: float = 1.0,
     learning_rate: float = 5e-5,
-    train_windows: int = 1,
     hard_negatives: int = 3,
+    mining_depth: int = 30,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
@@ -99,10 +99,6 @@ def run_train(
     distillation (:mod:`bench.training.distil`): the student trains on
     ``distil_weight * sigmoid(teacher_logit / temperature) + (1 - distil_weight) * hard_label``,
     and its provenance counts the teacher's training conversations as its own.
-
-    ``train_windows`` > 1 reads each mined pair whose turn does not fit beside its query as one
-    window of it, the one richest in query terms, cut as the reranker cuts windows at query time
-    (:func:`bench.training.windows.window_examples`); the provenance records the counts.
 
     Returns 0 on success, 2 on unusable input (the message goes to stderr).
     """
@@ -128,7 +124,8 @@ def run_train(
                                         named_user_share=named_user_share)
         encoder = _load_bi_encoder(device) if dense else None
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
-                                             same_speaker=same_speaker, hard_negatives=hard_negatives)
+                                             same_speaker=same_speaker, hard_negatives=hard_negatives,
+                                             depth=mining_depth)
         examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
         if corpora and calibration_queries > 0:
             calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
@@ -136,8 +133,6 @@ def run_train(
         del encoder
         mined_at = time.perf_counter()
         provenance["mining"] = _mining_record(mining, len(positives), mined_at - started)
-        if train_windows > 1:
-            examples = _windowed(examples, train_windows, provenance)
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
         config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device,
                                       learning_rate=learning_rate)
@@ -157,20 +152,6 @@ def run_train(
     )
     click.echo(f"training time: {report.seconds:.1f} s on {device}; model saved to {report.out_dir}")
     return 0
-
-
-def _windowed(examples: Sequence[LabelledPair], windows: int, provenance: dict[str, object]) -> list[LabelledPair]:
-    """``examples`` read in windows by the bundled encoder's tokenizer at max length 128
-    (:func:`bench.training.windows.window_examples`); adds a ``train_windows`` block to ``provenance``."""
-    from dataclasses import asdict
-
-    from bench.training.windows import base_pair_tokenizer, window_examples
-
-    windowed, counts = window_examples(examples, base_pair_tokenizer(), max_length=128, windows=windows)
-    provenance["train_windows"] = {"windows": windows, **asdict(counts)}
-    click.echo(f"read in windows: {counts.positives_long} long positives ({counts.positives_moved} past the first "
-               f"window), {counts.negatives_long} long negatives ({counts.negatives_moved} past the first)")
-    return windowed
 
 
 def _teacher_setup(teacher: Path | None, temperature: float,
@@ -364,9 +345,8 @@ def reranker() -> None:
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
 @click.option("--hard-negatives", type=click.IntRange(min=0), default=3, show_default=True,
               help="Hard negatives per positive (BM25 and, with --dense, bi-encoder results of its haystack).")
-@click.option("--train-windows", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Read a turn longer than the room beside its query as its window richest in query terms, "
-                   "of at most N (the service's MNEMOS_RERANK_WINDOWS); 1 cuts its start, as before.")
+@click.option("--mining-depth", type=click.IntRange(min=1), default=30, show_default=True,
+              help="How deep the BM25 (and bi-encoder) rankings are read for hard negatives.")
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
 @click.option("--same-speaker/--any-speaker", "same_speaker", default=False, show_default=True,
               help="Hard negatives spoken by the positive's own speaker first (docs/reranker.md).")
@@ -388,7 +368,7 @@ def reranker() -> None:
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
           max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
-          learning_rate, train_windows, hard_negatives) -> None:
+          learning_rate, hard_negatives, mining_depth) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -428,7 +408,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,
-            train_windows=train_windows, hard_negatives=hard_negatives,
+            hard_negatives=hard_negatives, mining_depth=mining_depth,
         )
     )
 

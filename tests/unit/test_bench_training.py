@@ -254,7 +254,7 @@ def tiny_model(tmp_path_factory):
     result = CliRunner().invoke(
         reranker,
         ["train", "--pairs", str(pairs), "--out", str(out), "--max-steps", "2", "--no-dense", "--threads", "1",
-         "--seed", "7", "--hard-negatives", "1"],
+         "--seed", "7", "--hard-negatives", "1", "--mining-depth", "5"],
     )
     return out, result, pairs
 
@@ -267,7 +267,7 @@ def test_tiny_training_run_writes_model_and_provenance(tiny_model):
     provenance = json.loads((out / PROVENANCE_FILE).read_text(encoding="utf-8"))
     # at most one hard (--hard-negatives 1) and one random negative per positive
     assert provenance["n_positives"] == 10 and 10 <= provenance["n_negatives"] <= 20
-    assert provenance["mining"]["hard_negatives"] == 1
+    assert provenance["mining"]["hard_negatives"] == 1 and provenance["mining"]["depth"] == 5
     assert provenance["n_pairs"] == provenance["n_positives"] + provenance["n_negatives"]
     assert provenance["seed"] == 7 and provenance["steps"] == 2 and provenance["seconds"] > 0
     assert provenance["training_conversations"] == [] and provenance["pairs_file"] == pairs.name
