@@ -90,11 +90,10 @@ def window_starts(turn_len: int, kept: int, windows: int) -> list[int]:
 def window_spans(offsets: Sequence[tuple[int, int]], kept: int, windows: int) -> list[tuple[int, int]]:
     """Character spans ``(start, end)`` of the windows a turn is read in, from its tokens' character
     ``offsets`` (one ``(start, end)`` per token, as a fast tokenizer reports them, special tokens
-    excluded): window ``i`` runs from the first character of its first token to the last character
-    of its last, its tokens being those :func:`window_starts` gives for ``kept`` tokens and at most
-    ``windows`` windows. One span over the whole text's first ``kept`` tokens when the turn fits or
-    ``windows`` is 1. The reranker re-encodes each span as its own pair, and training reads the same
-    spans (docs/reranker.md "Long turns").
+    excluded): window ``i`` runs from the start of its first token to the end of its last, its
+    tokens being those :func:`window_starts` gives for ``kept`` tokens and at most ``windows``
+    windows. One span over the text's first ``kept`` tokens when the turn fits or ``windows`` is 1.
+    The reranker re-encodes each span as its own pair (docs/reranker.md "Long turns").
 
     Raises:
         ValueError: as :func:`window_starts`, or if ``offsets`` is empty.
