@@ -30,7 +30,6 @@ from mnemos.rerank_pairs import (
     length_sorted_batches,
     pad_batch,
     window_spans,
-    window_starts,
 )
 from mnemos.tokenizer import tokenize
 
@@ -199,12 +198,12 @@ class CrossEncoderReranker:
     def _windows_of(self, text: str, encoding: Any, kept: int) -> list[Any]:
         """The encodings a text is read in: itself cut to ``kept`` tokens, or with ``windows`` > 1
         one per window start, each re-encoded from its character span and cut to ``kept``."""
-        starts = window_starts(len(encoding.ids), kept, self.windows) if kept < len(encoding.ids) else [0]
-        if starts == [0]:
+        spans = window_spans(encoding.offsets, kept, self.windows) if kept < len(encoding.ids) else []
+        if len(spans) <= 1:  # the text fits, or one window: its first ``kept`` tokens
             encoding.truncate(kept)
             return [encoding]
         out = []
-        for first, last in window_spans(encoding.offsets, kept, self.windows):
+        for first, last in spans:
             window = self._tokenizer.encode(text[first:last], add_special_tokens=False)
             window.truncate(kept)
             out.append(window)
