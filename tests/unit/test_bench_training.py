@@ -302,3 +302,26 @@ def test_check_scores_held_out_conversations_only(tiny_model, tmp_path):
     checked = CliRunner().invoke(reranker, args)
     assert checked.exit_code == 0, checked.output
     assert "mean logit (question, evidence turn)" in checked.output and "pairs/s" in checked.output
+
+
+@pytest.mark.slow
+def test_dense_mining_uses_the_service_encoder_behind_the_bench_cache(tmp_path):
+    """--dense embeds every passage through the bench's embedding cache (so a later bench run, or a
+    second training run, reads the vectors instead of computing them) and records the encoder."""
+    from bench.common.caches import cached_bi_encoder
+    from mnemos.encoder import bundled_bi_encoder_path
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps({"query": f"fact about {t.split()[2]}", "positive": t}) for t in TEXTS)
+                     + "\n", encoding="utf-8")
+    cache = tmp_path / "cache"
+    result = CliRunner().invoke(
+        reranker, ["train", "--pairs", str(pairs), "--out", str(tmp_path / "m"), "--max-steps", "1", "--dense",
+                   "--cache-dir", str(cache), "--threads", "1", "--calibration-queries", "0"])
+    assert result.exit_code == 0, result.output
+    provenance = json.loads((tmp_path / "m" / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    assert provenance["mining"]["dense"] is True and provenance["dense_mining"] is True
+    reread = cached_bi_encoder(bundled_bi_encoder_path(), cache / "embeddings", "auto")
+    assert provenance["mining_encoder"] == reread.model_key
+    vectors = reread.encode(TEXTS)
+    assert reread.encoded == 0 and vectors.shape == (len(TEXTS), 384)  # every passage came from the cache
