@@ -83,12 +83,13 @@ def run_train(
     hard_negatives: int = 3,
     mining_depth: int = 30,
     cache_dir: Path = DEFAULT_CACHE_DIR,
+    fold_seed: int | None = None,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
     Sources combine in one run: LoCoMo ``data`` (``conversations`` or ``fold``), LongMemEval files
     ``longmemeval`` (all questions, or ``question_fold`` ``(i, k)``: stratified by question type,
-    seeded by ``seed``, fold i held out) and a JSONL ``pairs`` file (with its SPDX
+    seeded by ``fold_seed``, or ``seed`` when None, fold i held out) and a JSONL ``pairs`` file (with its SPDX
     ``pairs_licence``). The provenance lists each source with its licence and the items used.
     ``named_user_share`` of the LongMemEval questions are rendered under a first name
     (:mod:`bench.training.named_user`).
@@ -127,7 +128,7 @@ def run_train(
         calibration: list[tuple[str, list[str]]] = []
         teacher_setup = _teacher_setup(teacher, temperature, distil_weight)
         positives, corpora = training_positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
-                                        question_fold=question_fold, fold_seed=seed, pairs_licence=pairs_licence,
+                                        question_fold=question_fold, fold_seed=seed if fold_seed is None else fold_seed, pairs_licence=pairs_licence,
                                         named_user_share=named_user_share)
         passages = [text for texts in (corpora or {}).values() for text in texts] + [p.passage for p in positives]
         encoder = _mining_encoder(device, cache_dir, passages) if dense else None
@@ -358,6 +359,8 @@ def reranker() -> None:
 @click.option("--max-pairs", type=click.IntRange(min=1), default=None, help="Cap on labelled pairs.")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fold-seed", type=int, default=None,
+              help="Seed of the --question-fold split (default: --seed): another --seed then trains on the same questions.")
 @click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=5e-5, show_default=True,
               help="Peak learning rate (linear warmup over 10% of the steps, then linear decay).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Stop after this many steps.")
@@ -388,7 +391,7 @@ def reranker() -> None:
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
           max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
-          learning_rate, hard_negatives, mining_depth, cache_dir) -> None:
+          learning_rate, hard_negatives, mining_depth, cache_dir, fold_seed) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -428,7 +431,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,
-            hard_negatives=hard_negatives, mining_depth=mining_depth, cache_dir=cache_dir,
+            hard_negatives=hard_negatives, mining_depth=mining_depth, cache_dir=cache_dir, fold_seed=fold_seed,
         )
     )
 

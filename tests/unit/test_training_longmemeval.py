@@ -175,6 +175,21 @@ def test_cli_needs_a_source_and_keeps_fold_options_to_their_source(tiny_file: Pa
     assert result.exit_code == 2 and "--pairs only" in result.output
 
 
+@pytest.mark.slow
+def test_fold_seed_keeps_the_held_out_questions_while_the_training_seed_changes(tiny_file: Path,
+                                                                               tmp_path: Path) -> None:
+    expected: dict[str, object] = {}
+    training_positives(None, None, None, None, expected, longmemeval=[tiny_file], question_fold=(1, 2), fold_seed=0)
+    out = tmp_path / "m"
+    result = CliRunner().invoke(reranker, [
+        "train", "--longmemeval", str(tiny_file), "--question-fold", "1/2", "--seed", "5", "--fold-seed", "0",
+        "--no-dense", "--max-steps", "1", "--threads", "1", "--calibration-queries", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    provenance = json.loads((out / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    assert provenance["seed"] == 5 and provenance["question_fold_seed"] == 0
+    assert provenance["held_out_questions"] == expected["held_out_questions"]
+
+
 # ---------------------------------------------------------------------------- the licence rule
 
 
