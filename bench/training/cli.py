@@ -51,7 +51,8 @@ def _mining_record(mining: MiningConfig, n_positives: int, seconds: float) -> di
     """The provenance's ``mining`` entry: the :class:`MiningConfig` that made the pairs, and its cost."""
     return {"hard_negatives": mining.hard_negatives, "random_negatives": mining.random_negatives,
             "depth": mining.depth, "bm25": mining.use_bm25, "dense": mining.use_dense,
-            "same_speaker": mining.same_speaker, "n_positive_candidates": n_positives, "seconds": round(seconds, 3)}
+            "same_speaker": mining.same_speaker, "evidence_negatives": mining.evidence_negatives,
+            "n_positive_candidates": n_positives, "seconds": round(seconds, 3)}
 
 
 def run_train(
@@ -84,6 +85,7 @@ def run_train(
     mining_depth: int = 30,
     cache_dir: Path = DEFAULT_CACHE_DIR,
     fold_seed: int | None = None,
+    evidence_negatives: int = 0,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
@@ -136,7 +138,7 @@ def run_train(
             provenance["mining_encoder"] = encoder.model_key  # digest | precision of the vectors mined with
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
                                              same_speaker=same_speaker, hard_negatives=hard_negatives,
-                                             depth=mining_depth)
+                                             depth=mining_depth, evidence_negatives=evidence_negatives)
         examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
         if corpora and calibration_queries > 0:
             calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
@@ -368,6 +370,8 @@ def reranker() -> None:
               help="Hard negatives per positive (BM25 and, with --dense, bi-encoder results of its haystack).")
 @click.option("--mining-depth", type=click.IntRange(min=1), default=30, show_default=True,
               help="How deep the BM25 (and bi-encoder) rankings are read for hard negatives.")
+@click.option("--evidence-negatives", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Extra negatives per positive: other questions' evidence turns (docs/reranker.md).")
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CACHE_DIR,
               show_default=True, help="Embedding cache for --dense mining (shared with `mnemos bench quality`).")
@@ -391,7 +395,7 @@ def reranker() -> None:
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
           max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
-          learning_rate, hard_negatives, mining_depth, cache_dir, fold_seed) -> None:
+          learning_rate, hard_negatives, mining_depth, cache_dir, fold_seed, evidence_negatives) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -432,6 +436,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,
             hard_negatives=hard_negatives, mining_depth=mining_depth, cache_dir=cache_dir, fold_seed=fold_seed,
+            evidence_negatives=evidence_negatives,
         )
     )
 

@@ -104,6 +104,11 @@ class MiningConfig:
     LongMemEval's evidence is a user turn for 94% of its questions while BM25's hard candidates
     are mostly long assistant turns, so a model learns "assistant: ... = not relevant" and buries
     every answer the assistant gave (docs/reranker.md "Why the first LongMemEval model was weak").
+
+    ``evidence_negatives`` adds that many negatives per positive drawn from the positives of the
+    other groups (other questions' evidence turns: a user's statements about other things), of the
+    positive's own speaker under ``same_speaker``, from a generator seeded apart (``seed + 1``) so
+    the other negatives stay as they are (docs/reranker.md "Style over content").
     """
 
     hard_negatives: int = 3
@@ -114,6 +119,7 @@ class MiningConfig:
     max_pairs: int | None = None
     seed: int = 0
     same_speaker: bool = False
+    evidence_negatives: int = 0
 
 
 class TextEncoder(Protocol):
@@ -406,6 +412,17 @@ def _random_negatives(rng: random.Random, others: list[str], speaker: str | None
     return picked + rng.sample(rest, min(config.random_negatives - len(picked), len(rest)))
 
 
+def _evidence_negatives(rng: random.Random, positives: Sequence[PositivePair], group: str, exclude: set[str],
+                        speaker: str | None, k: int) -> list[str]:
+    """``k`` distinct positive passages of groups other than ``group``, not in ``exclude``; of ``speaker``
+    (None: any) first, topped up from the other speakers when they run out."""
+    others = list(dict.fromkeys(p.passage for p in positives if p.group != group and p.passage not in exclude))
+    same = [x for x in others if speaker is not None and rendered_speaker(x) == speaker]
+    picked = rng.sample(same, min(k, len(same)))
+    rest = [x for x in others if x not in picked]
+    return picked + rng.sample(rest, min(k - len(picked), len(rest)))
+
+
 def mine_examples(
     positives: Sequence[PositivePair],
     *,
@@ -427,6 +444,7 @@ def mine_examples(
     if not positives:
         raise TrainingDataError("positives", "no positive pairs to mine from")
     rng = random.Random(config.seed)
+    evidence_rng = random.Random(config.seed + 1)
     by_group: dict[str, list[int]] = defaultdict(list)
     for i, p in enumerate(positives):
         by_group[p.group].append(i)
@@ -458,6 +476,9 @@ def mine_examples(
                 slot[q] += 1
                 others = [x for x in passages if x not in gold[q] and x not in chosen]
                 chosen += _random_negatives(rng, others, speaker, speaker_of, config)
+                if config.evidence_negatives:
+                    chosen += _evidence_negatives(evidence_rng, positives, group, gold[q] | set(chosen), speaker,
+                                                  config.evidence_negatives)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
 

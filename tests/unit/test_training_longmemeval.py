@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,19 @@ def test_mined_negatives_come_from_the_same_haystack(tiny_file: Path) -> None:
         assert (example.label == 1.0) == (example.passage in {p.passage for p in positives if p.group == group})
     commute_negatives = [e.passage for e in examples if e.label == 0.0 and "commute" in e.query]
     assert commute_negatives and "a long ride" in commute_negatives[0]  # BM25's hard one ("is", "long") first
+
+
+def test_evidence_negatives_are_other_questions_evidence_and_leave_the_other_negatives_as_they_were(
+        tiny_file: Path) -> None:
+    positives, corpora = longmemeval_positives(load_longmemeval(tiny_file))
+    base = MiningConfig(hard_negatives=1, random_negatives=1, use_dense=False, same_speaker=True)
+    plain = mine_examples(positives, config=base, corpora=corpora)
+    extra = mine_examples(positives, config=replace(base, evidence_negatives=1), corpora=corpora)
+    evidence = {p.group: p.passage for p in positives}  # one evidence turn per question here
+    added = [e for e in extra if e not in plain]
+    assert [(e.query, e.passage, e.label) for e in added] == [
+        ("How long is my commute?", evidence["q2"], 0.0), ("What did my dog learn?", evidence["q1"], 0.0)]
+    assert [e for e in extra if e not in added] == plain  # same pairs otherwise, in the same order
 
 
 RIDE = [lme_turn("user", "The tram ride this morning took forty minutes.", answer=True),
