@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from bench.common.caches import PersistentEncoder
     from bench.training.distil import DistilConfig
-    from bench.training.pairs import LabelledPair, MiningConfig
+    from bench.training.pairs import LabelledPair, MiningConfig, PositivePair
 
 __all__ = ["reranker", "run_check", "run_train"]
 
@@ -127,23 +127,16 @@ def run_train(
     provenance: dict[str, object] = {"max_pairs": max_pairs, "dense_mining": dense,
                                      "rendering_version": int(RENDERING_VERSION), "commit": _git_commit()}
     try:
-        calibration: list[tuple[str, list[str]]] = []
         teacher_setup = _teacher_setup(teacher, temperature, distil_weight)
-        positives, corpora = training_positives(data, pairs, conversations, fold, provenance, longmemeval=longmemeval,
-                                        question_fold=question_fold, fold_seed=seed if fold_seed is None else fold_seed, pairs_licence=pairs_licence,
-                                        named_user_share=named_user_share)
-        passages = [text for texts in (corpora or {}).values() for text in texts] + [p.passage for p in positives]
-        encoder = _mining_encoder(device, cache_dir, passages) if dense else None
-        if encoder is not None:
-            provenance["mining_encoder"] = encoder.model_key  # digest | precision of the vectors mined with
+        positives, corpora = training_positives(
+            data, pairs, conversations, fold, provenance, longmemeval=longmemeval, question_fold=question_fold,
+            fold_seed=seed if fold_seed is None else fold_seed, pairs_licence=pairs_licence,
+            named_user_share=named_user_share)
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
                                              same_speaker=same_speaker, hard_negatives=hard_negatives,
                                              depth=mining_depth, evidence_negatives=evidence_negatives)
-        examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
-        if corpora and calibration_queries > 0:
-            calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
-                                                           n_queries=calibration_queries, seed=seed)
-        del encoder
+        examples, calibration = _mine(positives, corpora, mining, provenance, device=device, cache_dir=cache_dir,
+                                      calibration_queries=calibration_queries)
         mined_at = time.perf_counter()
         provenance["mining"] = _mining_record(mining, len(positives), mined_at - started)
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
@@ -315,6 +308,27 @@ def run_check(
         click.echo(f"  speed: {speed_pairs} pairs in {seconds:.2f} s = {speed_pairs / seconds:.1f} pairs/s "
                    f"(batch 32, max_length 128, {threads} threads)")
     return 0
+
+
+def _mine(positives: Sequence[PositivePair], corpora: dict[str, list[str]] | None, mining: MiningConfig,
+          provenance: dict[str, object], *, device: str, cache_dir: Path, calibration_queries: int,
+          ) -> tuple[list[LabelledPair], list[tuple[str, list[str]]]]:
+    """Labelled pairs mined from ``positives`` by ``mining``, and the deep-pass calibration pools (none
+    without ``corpora`` or with ``calibration_queries`` 0). With ``mining.use_dense`` the bi-encoder is
+    :func:`_mining_encoder`'s, and ``provenance`` gets its digest and precision as ``mining_encoder``."""
+    from bench.training import pairs as training_pairs
+
+    encoder = None
+    if mining.use_dense:
+        passages = [text for texts in (corpora or {}).values() for text in texts] + [p.passage for p in positives]
+        encoder = _mining_encoder(device, cache_dir, passages)
+        provenance["mining_encoder"] = encoder.model_key
+    examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
+    calibration: list[tuple[str, list[str]]] = []
+    if corpora and calibration_queries > 0:
+        calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
+                                                       n_queries=calibration_queries, seed=mining.seed)
+    return examples, calibration
 
 
 def _mining_encoder(device: str, cache_dir: Path, passages: Sequence[str]) -> PersistentEncoder:
