@@ -363,7 +363,7 @@ def reranker() -> None:
 @click.option("--longmemeval", "longmemeval", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="LongMemEval JSON (S or oracle; MIT). Repeatable: the same question's haystacks are merged.")
 @click.option("--question-fold", default=None,
-              help="i/k: split the LongMemEval questions into k folds stratified by type (seeded by --seed), "
+              help="i/k: split the LongMemEval questions into k folds stratified by type (seeded by --fold-seed, else --seed), "
                    "hold out fold i.")
 @click.option("--pairs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help='JSONL of {"query", "positive", "negatives"?} rows.')
@@ -429,6 +429,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
         raise click.UsageError("--conversations/--fold apply to --data only")
     if question_fold and not longmemeval:
         raise click.UsageError("--question-fold applies to --longmemeval only")
+    if fold_seed is not None and not question_fold:
+        raise click.UsageError("--fold-seed applies to --question-fold only")
     if math.isnan(named_user_share):  # click's FloatRange lets NaN through
         raise click.BadParameter("must be in [0, 1], got nan", param_hint="--named-user-share")
     if named_user_share and not longmemeval:

@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from bench.training.errors import TrainingDataError
+from bench.training.evidence_negatives import evidence_candidates, evidence_negatives
 from bench.training.named_user import name_question
 from mnemos.bm25_index import BM25Index
 from mnemos.fusion import reciprocal_rank_fusion
@@ -412,17 +413,6 @@ def _random_negatives(rng: random.Random, others: list[str], speaker: str | None
     return picked + rng.sample(rest, min(config.random_negatives - len(picked), len(rest)))
 
 
-def _evidence_negatives(rng: random.Random, positives: Sequence[PositivePair], group: str, exclude: set[str],
-                        speaker: str | None, k: int) -> list[str]:
-    """``k`` distinct positive passages of groups other than ``group``, not in ``exclude``; of ``speaker``
-    (None: any) first, topped up from the other speakers when they run out."""
-    others = list(dict.fromkeys(p.passage for p in positives if p.group != group and p.passage not in exclude))
-    same = [x for x in others if speaker is not None and rendered_speaker(x) == speaker]
-    picked = rng.sample(same, min(k, len(same)))
-    rest = [x for x in others if x not in picked]
-    return picked + rng.sample(rest, min(k - len(picked), len(rest)))
-
-
 def mine_examples(
     positives: Sequence[PositivePair],
     *,
@@ -444,7 +434,9 @@ def mine_examples(
     if not positives:
         raise TrainingDataError("positives", "no positive pairs to mine from")
     rng = random.Random(config.seed)
+    # seeded apart from rng, so the other negatives are the same with or without evidence negatives
     evidence_rng = random.Random(config.seed + 1)
+    candidates = evidence_candidates(positives) if config.evidence_negatives else []
     by_group: dict[str, list[int]] = defaultdict(list)
     for i, p in enumerate(positives):
         by_group[p.group].append(i)
@@ -477,7 +469,7 @@ def mine_examples(
                 others = [x for x in passages if x not in gold[q] and x not in chosen]
                 chosen += _random_negatives(rng, others, speaker, speaker_of, config)
                 if config.evidence_negatives:
-                    chosen += _evidence_negatives(evidence_rng, positives, group, gold[q] | set(chosen), speaker,
+                    chosen += evidence_negatives(evidence_rng, candidates, group, gold[q] | set(chosen), speaker,
                                                   config.evidence_negatives)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))

@@ -80,17 +80,51 @@ def test_mined_negatives_come_from_the_same_haystack(tiny_file: Path) -> None:
     assert commute_negatives and "a long ride" in commute_negatives[0]  # BM25's hard one ("is", "long") first
 
 
-def test_evidence_negatives_are_other_questions_evidence_and_leave_the_other_negatives_as_they_were(
-        tiny_file: Path) -> None:
-    positives, corpora = longmemeval_positives(load_longmemeval(tiny_file))
-    base = MiningConfig(hard_negatives=1, random_negatives=1, use_dense=False, same_speaker=True)
-    plain = mine_examples(positives, config=base, corpora=corpora)
-    extra = mine_examples(positives, config=replace(base, evidence_negatives=1), corpora=corpora)
-    evidence = {p.group: p.passage for p in positives}  # one evidence turn per question here
-    added = [e for e in extra if e not in plain]
-    assert [(e.query, e.passage, e.label) for e in added] == [
-        ("How long is my commute?", evidence["q2"], 0.0), ("What did my dog learn?", evidence["q1"], 0.0)]
-    assert [e for e in extra if e not in added] == plain  # same pairs otherwise, in the same order
+def _evidence_fixture() -> tuple[list[PositivePair], dict[str, list[str]]]:
+    """Four questions: three with user evidence, one with assistant evidence; g1's haystack holds g2's
+    evidence, which BM25 ranks first for g1's question, so it is already g1's hard negative."""
+    evidence = {"g1": render_turn("user", "I adopted a cat named Miso last spring."),
+                "g2": render_turn("user", "My sister's cat Miso sleeps on the piano all spring."),
+                "g3": render_turn("assistant", "Your flight to Lisbon leaves at 7 am."),
+                "g4": render_turn("user", "I run five kilometres every Sunday morning.")}
+    filler = [render_turn(speaker, f"{topic} is on my mind today") for speaker in ("user", "assistant")
+              for topic in ("gardening", "taxes", "chess", "soup", "trains", "paint")]
+    questions = {"g1": "What is the name of the cat I adopted in spring?", "g2": "Where does my sister's cat sleep?",
+                 "g3": "When does my flight to Lisbon leave?", "g4": "How far do I run on Sundays?"}
+    corpora = {g: [evidence[g], *filler] for g in evidence}
+    corpora["g1"].append(evidence["g2"])
+    positives = [PositivePair(questions[g], evidence[g], g, PairSource.LONGMEMEVAL) for g in evidence]
+    return positives, corpora
+
+
+def _blocks(examples: list) -> list[list]:
+    blocks: list[list] = []
+    for e in examples:
+        if e.label == 1.0:
+            blocks.append([])
+        blocks[-1].append(e)
+    return blocks
+
+
+def test_evidence_negatives_are_other_questions_evidence_and_leave_the_other_negatives_as_they_were() -> None:
+    positives, corpora = _evidence_fixture()
+    base = MiningConfig(hard_negatives=1, random_negatives=2, use_dense=False, same_speaker=True)
+    plain = _blocks(mine_examples(positives, config=base, corpora=corpora))
+    extra = _blocks(mine_examples(positives, config=replace(base, evidence_negatives=1), corpora=corpora))
+    evidence = {p.group: p.passage for p in positives}
+    assert plain[0][1].passage == evidence["g2"]  # g2's evidence is already g1's hard negative
+    for before, after, positive in zip(plain, extra, positives, strict=True):
+        assert after[:-1] == before  # same positive, hard and random negatives, in the same order
+        added = after[-1]
+        others = {g: x for g, x in evidence.items() if g != positive.group}
+        assert added.label == 0.0 and added.passage in others.values()
+        assert added.passage not in {e.passage for e in before}  # never a repeat
+        if positive.group == "g1":  # g2's is taken: the only other user evidence left is g4's
+            assert added.passage == evidence["g4"]
+        elif positive.group == "g3":  # no other assistant evidence: topped up from the user turns
+            assert added.passage.startswith("user: ")
+        else:
+            assert added.passage.startswith("user: ") and added.passage != evidence["g3"]
 
 
 RIDE = [lme_turn("user", "The tram ride this morning took forty minutes.", answer=True),
@@ -187,6 +221,8 @@ def test_cli_needs_a_source_and_keeps_fold_options_to_their_source(tiny_file: Pa
     assert result.exit_code == 2 and "--data only" in result.output
     result = runner.invoke(reranker, ["train", "--longmemeval", str(tiny_file), "--pairs-licence", "MIT", "--out", out])
     assert result.exit_code == 2 and "--pairs only" in result.output
+    result = runner.invoke(reranker, ["train", "--longmemeval", str(tiny_file), "--fold-seed", "0", "--out", out])
+    assert result.exit_code == 2 and "--question-fold only" in result.output
 
 
 @pytest.mark.slow

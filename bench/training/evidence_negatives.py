@@ -1,0 +1,51 @@
+"""Negatives that look like answers: other questions' evidence turns (docs/reranker.md "Style over content").
+
+A LongMemEval evidence turn is a user telling something about their life. A cross-encoder trained
+only on BM25 and random negatives learns that style as relevance and ranks a personal statement on
+another topic above the evidence. Pairing a question with another question's evidence turn, labelled
+0, shows it a passage with the style of an answer and the content of another topic.
+:func:`bench.training.pairs.mine_examples` adds ``MiningConfig.evidence_negatives`` of them per positive.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from mnemos.rendering import rendered_speaker
+
+if TYPE_CHECKING:
+    from bench.training.pairs import PositivePair
+
+__all__ = ["EvidenceCandidate", "evidence_candidates", "evidence_negatives"]
+
+
+class EvidenceCandidate(NamedTuple):
+    """A distinct positive passage, the groups it is a positive of, and its speaker (None: no prefix)."""
+
+    passage: str
+    groups: frozenset[str]
+    speaker: str | None
+
+
+def evidence_candidates(positives: Sequence[PositivePair]) -> list[EvidenceCandidate]:
+    """Every distinct positive passage, in first-seen order, with its groups and parsed speaker
+    (built once per mining run: each draw then only filters)."""
+    groups: dict[str, set[str]] = defaultdict(set)
+    for p in positives:
+        groups[p.passage].add(p.group)
+    return [EvidenceCandidate(x, frozenset(g), rendered_speaker(x)) for x, g in groups.items()]
+
+
+def evidence_negatives(rng: random.Random, candidates: Sequence[EvidenceCandidate], group: str,
+                       exclude: Collection[str], speaker: str | None, k: int) -> list[str]:
+    """``k`` distinct passages drawn from ``candidates`` that are not a positive of ``group`` and not in
+    ``exclude`` (the query's positives and the negatives already chosen); those of ``speaker`` first
+    (None: any), topped up from the other speakers when they run out. Fewer when too few remain."""
+    others = [c for c in candidates if group not in c.groups and c.passage not in exclude]
+    same = [c.passage for c in others if speaker is not None and c.speaker == speaker]
+    picked = rng.sample(same, min(k, len(same)))
+    rest = [c.passage for c in others if c.passage not in picked]
+    return picked + rng.sample(rest, min(k - len(picked), len(rest)))
