@@ -12,14 +12,21 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from mnemos.rendering import rendered_speaker
 
-if TYPE_CHECKING:
-    from bench.training.pairs import PositivePair
-
 __all__ = ["EvidenceCandidate", "evidence_candidates", "evidence_negatives"]
+
+
+class _Positive(Protocol):
+    """What is read of a :class:`bench.training.pairs.PositivePair` (not imported: pairs imports this module)."""
+
+    @property
+    def passage(self) -> str: ...
+
+    @property
+    def group(self) -> str: ...
 
 
 class EvidenceCandidate(NamedTuple):
@@ -30,7 +37,7 @@ class EvidenceCandidate(NamedTuple):
     speaker: str | None
 
 
-def evidence_candidates(positives: Sequence[PositivePair]) -> list[EvidenceCandidate]:
+def evidence_candidates(positives: Sequence[_Positive]) -> list[EvidenceCandidate]:
     """Every distinct positive passage, in first-seen order, with its groups and parsed speaker
     (built once per mining run: each draw then only filters)."""
     groups: dict[str, set[str]] = defaultdict(set)
