@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from typing import NamedTuple, Protocol
 
+from bench.training.speaker_sampling import speaker_first_sample
 from mnemos.rendering import rendered_speaker
 
 __all__ = ["EvidenceCandidate", "evidence_candidates", "evidence_negatives"]
@@ -52,7 +53,4 @@ def evidence_negatives(rng: random.Random, candidates: Sequence[EvidenceCandidat
     ``exclude`` (the query's positives and the negatives already chosen); those of ``speaker`` first
     (None: any), topped up from the other speakers when they run out. Fewer when too few remain."""
     others = [c for c in candidates if group not in c.groups and c.passage not in exclude]
-    same = [c.passage for c in others if speaker is not None and c.speaker == speaker]
-    picked = rng.sample(same, min(k, len(same)))
-    rest = [c.passage for c in others if c.passage not in picked]
-    return picked + rng.sample(rest, min(k - len(picked), len(rest)))
+    return speaker_first_sample(rng, [c.passage for c in others], speaker, {c.passage: c.speaker for c in others}, k)

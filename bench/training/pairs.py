@@ -29,6 +29,7 @@ import numpy as np
 from bench.training.errors import TrainingDataError
 from bench.training.evidence_negatives import evidence_candidates, evidence_negatives
 from bench.training.named_user import name_question
+from bench.training.speaker_sampling import speaker_first_sample
 from mnemos.bm25_index import BM25Index
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn, rendered_speaker
@@ -407,10 +408,7 @@ def _random_negatives(rng: random.Random, others: list[str], speaker: str | None
                       speaker_of: Mapping[str, str | None], config: MiningConfig) -> list[str]:
     """``config.random_negatives`` passages drawn from ``others``; from those of ``speaker`` (the
     positive's, under ``same_speaker``) first, topped up from the rest when they run out (None: any)."""
-    same = [x for x in others if speaker_of[x] == speaker] if speaker is not None else []
-    picked = rng.sample(same, min(config.random_negatives, len(same)))
-    rest = [x for x in others if x not in picked] if picked else others
-    return picked + rng.sample(rest, min(config.random_negatives - len(picked), len(rest)))
+    return speaker_first_sample(rng, others, speaker, speaker_of, config.random_negatives)
 
 
 def mine_examples(

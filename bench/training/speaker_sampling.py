@@ -1,0 +1,23 @@
+"""Seeded draws that prefer one speaker's turns (docs/reranker.md "Why the first LongMemEval model was weak").
+
+Random negatives and evidence negatives are both drawn this way, so that a positive's negatives
+share its speaker prefix and the prefix does not become a label.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+__all__ = ["speaker_first_sample"]
+
+
+def speaker_first_sample(rng: random.Random, pool: Sequence[str], speaker: str | None,
+                         speaker_of: Mapping[str, str | None], k: int) -> list[str]:
+    """``k`` distinct passages drawn from ``pool`` by ``rng``: those whose ``speaker_of`` is ``speaker``
+    first, topped up from the rest of ``pool`` when they run out (``speaker`` None: from all of it).
+    Fewer when ``pool`` holds fewer than ``k``."""
+    same = [x for x in pool if speaker_of[x] == speaker] if speaker is not None else []
+    picked = rng.sample(same, min(k, len(same)))
+    rest = [x for x in pool if x not in picked] if picked else list(pool)
+    return picked + rng.sample(rest, min(k - len(picked), len(rest)))
