@@ -31,20 +31,22 @@ check-data:
 
 # Reproduce the shipped cross-encoder (mnemos/shipped/reranker): fine-tuned from the bundled MiniLM on fold 1/2 of
 # LongMemEval-S's questions (MIT; stratified by question type, seed 0: the other half stays held out), hard negatives
-# from each question's own haystack by the service's BM25 (its own speaker's turns first), every mined pair, peak
-# learning rate 1e-4, 6 epochs, stored as fp16 safetensors with mnemos_provenance.json (sources, licences,
-# question ids). RERANKER_OUT=dir writes elsewhere; docs/reranker.md.
+# from each question's own haystack by the service's BM25 (its own speaker's turns first), one more negative per
+# positive from another training question's evidence turn (same speaker first), every mined pair, peak learning
+# rate 1e-4, 6 epochs, stored as fp16 safetensors with mnemos_provenance.json (sources, licences, question ids).
+# RERANKER_OUT=dir writes elsewhere; docs/reranker.md.
 LONGMEMEVAL_S ?= ../shared/data/longmemeval/longmemeval_s_498.json.xz
 RERANKER_OUT ?= mnemos/shipped/reranker
 reranker: setup
 	$(BIN)/mnemos reranker train --longmemeval $(LONGMEMEVAL_S) --question-fold 1/2 --out $(RERANKER_OUT) \
-		--no-dense --same-speaker --learning-rate 1e-4 --epochs 6 --seed 0 --fp16
+		--no-dense --same-speaker --learning-rate 1e-4 --epochs 6 --evidence-negatives 1 --seed 0 --fp16
 
 # The two cross-fitting models of the quality bench on LongMemEval: questions split in 2 folds stratified by
 # question type (seed 0); models/lme-fold-N never saw fold N's questions and is the one that ranks them.
 reranker-folds: setup
 	for f in 1 2; do $(BIN)/mnemos reranker train --longmemeval $(LONGMEMEVAL_S) --question-fold $$f/2 \
-		--out models/lme-fold-$$f --no-dense --same-speaker --learning-rate 1e-4 --epochs 6 --seed 0 || exit 1; done
+		--out models/lme-fold-$$f --no-dense --same-speaker --learning-rate 1e-4 --epochs 6 \
+		--evidence-negatives 1 --seed 0 || exit 1; done
 
 # Research only, never committed: a LoCoMo-trained model (CC BY-NC 4.0 data, so the weights are too; loading
 # it logs a warning). FOLD=conv-44,... picks the training conversations; LOCOMO_OUT the directory.
