@@ -17,7 +17,7 @@ from typing import NamedTuple, Protocol
 from bench.training.speaker_sampling import speaker_first_sample
 from mnemos.rendering import rendered_speaker
 
-__all__ = ["EvidenceCandidate", "evidence_candidates", "evidence_negatives"]
+__all__ = ["EvidenceCandidate", "EvidencePool", "evidence_candidates", "evidence_negatives"]
 
 
 class _Positive(Protocol):
@@ -38,19 +38,27 @@ class EvidenceCandidate(NamedTuple):
     speaker: str | None
 
 
-def evidence_candidates(positives: Sequence[_Positive]) -> list[EvidenceCandidate]:
+class EvidencePool(NamedTuple):
+    """The candidates of one mining run, in first-seen order, and each passage's speaker."""
+
+    candidates: list[EvidenceCandidate]
+    speaker_of: dict[str, str | None]
+
+
+def evidence_candidates(positives: Sequence[_Positive]) -> EvidencePool:
     """Every distinct positive passage, in first-seen order, with its groups and parsed speaker
     (built once per mining run: each draw then only filters)."""
     groups: dict[str, set[str]] = defaultdict(set)
     for p in positives:
         groups[p.passage].add(p.group)
-    return [EvidenceCandidate(x, frozenset(g), rendered_speaker(x)) for x, g in groups.items()]
+    candidates = [EvidenceCandidate(x, frozenset(g), rendered_speaker(x)) for x, g in groups.items()]
+    return EvidencePool(candidates, {c.passage: c.speaker for c in candidates})
 
 
-def evidence_negatives(rng: random.Random, candidates: Sequence[EvidenceCandidate], group: str,
+def evidence_negatives(rng: random.Random, pool: EvidencePool, group: str,
                        exclude: Collection[str], speaker: str | None, k: int) -> list[str]:
-    """``k`` distinct passages drawn from ``candidates`` that are not a positive of ``group`` and not in
+    """``k`` distinct passages drawn from ``pool`` that are not a positive of ``group`` and not in
     ``exclude`` (the query's positives and the negatives already chosen); those of ``speaker`` first
     (None: any), topped up from the other speakers when they run out. Fewer when too few remain."""
-    others = [c for c in candidates if group not in c.groups and c.passage not in exclude]
-    return speaker_first_sample(rng, [c.passage for c in others], speaker, {c.passage: c.speaker for c in others}, k)
+    others = [c.passage for c in pool.candidates if group not in c.groups and c.passage not in exclude]
+    return speaker_first_sample(rng, others, speaker, pool.speaker_of, k)
