@@ -17,7 +17,7 @@ from typing import NamedTuple, Protocol
 from bench.training.speaker_sampling import speaker_first_sample
 from mnemos.rendering import rendered_speaker
 
-__all__ = ["EvidenceCandidate", "EvidencePool", "evidence_candidates", "evidence_negatives"]
+__all__ = ["EvidencePool", "evidence_candidates", "evidence_negatives"]
 
 
 class _Positive(Protocol):
@@ -30,29 +30,21 @@ class _Positive(Protocol):
     def group(self) -> str: ...
 
 
-class EvidenceCandidate(NamedTuple):
-    """A distinct positive passage, the groups it is a positive of, and its speaker (None: no prefix)."""
-
-    passage: str
-    groups: frozenset[str]
-    speaker: str | None
-
-
 class EvidencePool(NamedTuple):
-    """The candidates of one mining run, in first-seen order, and each passage's speaker."""
+    """The distinct positive passages of one mining run, in first-seen order: the groups each is a
+    positive of, and its parsed speaker (None: no prefix)."""
 
-    candidates: list[EvidenceCandidate]
+    groups: dict[str, frozenset[str]]
     speaker_of: dict[str, str | None]
 
 
 def evidence_candidates(positives: Sequence[_Positive]) -> EvidencePool:
-    """Every distinct positive passage, in first-seen order, with its groups and parsed speaker
-    (built once per mining run: each draw then only filters)."""
+    """Every distinct positive passage with its groups and speaker (built once per mining run: each
+    draw then only filters)."""
     groups: dict[str, set[str]] = defaultdict(set)
     for p in positives:
         groups[p.passage].add(p.group)
-    candidates = [EvidenceCandidate(x, frozenset(g), rendered_speaker(x)) for x, g in groups.items()]
-    return EvidencePool(candidates, {c.passage: c.speaker for c in candidates})
+    return EvidencePool({x: frozenset(g) for x, g in groups.items()}, {x: rendered_speaker(x) for x in groups})
 
 
 def evidence_negatives(rng: random.Random, pool: EvidencePool, group: str,
@@ -60,5 +52,5 @@ def evidence_negatives(rng: random.Random, pool: EvidencePool, group: str,
     """``k`` distinct passages drawn from ``pool`` that are not a positive of ``group`` and not in
     ``exclude`` (the query's positives and the negatives already chosen); those of ``speaker`` first
     (None: any), topped up from the other speakers when they run out. Fewer when too few remain."""
-    others = [c.passage for c in pool.candidates if group not in c.groups and c.passage not in exclude]
+    others = [x for x, groups in pool.groups.items() if group not in groups and x not in exclude]
     return speaker_first_sample(rng, others, speaker, pool.speaker_of, k)

@@ -434,7 +434,7 @@ def mine_examples(
     rng = random.Random(config.seed)
     # seeded apart from rng, so the other negatives are the same with or without evidence negatives
     evidence_rng = random.Random(config.seed + 1)
-    candidates = evidence_candidates(positives) if config.evidence_negatives else None
+    evidence_pool = evidence_candidates(positives) if config.evidence_negatives else None
     by_group: dict[str, list[int]] = defaultdict(list)
     for i, p in enumerate(positives):
         by_group[p.group].append(i)
@@ -466,8 +466,8 @@ def mine_examples(
                 slot[q] += 1
                 others = [x for x in passages if x not in gold[q] and x not in chosen]
                 chosen += _random_negatives(rng, others, speaker, speaker_of, config)
-                if candidates is not None:
-                    chosen += evidence_negatives(evidence_rng, candidates, group, gold[q] | set(chosen), speaker,
+                if evidence_pool is not None:
+                    chosen += evidence_negatives(evidence_rng, evidence_pool, group, gold[q] | set(chosen), speaker,
                                                   config.evidence_negatives)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
