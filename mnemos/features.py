@@ -40,11 +40,13 @@ __all__ = [
     "QueryContext",
     "apply_features",
     "bm25_adjustment",
+    "bm25_score_adjustment",
     "feature_scores",
     "first_stage_adjustment",
     "importance_adjustment",
     "parse_time_expressions",
     "retriever_ranks",
+    "retriever_scores",
     "session_adjustment",
     "session_matches",
     "temporal_adjustment",
@@ -68,6 +70,9 @@ class PoolView:
         bm25_ranks: ``(p,)`` 1-based rank of each hit in the BM25 retriever's own candidate list,
             ``n + 1`` for a hit outside its first ``n`` (:func:`retriever_ranks`; only
             :func:`bm25_adjustment` reads them; empty is fine without it).
+        bm25_scores: ``(p,)`` BM25 score of each hit as the BM25 retriever's candidate list gives
+            it, the list's lowest score for a hit outside its first ``n`` (:func:`retriever_scores`;
+            only :func:`bm25_score_adjustment` reads them; empty is fine without it).
     """
 
     scores: np.ndarray
@@ -76,6 +81,7 @@ class PoolView:
     embeddings: np.ndarray
     initial_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     bm25_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    bm25_scores: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,8 @@ class Feature(StrEnum):
     """First-stage evidence kept in the final score: z-scored fused rank, scaled to the logits' spread."""
     BM25 = "bm25"
     """Lexical evidence kept in the final score: z-scored rank in BM25's own list, scaled likewise."""
+    BM25_SCORE = "bm25_score"
+    """Lexical evidence kept in the final score: z-scored BM25 score, scaled likewise."""
 
 
 _REQUIRED: dict[Feature, frozenset[str]] = {
@@ -122,6 +130,7 @@ _REQUIRED: dict[Feature, frozenset[str]] = {
     Feature.IMPORTANCE: frozenset({"weight"}),
     Feature.FIRST_STAGE: frozenset({"weight"}),
     Feature.BM25: frozenset({"weight"}),
+    Feature.BM25_SCORE: frozenset({"weight"}),
 }
 _OPTIONAL: dict[Feature, frozenset[str]] = {
     Feature.SESSION: frozenset(),
@@ -129,6 +138,7 @@ _OPTIONAL: dict[Feature, frozenset[str]] = {
     Feature.IMPORTANCE: frozenset({"neighbours", "damping", "iterations"}),
     Feature.FIRST_STAGE: frozenset(),
     Feature.BM25: frozenset(),
+    Feature.BM25_SCORE: frozenset(),
 }
 
 
@@ -356,12 +366,17 @@ def importance_adjustment(
 
 def _rank_evidence(ranks: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
     """``weight * sd(scores) * z(-ranks)`` over the pool; zeros when the ranks carry no order."""
-    ranks = np.asarray(ranks, dtype=np.float64)
+    return _evidence(-np.asarray(ranks, dtype=np.float64), scores, weight)
+
+
+def _evidence(values: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
+    """``weight * sd(scores) * z(values)`` over the pool (higher value = better evidence); zeros when
+    the values are missing, fewer than 2, or all equal."""
+    evidence = np.asarray(values, dtype=np.float64)
     logits = np.asarray(scores, dtype=np.float64)
-    if ranks.size != logits.size or ranks.size < 2 or ranks.std() == 0:
+    if evidence.size != logits.size or evidence.size < 2 or evidence.std() == 0:
         return np.zeros(logits.size, dtype=np.float64)
-    first = -ranks
-    return np.asarray(weight * logits.std() * (first - first.mean()) / first.std(), dtype=np.float64)
+    return np.asarray(weight * logits.std() * (evidence - evidence.mean()) / evidence.std(), dtype=np.float64)
 
 
 def first_stage_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
@@ -393,6 +408,35 @@ def bm25_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> 
     return _rank_evidence(pool.bm25_ranks, pool.scores, weight)
 
 
+def bm25_score_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
+    """``weight * sd(logits) * z(bm25_score)`` for each pool turn (``(p,)`` float64).
+
+    :func:`bm25_adjustment` with the turn's BM25 score (:func:`retriever_scores`) in place of its
+    rank: a turn that matches the question's words far better than the rest of the pool keeps that
+    margin, where a rank gives the first place the same lead however large the gap (the z-scored
+    score interpolation of Bruch, Gai and Ingber, "An Analysis of Fusion Functions for Hybrid
+    Retrieval", 2023). Measured against the rank form in docs/reranker.md "BM25 scores after the
+    cross-encoder". Zero when the scores carry no spread or are missing. ``context`` is unused.
+    """
+    del context
+    return _evidence(pool.bm25_scores, pool.scores, weight)
+
+
+def retriever_scores(entry_ids: Sequence[int], candidates: Sequence[tuple[int, float]], depth: int) -> np.ndarray:
+    """``(len(entry_ids),)`` float64: each entry's score among the first ``depth`` of a retriever's
+    ``(entry_id, score)`` candidates (best first); an entry not there gets the lowest score among
+    them, a bound its own score cannot exceed, and 0.0 when there is no candidate.
+
+    Raises:
+        InvalidParameterError: if ``depth < 1``.
+    """
+    if depth < 1:
+        raise InvalidParameterError(f"depth must be >= 1, got {depth}")
+    listed = {int(eid): float(score) for eid, score in candidates[:depth]}
+    floor = min(listed.values()) if listed else 0.0
+    return np.asarray([listed.get(int(eid), floor) for eid in entry_ids], dtype=np.float64)
+
+
 def retriever_ranks(entry_ids: Sequence[int], candidates: Sequence[tuple[int, float]], depth: int) -> np.ndarray:
     """``(len(entry_ids),)`` int64: each entry's 1-based rank among the first ``depth`` of a
     retriever's ``(entry_id, score)`` candidates (best first), ``depth + 1`` when it is not there.
@@ -412,6 +456,7 @@ FEATURE_FUNCTIONS: dict[Feature, Callable[..., np.ndarray]] = {
     Feature.IMPORTANCE: importance_adjustment,
     Feature.FIRST_STAGE: first_stage_adjustment,
     Feature.BM25: bm25_adjustment,
+    Feature.BM25_SCORE: bm25_score_adjustment,
 }
 """The adjustment function of each :class:`Feature`; each returns ``(p,)`` logits to add."""
 

@@ -45,6 +45,7 @@ from mnemos.features import (
     feature_scores,
     parse_time_expressions,
     retriever_ranks,
+    retriever_scores,
 )
 from mnemos.filters import EntryFilter
 from mnemos.fusion import DEFAULT_CONVEX_WEIGHT, DEFAULT_RRF_K, Fusion, ScoredList, fuse
@@ -498,8 +499,8 @@ def _features(
     """Stage 6, features: ``(entry_id, score)`` of the reranked pool ``order``, best first: the
     logits as they are without ``settings``, else adjusted by them and stably re-sorted.
     ``initial_ranks`` (entry id -> 1-based suppressed fused rank, the outcome's ``initial_rank``)
-    feed the first-stage feature; each turn's rank in the first ``depth`` of the BM25 list
-    ``bm25`` (the shallow pool's candidates, also after a deep pass) feeds the bm25 feature; the
+    feed the first-stage feature; each turn's rank and score in the first ``depth`` of the BM25 list
+    ``bm25`` (the shallow pool's candidates, also after a deep pass) feed the bm25 features; the
     session ranking fuses with the retrieval's ``rrf_k``."""
     initial_ranks = initial_ranks or {}
     if not settings:
@@ -518,6 +519,7 @@ def _features(
         embeddings=index.embeddings_of(order) if Feature.IMPORTANCE in wanted else np.zeros((len(order), 0)),
         initial_ranks=np.asarray([initial_ranks.get(eid, 0) for eid in order], dtype=np.int64),
         bm25_ranks=retriever_ranks(order, bm25, depth) if Feature.BM25 in wanted else np.zeros(0, dtype=np.int64),
+        bm25_scores=retriever_scores(order, bm25, depth) if Feature.BM25_SCORE in wanted else np.zeros(0),
     )
     total = feature_scores(view, context, settings)
     ranked = [(order[i], float(total[i])) for i in np.argsort(-total, kind="stable")]

@@ -110,11 +110,12 @@ class Settings:
     session_weight: float = 2.0
     temporal_slack_days: float = 31.0  # a session may start up to this many days after the named time
     temporal_weight: float = 2.0
-    # first-stage and lexical evidence in the final score (mnemos.features first_stage_adjustment and
-    # bm25_adjustment): weights of the z-scored fused rank and BM25 rank in standard deviations of the
-    # pool's logits, 0 = off; the best pair on LongMemEval-S's dev split (docs/reranker.md).
+    # first-stage and lexical evidence in the final score (mnemos.features): weights of the z-scored
+    # fused rank, BM25 rank and BM25 score in standard deviations of the pool's logits, 0 = off;
+    # chosen on LongMemEval-S's dev split (docs/reranker.md).
     first_stage_weight: float = 0.5
     bm25_weight: float = 0.5
+    bm25_score_weight: float = 0.0
     dedupe_threshold: float = DEFAULT_DEDUPE_THRESHOLD
     default_k: int = DEFAULT_K  # the k of a request that names none (the client's and the query worker's)
     max_k: int = Limits.max_k
@@ -231,9 +232,9 @@ class Settings:
                                 f"{self.temporal_slack_days}")
         if not (math.isfinite(self.session_weight) and math.isfinite(self.temporal_weight)
                 and math.isfinite(self.temporal_slack_days) and math.isfinite(self.first_stage_weight)
-                and math.isfinite(self.bm25_weight)):
-            raise SettingsError("session_weight, temporal_weight, temporal_slack_days, first_stage_weight and "
-                                "bm25_weight must be finite")
+                and math.isfinite(self.bm25_weight) and math.isfinite(self.bm25_score_weight)):
+            raise SettingsError("session_weight, temporal_weight, temporal_slack_days, first_stage_weight, "
+                                "bm25_weight and bm25_score_weight must be finite")
         if not 1 <= self.default_k <= self.max_k:
             raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
         # a loop renews its heartbeat between blocking reads (block_ms; the query worker's at least 1 s)

@@ -53,6 +53,7 @@ from mnemos.features import (
     apply_features,
     parse_time_expressions,
     retriever_ranks,
+    retriever_scores,
 )
 from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig, retrieve
@@ -92,6 +93,7 @@ class PoolResult:
     top_score: float | None
     initial_ranks: tuple[int, ...] = ()  # per hit: its suppressed fused rank (the outcome's), when reranked
     bm25_ranks: tuple[int, ...] = ()  # per hit: its rank in BM25's shallow candidates (mnemos.features.retriever_ranks)
+    bm25_scores: tuple[float, ...] = ()  # per hit: its BM25 score there (mnemos.features.retriever_scores)
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ class Engine:
 
     @staticmethod
     def _pool(result, config: RetrievalConfig) -> PoolResult:
-        """The bench's record of one retrieval; BM25 ranks are cut as the pipeline's features cut them."""
+        """The bench's record of one retrieval; BM25 ranks and scores are cut as the pipeline's features cut them."""
         initial = {e.entry_id: e.initial_rank for e in result.outcome.pool} if result.outcome is not None else {}
         hit_ids = tuple(h.entry_id for h in result.hits)
         bm25 = result.candidates.bm25 if result.candidates is not None else ()
@@ -241,6 +243,7 @@ class Engine:
             top_score=result.top_rerank_score,
             initial_ranks=tuple(initial.get(eid, 0) for eid in hit_ids) if initial else (),
             bm25_ranks=tuple(int(r) for r in retriever_ranks(hit_ids, bm25, config.n_candidates)) if initial else (),
+            bm25_scores=tuple(float(v) for v in retriever_scores(hit_ids, bm25, config.n_candidates)) if initial else (),
         )
 
     # ---- stateless arms ----------------------------------------------------------------------
@@ -421,6 +424,7 @@ class Engine:
             embeddings=self.turn_vectors[list(pool.entry_ids)],
             initial_ranks=np.asarray(pool.initial_ranks, dtype=np.int64),
             bm25_ranks=np.asarray(pool.bm25_ranks, dtype=np.int64),
+            bm25_scores=np.asarray(pool.bm25_scores, dtype=np.float64),
         )
         needs_sessions = any(s.feature is Feature.SESSION for s in settings)
         order = apply_features(view, self.context(mode, question, sessions=needs_sessions), settings)

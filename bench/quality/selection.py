@@ -4,7 +4,7 @@ Start from ``+clustered_rif_gap`` (the best arm of *Clustered Retrieval-Induced 
 Candidates, in order: the adaptive deep pass (docs/architecture.md "Retrieval"), then the
 post-rerank features of :mod:`bench.quality.arms` (session-then-turn, temporal match, importance; from
 *AssoMem*, docs/architecture.md "Features"), then first-stage evidence (the fused rank, then the BM25
-rank; docs/reranker.md). For each post-rerank family the best
+rank, then the BM25 score; docs/reranker.md). For each post-rerank family the best
 grid setting is picked by mean NDCG@10 gain over corpus modes on the development questions
 (categories 1-4); a candidate is kept only if its NDCG@10 gain is positive in every corpus mode
 and significant (two-sided paired permutation p < ``alpha``) in at least one. Kept candidates
@@ -36,6 +36,7 @@ DEFAULT_GRID: dict[Feature, tuple[dict[str, float], ...]] = {
     Feature.IMPORTANCE: tuple({"weight": w} for w in (0.25, 0.5, 1.0)),
     Feature.FIRST_STAGE: tuple({"weight": w} for w in (0.5, 1.0, 2.0, 4.0)),
     Feature.BM25: tuple({"weight": w} for w in (0.5, 1.0, 2.0, 4.0)),
+    Feature.BM25_SCORE: tuple({"weight": w} for w in (0.5, 1.0, 2.0, 4.0)),
 }
 """Settings tried per feature; weights are in rerank-logit units."""
 

@@ -78,7 +78,7 @@ def test_the_shipped_cross_encoder_resolves_inside_the_package(monkeypatch: pyte
                                  {"MNEMOS_DB_STATEMENT_TIMEOUT_S": "0"}, {"MNEMOS_INTERMEDIATE_GRACE_S": "-1"},
                                  {"MNEMOS_DATABASE_URL": "postgresql://u:pa@ss@h/db"},
                                  {"MNEMOS_FUSION": "borda"}, {"MNEMOS_CONVEX_WEIGHT": "1.5"},
-                                 {"MNEMOS_CONVEX_WEIGHT": "nan"}, {"MNEMOS_BM25_WEIGHT": "nan"},
+                                 {"MNEMOS_CONVEX_WEIGHT": "nan"}, {"MNEMOS_BM25_WEIGHT": "nan"}, {"MNEMOS_BM25_SCORE_WEIGHT": "-inf"},
                                  {"MNEMOS_FIRST_STAGE_WEIGHT": "inf"}])
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
@@ -190,3 +190,7 @@ def test_the_evidence_weights_turn_their_features_on_and_off() -> None:
     off = {s.feature for s in feature_settings(Settings.from_env({"MNEMOS_BM25_WEIGHT": "0",
                                                                   "MNEMOS_FIRST_STAGE_WEIGHT": "0"}))}
     assert Feature.BM25 not in off and Feature.FIRST_STAGE not in off
+    scored = {s.feature: s.params for s in feature_settings(Settings.from_env({"MNEMOS_BM25_SCORE_WEIGHT": "1"}))}
+    assert scored[Feature.BM25_SCORE] == {"weight": 1.0}
+    unscored = feature_settings(Settings.from_env({"MNEMOS_BM25_SCORE_WEIGHT": "0"}))
+    assert Feature.BM25_SCORE not in {s.feature for s in unscored}

@@ -108,7 +108,7 @@ def test_session_index_matches_the_one_shot_build_and_session_dates(engine: Engi
                 assert tenant.sessions.date(session) == tenant.entry_date[entry_id]
 
 
-@pytest.mark.parametrize("feature", [Feature.BM25, Feature.FIRST_STAGE])
+@pytest.mark.parametrize("feature", [Feature.BM25, Feature.BM25_SCORE, Feature.FIRST_STAGE])
 def test_rank_evidence_features_reorder_the_bench_as_the_pipeline_does(engine: Engine, feature: Feature) -> None:
     """The bench adds the bm25 and first_stage terms to cached pools after retrieval; the service
     adds them inside retrieve(). Both must give the same order (one code path for the ranks)."""
@@ -121,7 +121,7 @@ def test_rank_evidence_features_reorder_the_bench_as_the_pipeline_does(engine: E
             pool = results[q.key]
             if len(pool.entry_ids) < 2:
                 continue
-            assert len(pool.bm25_ranks) == len(pool.initial_ranks) == len(pool.entry_ids)
+            assert len(pool.bm25_ranks) == len(pool.bm25_scores) == len(pool.initial_ranks) == len(pool.entry_ids)
             in_service = engine._retrieve(engine.tenant_of(mode, q), q, dataclasses.replace(arm.config, features=tuple(settings)))
             got = engine.reorder(mode, q, pool, settings)
             assert got == tuple(h.entry_id for h in in_service.hits), (mode, q.key)
@@ -129,4 +129,4 @@ def test_rank_evidence_features_reorder_the_bench_as_the_pipeline_does(engine: E
             moved += got != pool.entry_ids
     assert checked > 0 and moved > 0
     plain = engine.run_plain(CorpusMode.PER_TENANT, arm_by_name("hybrid_rrf"))
-    assert all(p.bm25_ranks == () for p in plain.values())  # no rerank, no ranks to keep
+    assert all(p.bm25_ranks == () == p.bm25_scores for p in plain.values())  # no rerank, no ranks to keep

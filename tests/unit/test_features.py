@@ -187,6 +187,39 @@ def test_bm25_adjustment_is_the_first_stage_form_on_bm25_ranks() -> None:
     assert FeatureSetting(Feature.BM25, {"weight": 0.5}).label() == "bm25(weight=0.5)"
 
 
+def test_bm25_score_adjustment_keeps_the_margin_a_rank_loses() -> None:
+    from mnemos.features import bm25_adjustment, bm25_score_adjustment
+
+    date0 = datetime(2023, 1, 1, tzinfo=UTC)
+    logits = np.asarray([3.0, 2.0, 0.5, -1.0])
+    scores = np.asarray([1.0, 2.0, 20.0, 1.0])  # one turn matches far better than the rest
+    pool = PoolView(logits, ("s",) * 4, (date0,) * 4, np.zeros((4, 0)),
+                    bm25_ranks=np.asarray([3, 2, 1, 4]), bm25_scores=scores)
+    adjustment = bm25_score_adjustment(pool, QueryContext(), weight=2.0)
+    np.testing.assert_allclose(adjustment, 2.0 * logits.std() * (scores - scores.mean()) / scores.std())
+    assert adjustment[0] == adjustment[3]  # equal scores, equal evidence, whatever their ranks
+    # the standout's lead over the runner-up is larger by score than by rank
+    by_rank = bm25_adjustment(pool, QueryContext(), weight=2.0)
+    assert adjustment[2] - adjustment[1] > by_rank[2] - by_rank[1]
+    flat = PoolView(logits, ("s",) * 4, (date0,) * 4, np.zeros((4, 0)), bm25_scores=np.full(4, 3.0))
+    assert not bm25_score_adjustment(flat, QueryContext(), weight=2.0).any()
+    missing = PoolView(logits, ("s",) * 4, (date0,) * 4, np.zeros((4, 0)))
+    assert not bm25_score_adjustment(missing, QueryContext(), weight=2.0).any()
+    assert FeatureSetting(Feature.BM25_SCORE, {"weight": 1}).label() == "bm25_score(weight=1)"
+
+
+def test_retriever_scores_give_unlisted_turns_the_lowest_listed_score() -> None:
+    from mnemos.errors import InvalidParameterError
+    from mnemos.features import retriever_scores
+
+    candidates = [(7, 9.0), (3, 5.0), (5, 1.0)]
+    assert retriever_scores([5, 3, 7, 8], candidates, depth=3).tolist() == [1.0, 5.0, 9.0, 1.0]
+    assert retriever_scores([5, 3, 7, 8], candidates, depth=2).tolist() == [5.0, 5.0, 9.0, 5.0]  # 5 past the cut
+    assert retriever_scores([1, 2], [], depth=30).tolist() == [0.0, 0.0]
+    with pytest.raises(InvalidParameterError):
+        retriever_scores([1], candidates, depth=0)
+
+
 def test_retriever_ranks_cut_the_list_at_its_depth() -> None:
     from mnemos.errors import InvalidParameterError
     from mnemos.features import retriever_ranks

@@ -148,6 +148,18 @@ def test_a_heavy_bm25_weight_returns_bm25_order_and_keeps_the_outcome(index, enc
     assert heavy.outcome == plain.outcome
 
 
+def test_a_heavy_bm25_score_weight_returns_bm25_order_and_keeps_the_outcome(index, encoder) -> None:
+    query = "the dog and the dentist"
+    plain = _run(index, encoder, query, BASE)
+    listed = dict(plain.candidates.bm25[:BASE.n_candidates])
+    floor = min(listed.values())
+    heavy = _run(index, encoder, query, _with(FeatureSetting(Feature.BM25_SCORE, {"weight": 1000.0})))
+    scores = [listed.get(h.entry_id, floor) for h in heavy.hits]
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) > 2  # BM25's order, unlisted last
+    assert [h.entry_id for h in heavy.hits] != [h.entry_id for h in plain.hits]
+    assert heavy.outcome == plain.outcome
+
+
 def test_the_bm25_feature_ranks_within_the_filtered_candidates(index, encoder) -> None:
     from mnemos.features import retriever_ranks
     from mnemos.filters import EntryFilter

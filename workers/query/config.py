@@ -29,6 +29,8 @@ def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
         features.append(FeatureSetting(Feature.FIRST_STAGE, {"weight": settings.first_stage_weight}))
     if settings.bm25_weight != 0:
         features.append(FeatureSetting(Feature.BM25, {"weight": settings.bm25_weight}))
+    if settings.bm25_score_weight != 0:
+        features.append(FeatureSetting(Feature.BM25_SCORE, {"weight": settings.bm25_score_weight}))
     return tuple(features)
 
 
