@@ -110,8 +110,8 @@ def test_session_index_matches_the_one_shot_build_and_session_dates(engine: Engi
 
 @pytest.mark.parametrize("feature", [Feature.BM25, Feature.BM25_SCORE, Feature.FIRST_STAGE])
 def test_rank_evidence_features_reorder_the_bench_as_the_pipeline_does(engine: Engine, feature: Feature) -> None:
-    """The bench adds the bm25 and first_stage terms to cached pools after retrieval; the service
-    adds them inside retrieve(). Both must give the same order (one code path for the ranks)."""
+    """The bench adds the bm25, bm25_score and first_stage terms to cached pools after retrieval; the service
+    adds them inside retrieve(). Both must give the same order (one code path for ranks and scores)."""
     settings = [FeatureSetting(feature, {"weight": 1.0})]
     arm = arm_by_name("hybrid_rerank")
     checked = moved = 0
