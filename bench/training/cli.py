@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from bench.common.caches import PersistentEncoder
+    from bench.training.cross_encoder import TrainConfig
     from bench.training.distil import DistilConfig
     from bench.training.pairs import LabelledPair, MiningConfig, PositivePair
 
@@ -66,21 +67,16 @@ def run_train(
     question_fold: tuple[int, int] | None = None,
     pairs_licence: str | None = None,
     max_pairs: int | None,
-    epochs: float,
-    seed: int,
-    max_steps: int | None = None,
+    train_config: TrainConfig,
     dense: bool = True,
     same_speaker: bool = False,
     named_user_share: float = 0.0,
     threads: int | None = 2,
-    layers: int | None = None,
-    device: str = "cpu",
     calibration_queries: int = 200,
     fp16: bool = False,
     teacher: Path | None = None,
     temperature: float = 1.0,
     distil_weight: float = 1.0,
-    learning_rate: float = 5e-5,
     hard_negatives: int = 3,
     mining_depth: int = 30,
     cache_dir: Path = DEFAULT_CACHE_DIR,
@@ -110,6 +106,10 @@ def run_train(
     ``distil_weight * sigmoid(teacher_logit / temperature) + (1 - distil_weight) * hard_label``,
     and its provenance counts the teacher's training conversations as its own.
 
+    ``train_config`` holds the fine-tune's hyper-parameters; its ``seed`` also seeds the mining
+    (and the question folds unless ``fold_seed`` is given) and its ``device`` runs the mining's
+    bi-encoder and the teacher.
+
     Returns 0 on success, 2 on unusable input (the message goes to stderr).
     """
     import torch
@@ -121,6 +121,7 @@ def run_train(
     from mnemos.errors import ModelLoadError
     from mnemos.rendering import RENDERING_VERSION
 
+    seed, device = train_config.seed, train_config.device
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
@@ -140,12 +141,10 @@ def run_train(
         mined_at = time.perf_counter()
         provenance["mining"] = _mining_record(mining, len(positives), mined_at - started)
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
-        config = training.TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers, device=device,
-                                      learning_rate=learning_rate)
         soft = None
         if teacher is not None and teacher_setup is not None:
             soft, provenance = _distil(teacher, teacher_setup, examples, provenance, device)
-        report = training.train_cross_encoder(examples, out, config=config, provenance=provenance,
+        report = training.train_cross_encoder(examples, out, config=train_config, provenance=provenance,
                                               calibration_pools=calibration, soft_labels=soft)
         if fp16:
             _store_fp16(out)
@@ -401,6 +400,12 @@ def reranker() -> None:
 @click.option("--calibration-queries", type=click.IntRange(min=0), default=200, show_default=True,
               help="Training questions whose pools calibrate the deep-pass threshold (0: none).")
 @click.option("--fp16", is_flag=True, help="Store the weights as float16 safetensors (the shipped model).")
+@click.option("--loss", type=click.Choice(["bce", "lce"]), default="bce", show_default=True,
+              help="bce: pointwise; lce: softmax over each positive and its own negatives (docs/reranker.md).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Pairs per step (bce) or positive groups per step (lce).")
+@click.option("--in-batch-negatives", type=click.IntRange(min=0), default=2, show_default=True,
+              help="lce: passages of other groups in the batch added to each softmax.")
 @click.option("--teacher", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="A trained cross-encoder directory to distil from (its training conversations count as seen).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -409,7 +414,8 @@ def reranker() -> None:
               help="Teacher's share W of the target (with --teacher; default 1.0).")
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
           max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
-          learning_rate, hard_negatives, mining_depth, cache_dir, fold_seed, evidence_negatives) -> None:
+          learning_rate, hard_negatives, mining_depth, cache_dir, fold_seed, evidence_negatives, loss, batch_size,
+          in_batch_negatives) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -435,22 +441,27 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
         raise click.BadParameter("must be in [0, 1], got nan", param_hint="--named-user-share")
     if named_user_share and not longmemeval:
         raise click.UsageError("--named-user-share applies to --longmemeval only")
+    if teacher is not None and loss != "bce":
+        raise click.UsageError("--teacher (distillation) trains with --loss bce only")
     if pairs_licence and pairs is None:
         raise click.UsageError("--pairs-licence applies to --pairs only")
     if teacher is None and (temperature is not None or distil_weight is not None):
         raise click.UsageError("--temperature/--distil-weight apply to distillation only: give --teacher DIR")
     require_extra("train")
+    from bench.training.cross_encoder import TrainConfig
     ids = [c.strip() for c in conversations.split(",") if c.strip()] if conversations else None
     sys.exit(
         run_train(
             data=data, pairs=pairs, conversations=ids, fold=_parse_fold(fold) if fold else None, out=out,
             longmemeval=tuple(longmemeval), pairs_licence=pairs_licence,
             question_fold=_parse_fold(question_fold, "--question-fold") if question_fold else None,
-            max_pairs=max_pairs, epochs=epochs, seed=seed, max_steps=max_steps, dense=dense, same_speaker=same_speaker,
-            named_user_share=named_user_share, threads=threads,
-            layers=layers, device=resolve_device(device), calibration_queries=calibration_queries, fp16=fp16,
+            max_pairs=max_pairs, dense=dense, same_speaker=same_speaker,
+            train_config=TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers,
+                                     device=resolve_device(device), learning_rate=learning_rate, loss=loss,
+                                     batch_size=batch_size, in_batch_negatives=in_batch_negatives),
+            named_user_share=named_user_share, threads=threads, calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
-            distil_weight=1.0 if distil_weight is None else distil_weight, learning_rate=learning_rate,
+            distil_weight=1.0 if distil_weight is None else distil_weight,
             hard_negatives=hard_negatives, mining_depth=mining_depth, cache_dir=cache_dir, fold_seed=fold_seed,
             evidence_negatives=evidence_negatives,
         )

