@@ -404,8 +404,8 @@ def reranker() -> None:
               help="bce: pointwise; lce: softmax over each positive and its own negatives (docs/reranker.md).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Pairs per step (bce) or positive groups per step (lce).")
-@click.option("--in-batch-negatives", type=click.IntRange(min=0), default=2, show_default=True,
-              help="lce: passages of other groups in the batch added to each softmax.")
+@click.option("--in-batch-negatives", type=click.IntRange(min=0), default=None,
+              help="lce: passages of other groups in the batch added to each softmax (default 2).")
 @click.option("--teacher", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="A trained cross-encoder directory to distil from (its training conversations count as seen).")
 @click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -443,6 +443,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
         raise click.UsageError("--named-user-share applies to --longmemeval only")
     if teacher is not None and loss != "bce":
         raise click.UsageError("--teacher (distillation) trains with --loss bce only")
+    if in_batch_negatives is not None and loss != "lce":
+        raise click.UsageError("--in-batch-negatives applies to --loss lce only")
     if pairs_licence and pairs is None:
         raise click.UsageError("--pairs-licence applies to --pairs only")
     if teacher is None and (temperature is not None or distil_weight is not None):
@@ -458,7 +460,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             max_pairs=max_pairs, dense=dense, same_speaker=same_speaker,
             train_config=TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers,
                                      device=resolve_device(device), learning_rate=learning_rate, loss=loss,
-                                     batch_size=batch_size, in_batch_negatives=in_batch_negatives),
+                                     batch_size=batch_size,
+                                     in_batch_negatives=2 if in_batch_negatives is None else in_batch_negatives),
             named_user_share=named_user_share, threads=threads, calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight,

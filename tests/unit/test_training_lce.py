@@ -51,12 +51,16 @@ def test_unknown_loss_and_lce_with_soft_labels_are_refused(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
-def test_cli_refuses_distillation_with_lce(tmp_path):
+def test_cli_refuses_distillation_with_lce_and_in_batch_negatives_without_it(tmp_path):
     pairs = tmp_path / "p.jsonl"
     pairs.write_text('{"query": "q", "positive": "p"}\n', encoding="utf-8")
     result = CliRunner().invoke(reranker, ["train", "--pairs", str(pairs), "--out", str(tmp_path / "m"),
                                            "--loss", "lce", "--teacher", str(tmp_path)])
     assert result.exit_code == 2 and "--loss bce only" in result.output
+    result = CliRunner().invoke(reranker, ["train", "--pairs", str(pairs), "--out", str(tmp_path / "m"),
+                                           "--in-batch-negatives", "3"])
+    assert result.exit_code == 2 and "applies to --loss lce only" in result.output
+    assert not (tmp_path / "m").exists()
 
 
 @pytest.mark.slow
