@@ -24,6 +24,7 @@ import click
 
 from bench.common.caches import DEFAULT_CACHE_DIR
 from bench.common.extras import require_extra
+from bench.training.cross_encoder import LOSSES, TrainConfig
 from bench.training.sources import teacher_sources, training_positives
 from workers.runtime.models import resolve_device
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from bench.common.caches import PersistentEncoder
-    from bench.training.cross_encoder import TrainConfig
     from bench.training.distil import DistilConfig
     from bench.training.pairs import LabelledPair, MiningConfig, PositivePair
 
@@ -400,7 +400,7 @@ def reranker() -> None:
 @click.option("--calibration-queries", type=click.IntRange(min=0), default=200, show_default=True,
               help="Training questions whose pools calibrate the deep-pass threshold (0: none).")
 @click.option("--fp16", is_flag=True, help="Store the weights as float16 safetensors (the shipped model).")
-@click.option("--loss", type=click.Choice(["bce", "lce"]), default="bce", show_default=True,
+@click.option("--loss", type=click.Choice(LOSSES), default="bce", show_default=True,
               help="bce: pointwise; lce: softmax over each positive and its own negatives (docs/reranker.md).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Pairs per step (bce) or positive groups per step (lce).")
@@ -450,7 +450,6 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
     if teacher is None and (temperature is not None or distil_weight is not None):
         raise click.UsageError("--temperature/--distil-weight apply to distillation only: give --teacher DIR")
     require_extra("train")
-    from bench.training.cross_encoder import TrainConfig
     ids = [c.strip() for c in conversations.split(",") if c.strip()] if conversations else None
     sys.exit(
         run_train(
@@ -461,7 +460,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             train_config=TrainConfig(epochs=epochs, seed=seed, max_steps=max_steps, layers=layers,
                                      device=resolve_device(device), learning_rate=learning_rate, loss=loss,
                                      batch_size=batch_size,
-                                     in_batch_negatives=2 if in_batch_negatives is None else in_batch_negatives),
+                                     in_batch_negatives=TrainConfig.in_batch_negatives if in_batch_negatives is None
+                                     else in_batch_negatives),
             named_user_share=named_user_share, threads=threads, calibration_queries=calibration_queries, fp16=fp16,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight,

@@ -88,7 +88,7 @@ class TrainConfig:
     in_batch_negatives: int = 2
 
 
-LOSSES = ("bce", "lce")
+LOSSES = tuple(_RECIPES)  # the objectives ``TrainConfig.loss`` accepts
 
 
 @dataclass(frozen=True)
