@@ -3,7 +3,7 @@
 ``pyproject.toml`` declares them under the entry-point group ``mnemos.commands``
 (:data:`workers.cli.COMMANDS_GROUP`): ``bench`` (quality, service, speed, speed-report, scale, faults, packets,
 precision, mcp), ``reranker``
-(train, check, pools) and ``data`` (fetch). The service CLI finds them through the installed
+(train, check, pools, pools-compare) and ``data`` (fetch). The service CLI finds them through the installed
 distribution's metadata and never imports this package by name, so the service image, which
 installs neither extra, simply has no such commands.
 
@@ -35,6 +35,7 @@ from bench.speed.mcp_latency import mcp_latency  # noqa: E402
 from bench.speed.run import speed, speed_report  # noqa: E402
 from bench.training.cli import reranker  # noqa: E402
 from bench.training.pools_cli import pools  # noqa: E402
+from bench.training.pools_compare import pools_compare  # noqa: E402
 
 __all__ = ["bench", "data", "reranker"]
 
@@ -74,3 +75,4 @@ bench.add_command(precision, "precision")
 bench.add_command(mcp_latency, "mcp")
 
 reranker.add_command(pools, "pools")  # bench/training/cli.py is full
+reranker.add_command(pools_compare, "pools-compare")
