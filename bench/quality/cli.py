@@ -187,7 +187,9 @@ def run_quality_command(request: QualityCommand) -> int:
     from bench.quality.run import run_quality
     from bench.training.sources import file_sha256
     from mnemos.errors import MnemosError
+    from workers.runtime.errors import SettingsError
     from workers.runtime.models import resolve_device
+    from workers.settings import Settings
 
     torch.set_num_threads(request.threads)
     device = resolve_device(request.device)
@@ -198,7 +200,8 @@ def run_quality_command(request: QualityCommand) -> int:
     try:
         conversations = _load_conversations(request)
         options = request.quality_options()
-    except (DatasetError, ValueError) as exc:
+        service_settings = Settings.from_env()
+    except (DatasetError, ValueError, SettingsError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
     try:
@@ -227,6 +230,7 @@ def run_quality_command(request: QualityCommand) -> int:
         report = run_quality(
             conversations, encoder=encoder, rerankers=router, options=options, dataset=dataset,
             reranker_info=reranker_info, command=request.command, progress=_tqdm_progress, variants=variant_list,
+            service_settings=service_settings,
         )
     except (LookupError, ValueError, MnemosError) as exc:
         click.echo(f"error: {exc}", err=True)

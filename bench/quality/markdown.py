@@ -83,7 +83,7 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
                 f"\nTest split ({item['corpus']}, {item['protocol']}, n={item['n']}): {FULL_ARM} − {GAP_ARM} "
                 f"NDCG@10 {item['delta']:+.4f} [{item['ci95'][0]:+.4f}, {item['ci95'][1]:+.4f}], p={item['p']:.3f}"
             )
-    lines += service_lines(document.get("service_defaults") or [])
+    lines += service_lines(document.get("service_defaults") or [], document.get("service_environment") or [])
     lines += fusion_lines(document.get("fusion"))
     lines += variant_lines(document.get("variants") or [])
     if document.get("suppression_study"):
@@ -92,10 +92,12 @@ def quality_header(document: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def service_lines(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+def service_lines(entries: Sequence[Mapping[str, Any]], environment: Sequence[str] = ()) -> list[str]:
     """One paragraph per corpus mode: the service's default features on the held-out ``+clustered_rif_gap``
-    pools and their paired NDCG@10 difference with the other arms (``service_defaults`` of the document)."""
-    return [_features_paragraph(f"Service defaults ({item['corpus']}): `{GAP_ARM}` (held out) + "
+    pools and their paired NDCG@10 difference with the other arms (``service_defaults`` of the document).
+    With ``environment`` (the ``MNEMOS_*`` variables that were set), the title says the settings came from there."""
+    where = f" (settings from {', '.join(environment)})" if environment else ""
+    return [_features_paragraph(f"Service defaults{where} ({item['corpus']}): `{GAP_ARM}` (held out) + "
                                 f"{', '.join(item['features']) or 'nothing'}", item) for item in entries]
 
 

@@ -57,8 +57,8 @@ from bench.quality.suppression_study import suppression_study
 from bench.quality.variants import Variant, run_variant
 from mnemos.encoder import Encoder
 from mnemos.fusion import Fusion
-from workers.query.config import feature_settings
-from workers.settings import Settings
+from workers.query.config import FEATURE_FIELDS, feature_settings
+from workers.settings import ENV_VARS, Settings
 
 __all__ = ["QualityOptions", "QualityReport", "run_quality"]
 
@@ -91,8 +91,13 @@ def run_quality(
     command: str = "",
     progress: Progress | None = None,
     variants: Sequence[Variant] = (),
+    service_settings: Settings | None = None,
 ) -> QualityReport:
     """Run the benchmark and build its report (see the module docstring for the order of work).
+
+    ``service_settings`` gives the post-rerank features of the ``service_defaults`` block (default:
+    ``Settings()``, the service's defaults); the CLI passes ``Settings.from_env()``, so a run measures the
+    service as the ``MNEMOS_*`` variables configure it, and the document names those of them that set a feature.
 
     Raises:
         ValueError: if a reranking arm is requested without rerankers.
@@ -144,8 +149,9 @@ def run_quality(
     engine.seconds["statistics"] = time.perf_counter() - t0
     variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options, fusion)
 
+    service_settings = Settings() if service_settings is None else service_settings
     service, service_metrics = service_defaults_json(engine, options, results, metrics, by_key,
-                                                     feature_settings(Settings()))
+                                                     feature_settings(service_settings))
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
         "corpus": corpus_json(engine),
@@ -155,6 +161,8 @@ def run_quality(
         "settings": settings_json(options),
         "mnemos_full": full_block,
         "service_defaults": service,
+        "service_environment": sorted(ENV_VARS[name] for name in service_settings.from_environment
+                                      if name in FEATURE_FIELDS),
         "fusion": fusion_json(fusion, metrics, by_key, n_resamples=options.n_resamples, seed=options.seed)
         if fusion is not None else None,
         "cost": cost_json(rerankers, engine, time.perf_counter() - started),

@@ -368,3 +368,43 @@ def test_the_fusion_convex_variant_fuses_only_the_reranking_arms_at_the_chosen_w
         run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(),
                     options=QualityOptions(arms=("hybrid_rrf", "hybrid_rerank"), protocols=(Protocol.HELDOUT,)),
                     dataset={"name": "synthetic", "path": "-"}, variants=[variant])
+
+
+def test_the_service_defaults_follow_the_settings_passed_and_name_the_variables() -> None:
+    from workers.settings import Settings
+
+    service = Settings.from_env({"MNEMOS_BM25_WEIGHT": "0", "MNEMOS_BM25_SCORE_WEIGHT": "0.5",
+                                 "MNEMOS_REDIS_URL": "redis://127.0.0.1:6379/0"})
+    run = run_quality(synthetic_conversations(), encoder=HashingEncoder(64), rerankers=_rerankers(),
+                      options=QualityOptions(burnin_factor=2.0, n_resamples=50, arms=("hybrid_rerank", "+clustered_rif_gap")),
+                      dataset={"name": "synthetic", "path": "-"}, service_settings=service)
+    assert run.document["service_environment"] == ["MNEMOS_BM25_SCORE_WEIGHT", "MNEMOS_BM25_WEIGHT"]
+    features = run.document["service_defaults"][0]["features"]
+    assert "bm25_score(weight=0.5)" in features
+    assert not any(f.startswith("bm25(") for f in features)
+    assert "Service defaults (settings from MNEMOS_BM25_SCORE_WEIGHT, MNEMOS_BM25_WEIGHT)" in run.markdown
+
+
+def test_the_default_report_names_no_variable(report) -> None:
+    assert report.document["service_environment"] == []
+    assert any(f.startswith("bm25(") for f in report.document["service_defaults"][0]["features"])
+
+
+def test_feature_fields_are_exactly_what_feature_settings_reads() -> None:
+    from dataclasses import fields
+
+    from workers.query.config import FEATURE_FIELDS, feature_settings
+    from workers.runtime.errors import SettingsError
+    from workers.settings import Settings
+
+    base = Settings()
+    for f in fields(Settings):
+        if f.name == "from_environment" or not isinstance(getattr(base, f.name), int | float) \
+                or isinstance(getattr(base, f.name), bool):
+            continue
+        try:
+            changed = base.replace(**{f.name: getattr(base, f.name) + 2})
+        except SettingsError:  # a value the settings refuse (shard 2 of 1) is no feature weight
+            assert f.name not in FEATURE_FIELDS
+            continue
+        assert (feature_settings(changed) != feature_settings(base)) == (f.name in FEATURE_FIELDS), f.name

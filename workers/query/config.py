@@ -13,7 +13,12 @@ from mnemos.fusion import Fusion
 from mnemos.pipeline import RetrievalConfig
 from workers.settings import Settings
 
-__all__ = ["feature_settings", "retrieval_config"]
+__all__ = ["FEATURE_FIELDS", "feature_settings", "retrieval_config"]
+
+
+FEATURE_FIELDS = ("session_top", "session_weight", "temporal_slack_days", "temporal_weight", "first_stage_weight",
+                  "bm25_weight", "bm25_score_weight")
+"""The :class:`Settings` fields :func:`feature_settings` reads."""
 
 
 def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
