@@ -71,32 +71,51 @@ class GroupComparison:
     vs_bm25: PairedComparison
 
 
+def _is_ndcg(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+def _check_row(name: str, row: object) -> None:
+    if not isinstance(row, dict) or not {"question_id", "question_type", "bm25", *ORDERS} <= row.keys():
+        raise PoolsCompareError(f"{name}: a row lacks question_id, question_type, bm25, rerank or interp")
+    qid, qtype = row["question_id"], row["question_type"]
+    if not isinstance(qid, str) or not qid or not isinstance(qtype, str) or not qtype or qtype == ALL:
+        raise PoolsCompareError(f"{name}: question {qid!r}: question_id and question_type must be non-empty "
+                                f"strings, and the type not {ALL!r}")
+    for metric in ("bm25", *ORDERS):
+        if not _is_ndcg(row[metric]):
+            raise PoolsCompareError(f"{name}: question {qid}: {metric} is {row[metric]!r}, not an NDCG@10 in [0, 1]")
+
+
 def _rows_of(name: str, report: object) -> tuple[dict[str, object], list[dict[str, object]]]:
     if not isinstance(report, dict) or report.get("command") != _POOLS_COMMAND:
         raise PoolsCompareError(f"{name}: not a report of `{_POOLS_COMMAND} --json`")
     arguments, rows = report.get("arguments"), report.get("rows")
     if not isinstance(arguments, dict) or not isinstance(rows, list) or not rows:
         raise PoolsCompareError(f"{name}: no arguments or no rows")
+    if arguments.get("on_training"):
+        raise PoolsCompareError(f"{name}: a check of fit (--on-training): its model trained on these questions")
     for row in rows:
-        if not isinstance(row, dict) or not {"question_id", "question_type", "bm25", *ORDERS} <= row.keys():
-            raise PoolsCompareError(f"{name}: a row lacks question_id, question_type, bm25, rerank or interp")
+        _check_row(name, row)
     return arguments, rows
 
 
-def load_side(reports: Mapping[str, object]) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
-    """Join the rows of ``reports`` (file name -> parsed JSON of ``mnemos reranker pools --json``).
+def load_side(reports: Sequence[tuple[str, object]]) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
+    """Join the rows of ``reports`` (``(file name, parsed JSON of mnemos reranker pools --json)`` pairs).
 
     Returns ``(rows by question_id, {"longmemeval": data file name, "pool_size": int})``.
 
     Raises:
-        PoolsCompareError: if a report is not a pools report or has no rows, if two reports name
-            different data files or pool sizes, or if a question appears twice.
+        PoolsCompareError: if a report is not a pools report, is a check of fit (``--on-training``) or has
+            no rows, if a row's id or type is not a non-empty string or an NDCG@10 is not a number in
+            [0, 1], if two reports name different data files or pool sizes, or if a question appears
+            twice (the same file given twice included).
     """
     if not reports:
         raise PoolsCompareError("no report given")
     joined: dict[str, dict[str, object]] = {}
     source: dict[str, object] = {}
-    for name, report in reports.items():
+    for name, report in reports:
         arguments, rows = _rows_of(name, report)
         here = {"longmemeval": arguments.get("longmemeval"), "pool_size": arguments.get("pool_size")}
         if source and here != source:
@@ -116,6 +135,9 @@ def _check_pairing(treatment: Mapping[str, Mapping[str, object]], control: Mappi
         raise PoolsCompareError(f"the sides hold different questions: {len(only_t)} only in the treatment "
                                 f"(e.g. {only_t[:3]}), {len(only_c)} only in the control (e.g. {only_c[:3]})")
     for qid, row in treatment.items():
+        if row["question_type"] != control[qid]["question_type"]:
+            raise PoolsCompareError(f"question {qid}: type {row['question_type']} in the treatment and "
+                                    f"{control[qid]['question_type']} in the control")
         if abs(float(row["bm25"]) - float(control[qid]["bm25"])) > BM25_TOLERANCE:
             raise PoolsCompareError(f"question {qid}: BM25's NDCG@10 is {row['bm25']} in the treatment and "
                                     f"{control[qid]['bm25']} in the control, so the pools differ")
@@ -131,7 +153,7 @@ def compare_pools(
 
     Raises:
         ValueError: if ``order`` is not one of :data:`ORDERS`.
-        PoolsCompareError: if the sides hold different questions or a question's BM25 NDCG@10 differs.
+        PoolsCompareError: if the sides hold different questions, or a question's type or BM25 NDCG@10 differs.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -159,7 +181,9 @@ def _p(value: float) -> str:
 
 
 def markdown_table(groups: Sequence[GroupComparison], *, treatment: str, control: str, order: str) -> str:
-    """A markdown section: a heading naming the sides and the order, then one line per group."""
+    """A markdown section: a heading naming the sides and the order, then one line per group
+    (a ``|`` in a label is escaped, so it cannot split a cell)."""
+    treatment, control = treatment.replace("|", "\\|"), control.replace("|", "\\|")
     lines = [f"## {treatment} vs {control}, {_ORDER_TITLES[order]}", "",
              f"| questions | n | bm25 | {control} | {treatment} | {treatment} − {control} [95% CI] | p "
              f"| {control} − bm25 | p | {treatment} − bm25 | p |",
@@ -173,11 +197,11 @@ def markdown_table(groups: Sequence[GroupComparison], *, treatment: str, control
     return "\n".join(lines) + "\n"
 
 
-def _read(paths: Sequence[Path]) -> dict[str, object]:
-    reports: dict[str, object] = {}
+def _read(paths: Sequence[Path]) -> list[tuple[str, object]]:
+    reports: list[tuple[str, object]] = []
     for path in paths:
         try:
-            reports[path.name] = json.loads(path.read_text(encoding="utf-8"))
+            reports.append((path.name, json.loads(path.read_text(encoding="utf-8"))))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PoolsCompareError(f"{path.name}: unreadable ({exc.__class__.__name__}: {exc})") from exc
     return reports
