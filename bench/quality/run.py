@@ -149,9 +149,8 @@ def run_quality(
     engine.seconds["statistics"] = time.perf_counter() - t0
     variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options, fusion)
 
-    service_settings = Settings() if service_settings is None else service_settings
     service, service_metrics = service_defaults_json(engine, options, results, metrics, by_key,
-                                                     feature_settings(service_settings))
+                                                     feature_settings(service_settings or Settings()))
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
         "corpus": corpus_json(engine),
@@ -161,8 +160,7 @@ def run_quality(
         "settings": settings_json(options),
         "mnemos_full": full_block,
         "service_defaults": service,
-        "service_environment": sorted(ENV_VARS[name] for name in service_settings.from_environment
-                                      if name in FEATURE_FIELDS),
+        "service_environment": _feature_variables(service_settings or Settings()),
         "fusion": fusion_json(fusion, metrics, by_key, n_resamples=options.n_resamples, seed=options.seed)
         if fusion is not None else None,
         "cost": cost_json(rerankers, engine, time.perf_counter() - started),
@@ -172,6 +170,11 @@ def run_quality(
     }
     return QualityReport(document=document, markdown=render_markdown(document, header=quality_header),
                          per_question=_per_question({**metrics, **service_metrics}))
+
+
+def _feature_variables(settings: Settings) -> list[str]:
+    """The ``MNEMOS_*`` variables that set one of ``settings``' post-rerank features, sorted."""
+    return sorted(ENV_VARS[name] for name in settings.from_environment if name in FEATURE_FIELDS)
 
 
 def _per_question(metrics: MetricsByRun) -> dict[str, dict[str, list[float]]]:
