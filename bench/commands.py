@@ -1,7 +1,7 @@
 """The command groups the benchmark part adds to the ``mnemos`` CLI, as entry-point plugins.
 
 ``pyproject.toml`` declares them under the entry-point group ``mnemos.commands``
-(:data:`workers.cli.COMMANDS_GROUP`): ``bench`` (quality, service, speed, speed-report, scale, faults, packets,
+(:data:`workers.cli.COMMANDS_GROUP`): ``bench`` (quality, pair, service, speed, speed-report, scale, faults, packets,
 precision, mcp), ``reranker``
 (train, check, pools, pools-compare) and ``data`` (fetch). The service CLI finds them through the installed
 distribution's metadata and never imports this package by name, so the service image, which
@@ -28,6 +28,7 @@ from bench.common.fetch import data  # noqa: E402 (after the extra check, on pur
 from bench.faults.cli import faults  # noqa: E402
 from bench.packets.cli import packets  # noqa: E402
 from bench.quality.cli import quality  # noqa: E402
+from bench.quality.pair import pair  # noqa: E402
 from bench.quality.precision_check import precision  # noqa: E402
 from bench.scale.cli import scale  # noqa: E402
 from bench.service.mainjob import service  # noqa: E402
@@ -73,6 +74,7 @@ bench.add_command(faults, "faults")
 bench.add_command(packets, "packets")
 bench.add_command(precision, "precision")
 bench.add_command(mcp_latency, "mcp")
+bench.add_command(pair, "pair")
 
 reranker.add_command(pools, "pools")  # bench/training/cli.py is full
 reranker.add_command(pools_compare, "pools-compare")
