@@ -3,6 +3,8 @@
 The protocol is the one of *Clustered Retrieval-Induced Forgetting* §4.1 and §5.1: 95% percentile bootstrap intervals on the mean
 over questions (10,000 resamples) and two-sided paired permutation tests on per-question
 differences (10,000 permutations). Everything is seeded, so a rerun gives the same numbers.
+``scipy.stats`` is imported by the functions that use it, not by this module: the CLI's commands import
+this module when they are registered, and scipy.stats alone takes about half a second to import.
 
 All functions take 1-d arrays of per-question values (NDCG@10, Recall@10, ...) where index ``i``
 of two arrays is the same question; ``NaN`` is not allowed (drop unlabeled questions first).
@@ -13,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 __all__ = [
     "DEFAULT_RESAMPLES",
     "PairedComparison",
     "bootstrap_ci",
     "compare_paired",
+    "format_p",
     "permutation_pvalue",
 ]
 
@@ -58,6 +60,8 @@ def bootstrap_ci(
         return (float("nan"), float("nan"))
     if x.size == 1 or np.all(x == x[0]):
         return (float(x[0]), float(x[0]))
+    from scipy import stats as scipy_stats
+
     result = scipy_stats.bootstrap((x,), np.mean, n_resamples=n_resamples, confidence_level=confidence,
                                    method="percentile", vectorized=True, batch=_CHUNK,
                                    random_state=np.random.default_rng(seed))
@@ -92,6 +96,8 @@ def permutation_pvalue(
         raise ValueError(f"paired arrays differ in length: {a.size} vs {b.size}")
     if a.size < 2 or np.all(a == b):
         return 1.0
+    from scipy import stats as scipy_stats
+
     result = scipy_stats.permutation_test(
         (a, b),
         _mean_difference,
@@ -137,3 +143,8 @@ def compare_paired(
         p_value=permutation_pvalue(a, b, n_resamples=n_resamples, seed=seed),
         n=int(diff.size),
     )
+
+
+def format_p(value: float) -> str:
+    """A p-value for a table: ``"< 0.001"`` below 0.001, else three decimals (``"0.046"``)."""
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"

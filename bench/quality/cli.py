@@ -308,6 +308,7 @@ def _write_outputs(request: QualityCommand, report: QualityReport) -> None:
     """Write the JSON document, the Markdown report, the plot and the per-question values that
     ``request`` names (parent directories are created)."""
     from bench.common.plot import plot_ndcg
+    from bench.quality.question_metrics import PER_QUESTION_METRICS
 
     doc = report.document
     if request.json_path:
@@ -321,7 +322,7 @@ def _write_outputs(request: QualityCommand, report: QualityReport) -> None:
     if request.per_question_path:
         request.per_question_path.parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(request.per_question_path, "wt", encoding="utf-8") as handle:
-            json.dump({"metrics": ["ndcg@10", "recall@10", "recall@30"], "runs": report.per_question}, handle)
+            json.dump({"metrics": list(PER_QUESTION_METRICS), "runs": report.per_question}, handle)
 
 
 def _split(value: str | None) -> list[str]:

@@ -26,7 +26,8 @@ from pathlib import Path
 import click
 
 from bench.common.questions import BenchQuestion, overall_question
-from bench.common.stats import DEFAULT_RESAMPLES, PairedComparison, compare_paired
+from bench.common.stats import DEFAULT_RESAMPLES, PairedComparison, compare_paired, format_p
+from bench.quality.question_metrics import PER_QUESTION_METRICS
 
 __all__ = ["PairError", "PairGroup", "check_same", "pair_runs", "pair", "markdown_table", "read_per_question"]
 
@@ -62,7 +63,7 @@ def read_per_question(path: Path) -> Mapping[str, Mapping[str, Sequence[float]]]
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PairError(f"{path.name}: not a --per-question file ({exc.__class__.__name__}: {exc})") from exc
     runs = document.get("runs") if isinstance(document, dict) else None
-    if not isinstance(runs, dict) or document.get("metrics", [None])[0] != "ndcg@10":
+    if not isinstance(runs, dict) or document.get("metrics", [None])[0] != PER_QUESTION_METRICS[0]:
         raise PairError(f"{path.name}: not a --per-question file (no runs, or NDCG@10 not the first metric)")
     return runs
 
@@ -115,11 +116,10 @@ def pair_runs(treatment: Mapping[str, float], control: Mapping[str, float],
     headline = [k for k in sorted(treatment) if overall_question(questions[k].category)]
     if not headline:
         raise PairError("no question of the headline set (categories 1-4) in the runs")
-    categories = sorted({questions[k].category_name or str(questions[k].category) for k in headline})
+    category = {k: questions[k].category_name or str(questions[k].category) for k in headline}
     groups = [("all", headline), ("dev split", [k for k in headline if questions[k].dev]),
               ("test split", [k for k in headline if not questions[k].dev])]
-    groups += [(c, [k for k in headline if (questions[k].category_name or str(questions[k].category)) == c])
-               for c in categories]
+    groups += [(c, [k for k in headline if category[k] == c]) for c in sorted(set(category.values()))]
     out = []
     for name, keys in groups:
         if not keys:
@@ -137,9 +137,8 @@ def markdown_table(groups: Sequence[PairGroup], *, treatment: str, control: str)
              "|---|---:|---:|---:|---|---:|"]
     for g in groups:
         low, high = g.comparison.delta_ci95
-        p = "< 0.001" if g.comparison.p_value < 0.001 else f"{g.comparison.p_value:.3f}"
         lines.append(f"| {g.name} | {g.n} | {g.control:.3f} | {g.treatment:.3f} "
-                     f"| {g.comparison.delta:+.3f} [{low:+.3f}, {high:+.3f}] | {p} |")
+                     f"| {g.comparison.delta:+.3f} [{low:+.3f}, {high:+.3f}] | {format_p(g.comparison.p_value)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from bench.common.corpora import Tenant
 from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics, top1_behaviour
 
-__all__ = ["RECALL_DEPTH", "QuestionMetrics", "question_metrics"]
+__all__ = ["PER_QUESTION_METRICS", "RECALL_DEPTH", "QuestionMetrics", "question_metrics"]
 
 RECALL_DEPTH = 30
 """Hits kept per question for the metrics (Recall@30 is the deepest)."""
+
+PER_QUESTION_METRICS = ("ndcg@10", "recall@10", "recall@30")
+"""The values of a question in a ``--per-question`` file, in order (``ndcg10``, ``recall10``, ``recall30``)."""
 
 
 @dataclass(frozen=True)

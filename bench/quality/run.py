@@ -68,6 +68,8 @@ Results = dict[tuple[CorpusMode, Protocol, str], Mapping[str, PoolResult]]
 """Pools of each (corpus mode, protocol, arm) run, keyed by question key."""
 _FIXED_SELECTION = Selection(False, (), (), 0, "fixed: mnemos_full = +clustered_rif_gap (selection off)")
 """``mnemos_full`` without a selection: ``+clustered_rif_gap`` as it is."""
+_SERVICE_DEFAULTS = Settings()
+"""The service's built-in settings: what ``service_defaults`` scores unless a run is given others."""
 Progress = Callable[[int, str], tuple[Callable[[int], None], Callable[[], None]]]
 
 
@@ -91,7 +93,7 @@ def run_quality(
     command: str = "",
     progress: Progress | None = None,
     variants: Sequence[Variant] = (),
-    service_settings: Settings | None = None,
+    service_settings: Settings = _SERVICE_DEFAULTS,
 ) -> QualityReport:
     """Run the benchmark and build its report (see the module docstring for the order of work).
 
@@ -150,7 +152,7 @@ def run_quality(
     variant_blocks = _run_variants(variants, make_engine, engine, metrics, selection, baseline, options, fusion)
 
     service, service_metrics = service_defaults_json(engine, options, results, metrics, by_key,
-                                                     feature_settings(service_settings or Settings()))
+                                                     feature_settings(service_settings))
     document: dict[str, Any] = {
         "dataset": dataset_json(dataset, conversations, questions, options.limit),
         "corpus": corpus_json(engine),
@@ -160,7 +162,7 @@ def run_quality(
         "settings": settings_json(options),
         "mnemos_full": full_block,
         "service_defaults": service,
-        "service_environment": _feature_variables(service_settings or Settings()),
+        "service_environment": _feature_variables(service_settings),
         "fusion": fusion_json(fusion, metrics, by_key, n_resamples=options.n_resamples, seed=options.seed)
         if fusion is not None else None,
         "cost": cost_json(rerankers, engine, time.perf_counter() - started),

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import click
 
-from bench.common.stats import DEFAULT_RESAMPLES, PairedComparison, compare_paired
+from bench.common.stats import DEFAULT_RESAMPLES, PairedComparison, compare_paired, format_p
 from bench.training.pool_check import ALL
 
 __all__ = [
@@ -176,10 +176,6 @@ def compare_pools(
     return out
 
 
-def _p(value: float) -> str:
-    return "< 0.001" if value < 0.001 else f"{value:.3f}"
-
-
 def markdown_table(groups: Sequence[GroupComparison], *, treatment: str, control: str, order: str) -> str:
     """A markdown section: a heading naming the sides and the order, then one line per group
     (a ``|`` in a label is escaped, so it cannot split a cell)."""
@@ -191,9 +187,9 @@ def markdown_table(groups: Sequence[GroupComparison], *, treatment: str, control
     for g in groups:
         low, high = g.vs_control.delta_ci95
         lines.append(f"| {g.name} | {g.n} | {g.bm25:.3f} | {g.control:.3f} | {g.treatment:.3f} "
-                     f"| {g.vs_control.delta:+.3f} [{low:+.3f}, {high:+.3f}] | {_p(g.vs_control.p_value)} "
-                     f"| {g.control_vs_bm25.delta:+.3f} | {_p(g.control_vs_bm25.p_value)} "
-                     f"| {g.vs_bm25.delta:+.3f} | {_p(g.vs_bm25.p_value)} |")
+                     f"| {g.vs_control.delta:+.3f} [{low:+.3f}, {high:+.3f}] | {format_p(g.vs_control.p_value)} "
+                     f"| {g.control_vs_bm25.delta:+.3f} | {format_p(g.control_vs_bm25.p_value)} "
+                     f"| {g.vs_bm25.delta:+.3f} | {format_p(g.vs_bm25.p_value)} |")
     return "\n".join(lines) + "\n"
 
 
