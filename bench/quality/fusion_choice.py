@@ -24,7 +24,7 @@ import numpy as np
 
 from bench.common.corpora import CorpusMode
 from bench.common.questions import overall_question
-from bench.common.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired
+from bench.common.stats import DEFAULT_RESAMPLES, bootstrap_ci, compare_paired, format_p
 from bench.quality.arms import CONVEX_ARM, Arm, arm_by_name
 from bench.quality.engine import BenchQuestion, Engine, Protocol, QuestionMetrics
 
@@ -153,7 +153,7 @@ def fusion_lines(block: Mapping[str, Any] | None) -> list[str]:
             m = item[name]
             cells = [f"{m[arm]['mean']:.3f} [{m[arm]['ci95'][0]:.3f}, {m[arm]['ci95'][1]:.3f}]"
                      for arm in (CONVEX_ARM, RRF_ARM)]
-            p = "<0.001" if m["p"] < 0.001 else f"{m['p']:.3f}"
+            p = format_p(m["p"])
             lines.append(f"| {name} | {' | '.join(cells)} | {m['delta']:+.4f} [{m['delta_ci95'][0]:+.4f}, "
                          f"{m['delta_ci95'][1]:+.4f}] | {p} |")
     return lines

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from bench.common.questions import overall_question
-from bench.common.stats import bootstrap_ci, compare_paired
+from bench.common.stats import bootstrap_ci, compare_paired, format_p
 from bench.quality.arms import BASELINE_ARM
 from bench.quality.engine import BenchQuestion, QuestionMetrics
 
@@ -114,7 +114,7 @@ def _ci(row: Mapping[str, Any], name: str) -> str:
 def _p(value: float | None) -> str:
     if value is None:
         return "–"
-    return "<0.001" if value < 0.001 else f"{value:.3f}"
+    return format_p(value)
 
 
 def _delta(row: Mapping[str, Any], name: str) -> str:
