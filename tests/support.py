@@ -118,6 +118,7 @@ def settings(database_url: str, redis_client: redis.Redis, name_prefix: str,
         temporal_weight=0.0,  # not of the fake one: tests that want them set them
         first_stage_weight=0.0,
         bm25_weight=0.0,
+        bm25_score_weight=0.0,
         retrieve_timeout_s=10.0,
     ).replace(**settings_overrides)
     yield value

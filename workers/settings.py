@@ -111,11 +111,11 @@ class Settings:
     temporal_slack_days: float = 31.0  # a session may start up to this many days after the named time
     temporal_weight: float = 2.0
     # first-stage and lexical evidence in the final score (mnemos.features): weights of the z-scored
-    # fused rank, BM25 rank and BM25 score in standard deviations of the pool's logits, 0 = off;
-    # chosen on LongMemEval-S's dev split (docs/reranker.md).
+    # fused rank, BM25 rank and BM25 score in standard deviations of the pool's logits, 0 = off; chosen
+    # on LongMemEval-S (docs/reranker.md "The score form becomes the default": score beat rank).
     first_stage_weight: float = 0.5
-    bm25_weight: float = 0.5
-    bm25_score_weight: float = 0.0
+    bm25_weight: float = 0.0
+    bm25_score_weight: float = 0.5
     dedupe_threshold: float = DEFAULT_DEDUPE_THRESHOLD
     default_k: int = DEFAULT_K  # the k of a request that names none (the client's and the query worker's)
     max_k: int = Limits.max_k

@@ -387,7 +387,7 @@ def test_the_service_defaults_follow_the_settings_passed_and_name_the_variables(
 
 def test_the_default_report_names_no_variable(report) -> None:
     assert report.document["service_environment"] == []
-    assert any(f.startswith("bm25(") for f in report.document["service_defaults"][0]["features"])
+    assert any(f.startswith("bm25_score(") for f in report.document["service_defaults"][0]["features"])
 
 
 def test_feature_fields_are_exactly_what_feature_settings_reads() -> None:
