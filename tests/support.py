@@ -35,6 +35,7 @@ from bench.faults.servers import RedisServer, redis_binaries
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ingest.worker import IngestWorker
 from workers.ops.migrate import ensure_database, run_migrations
+from workers.query.config import FEATURE_FIELDS
 from workers.runtime.streams import run_consumer
 from workers.settings import FAKE_MODEL, Settings, to_environment
 from workers.store import PostgresStore
@@ -114,12 +115,10 @@ def settings(database_url: str, redis_client: redis.Redis, name_prefix: str,
         claim_idle_ms=60_000,
         clusters_k=2,
         bootstrap_factor=2,
-        session_weight=0.0,  # the features' default weights are logits of the shipped cross-encoder,
-        temporal_weight=0.0,  # not of the fake one: tests that want them set them
-        first_stage_weight=0.0,
-        bm25_weight=0.0,
-        bm25_score_weight=0.0,
         retrieve_timeout_s=10.0,
+        # every post-rerank feature off: its default weight is in logits of the shipped cross-encoder,
+        # not of the fake one; tests that want a feature set its weight
+        **{name: 0.0 for name in FEATURE_FIELDS if name.endswith("_weight")},
     ).replace(**settings_overrides)
     yield value
     delete_test_keys(redis_client, value)
