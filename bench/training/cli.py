@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from bench.training.distil import DistilConfig
     from bench.training.pairs import LabelledPair, MiningConfig, PositivePair
 
-__all__ = ["reranker", "run_check", "run_train"]
+__all__ = ["reranker", "run_train"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def _mining_record(mining: MiningConfig, n_positives: int, seconds: float) -> di
     return {"hard_negatives": mining.hard_negatives, "random_negatives": mining.random_negatives,
             "depth": mining.depth, "bm25": mining.use_bm25, "dense": mining.use_dense,
             "same_speaker": mining.same_speaker, "evidence_negatives": mining.evidence_negatives,
+            "model_negatives": mining.model_negatives,
             "n_positive_candidates": n_positives, "seconds": round(seconds, 3)}
 
 
@@ -82,6 +83,8 @@ def run_train(
     cache_dir: Path = DEFAULT_CACHE_DIR,
     fold_seed: int | None = None,
     evidence_negatives: int = 0,
+    model_negatives: int = 0,
+    negative_miner: Path | None = None,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
@@ -105,6 +108,10 @@ def run_train(
     distillation (:mod:`bench.training.distil`): the student trains on
     ``distil_weight * sigmoid(teacher_logit / temperature) + (1 - distil_weight) * hard_label``,
     and its provenance counts the teacher's training conversations as its own.
+
+    ``model_negatives`` adds that many negatives per positive ranked highest by ``negative_miner``
+    (a trained cross-encoder directory with its provenance; :mod:`bench.training.model_negatives`),
+    whose training items and sources the provenance counts as its own (``negative_miner`` block).
 
     ``train_config`` holds the fine-tune's hyper-parameters; its ``seed`` also seeds the mining
     (and the question folds unless ``fold_seed`` is given) and its ``device`` runs the mining's
@@ -135,9 +142,10 @@ def run_train(
             named_user_share=named_user_share)
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
                                              same_speaker=same_speaker, hard_negatives=hard_negatives,
-                                             depth=mining_depth, evidence_negatives=evidence_negatives)
+                                             depth=mining_depth, evidence_negatives=evidence_negatives,
+                                             model_negatives=model_negatives)
         examples, calibration = _mine(positives, corpora, mining, provenance, device=device, cache_dir=cache_dir,
-                                      calibration_queries=calibration_queries)
+                                      calibration_queries=calibration_queries, negative_miner=negative_miner)
         mined_at = time.perf_counter()
         provenance["mining"] = _mining_record(mining, len(positives), mined_at - started)
         click.echo(f"mined {len(examples)} pairs from {len(positives)} positives in {mined_at - started:.1f} s")
@@ -228,101 +236,27 @@ def _store_fp16(model_dir: Path) -> None:
     record_path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def run_check(
-    *, model_dir: Path, data: Path, n_questions: int = 50, speed_pairs: int = 300, seed: int = 0, threads: int = 2
-) -> int:
-    """Sanity-check a trained model on conversations it never saw; print mean logits and pairs/s.
-
-    For ``n_questions`` sampled held-out questions (categories 1-4, with evidence) it scores
-    (question, one evidence turn), (question, a random other turn) and (question, the best BM25
-    turn that is not evidence) and prints each mean logit and how often evidence outscores the
-    other. Then it times ``CrossEncoder.predict`` on ``speed_pairs`` held-out pairs (batch 32,
-    after one warm-up batch). Held-out = the provenance's ``held_out_conversations``. This is a
-    smoke test, not a retrieval metric (NDCG lives in ``bench.quality.run``).
-
-    Returns 0, or 2 when the model has no provenance or no held-out conversation is in ``data``.
-    """
-    import json
-    import random
-
-    import bm25s
-    import numpy as np
-    import torch
-    from sentence_transformers.cross_encoder import CrossEncoder
-
-    from bench.common.datasets import load_locomo
-    from bench.training.pairs import turn_passages
-    from mnemos.tokenizer import tokenize
-    from workers.runtime.models import PROVENANCE_FILE
-
-    torch.set_num_threads(threads)
-    try:
-        provenance = json.loads((model_dir / PROVENANCE_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        click.echo(f"error: cannot read {model_dir / PROVENANCE_FILE}: {exc}", err=True)
-        return 2
-    trained_on = set(provenance.get("training_conversations", []))
-    convs = [c for c in load_locomo(data) if c.conversation_id in set(provenance.get("held_out_conversations", []))]
-    convs = [c for c in convs if c.conversation_id not in trained_on]
-    if not convs:
-        click.echo("error: no held-out conversation of this model is in the data file", err=True)
-        return 2
-    rng = random.Random(seed)
-    triples = []  # (question, evidence text, random text, bm25 text)
-    for conv in convs:
-        passages = turn_passages(conv)
-        ids = list(passages)
-        texts = list(passages.values())
-        index = bm25s.BM25()
-        index.index([tokenize(t) or ["\u2205"] for t in texts], show_progress=False)
-        for q in conv.questions:
-            if q.category not in (1, 2, 3, 4) or not q.relevant_turn_ids or not tokenize(q.text):
-                continue
-            others = [i for i, turn_id in enumerate(ids) if turn_id not in q.relevant_turn_ids]
-            ranked, _ = index.retrieve([tokenize(q.text)], k=min(30, len(texts)), show_progress=False)
-            hard = next((int(i) for i in ranked[0] if ids[int(i)] not in q.relevant_turn_ids), rng.choice(others))
-            gold = ids.index(rng.choice(sorted(q.relevant_turn_ids)))
-            triples.append((q.text, texts[gold], texts[rng.choice(others)], texts[hard]))
-    triples = rng.sample(triples, min(n_questions, len(triples)))
-    # Raw logits (what mnemos.rerank and the deep-pass threshold use), whatever the saved activation.
-    model = CrossEncoder(str(model_dir), max_length=128, device="cpu", activation_fn=torch.nn.Identity())
-    score = {
-        name: np.asarray(model.predict([(t[0], t[col]) for t in triples], batch_size=32, show_progress_bar=False))
-        for col, name in ((1, "evidence"), (2, "random"), (3, "bm25_non_evidence"))
-    }
-    click.echo(f"model {model_dir} (trained on {sorted(trained_on)}); {len(triples)} held-out questions "
-               f"from {[c.conversation_id for c in convs]}")
-    for name, values in score.items():
-        click.echo(f"  mean logit (question, {name} turn): {values.mean():+.3f} (sd {values.std():.3f})")
-    for name in ("random", "bm25_non_evidence"):
-        click.echo(f"  evidence > {name}: {(score['evidence'] > score[name]).mean():.1%}")
-    if speed_pairs > 0:
-        questions = [q.text for c in convs for q in c.questions]
-        turns = [text for c in convs for text in turn_passages(c).values()]
-        pairs = [(rng.choice(questions), rng.choice(turns)) for _ in range(speed_pairs)]
-        model.predict(pairs[:32], batch_size=32, show_progress_bar=False)  # warm-up
-        started = time.perf_counter()
-        model.predict(pairs, batch_size=32, show_progress_bar=False)
-        seconds = time.perf_counter() - started
-        click.echo(f"  speed: {speed_pairs} pairs in {seconds:.2f} s = {speed_pairs / seconds:.1f} pairs/s "
-                   f"(batch 32, max_length 128, {threads} threads)")
-    return 0
-
-
 def _mine(positives: Sequence[PositivePair], corpora: dict[str, list[str]] | None, mining: MiningConfig,
           provenance: dict[str, object], *, device: str, cache_dir: Path, calibration_queries: int,
-          ) -> tuple[list[LabelledPair], list[tuple[str, list[str]]]]:
+          negative_miner: Path | None = None) -> tuple[list[LabelledPair], list[tuple[str, list[str]]]]:
     """Labelled pairs mined from ``positives`` by ``mining``, and the deep-pass calibration pools (none
     without ``corpora`` or with ``calibration_queries`` 0). With ``mining.use_dense`` the bi-encoder is
-    :func:`_mining_encoder`'s, and ``provenance`` gets its digest and precision as ``mining_encoder``."""
+    :func:`_mining_encoder`'s, and ``provenance`` gets its digest and precision as ``mining_encoder``.
+    With ``mining.model_negatives`` the ``negative_miner`` ranks the candidates
+    (:func:`bench.training.model_negatives.load_negative_miner`, which updates ``provenance``)."""
     from bench.training import pairs as training_pairs
+    from bench.training.model_negatives import load_negative_miner
 
     encoder = None
     if mining.use_dense:
         passages = [text for texts in (corpora or {}).values() for text in texts] + [p.passage for p in positives]
         encoder = _mining_encoder(device, cache_dir, passages)
         provenance["mining_encoder"] = encoder.model_key
-    examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora)
+    scorer = None
+    if mining.model_negatives and negative_miner is not None:
+        scorer = load_negative_miner(negative_miner, device, provenance)
+    examples = training_pairs.mine_examples(positives, config=mining, encoder=encoder, corpora=corpora,
+                                            scorer=scorer)
     calibration: list[tuple[str, list[str]]] = []
     if corpora and calibration_queries > 0:
         calibration = training_pairs.calibration_pools(positives, corpora, encoder=encoder,
@@ -385,6 +319,10 @@ def reranker() -> None:
               help="How deep the BM25 (and bi-encoder) rankings are read for hard negatives.")
 @click.option("--evidence-negatives", type=click.IntRange(min=0), default=0, show_default=True,
               help="Extra negatives per positive: other questions' evidence turns (docs/reranker.md).")
+@click.option("--model-negatives", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Extra negatives per positive: the hard candidates --negative-miner ranks highest (docs/reranker.md).")
+@click.option("--negative-miner", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A trained cross-encoder that ranks candidates for --model-negatives; its training items count as seen.")
 @click.option("--dense/--no-dense", default=True, show_default=True, help="Mine negatives with the bi-encoder too.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CACHE_DIR,
               show_default=True, help="Embedding cache for --dense mining (shared with `mnemos bench quality`).")
@@ -415,7 +353,7 @@ def reranker() -> None:
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
           max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
           learning_rate, hard_negatives, mining_depth, cache_dir, fold_seed, evidence_negatives, loss, batch_size,
-          in_batch_negatives) -> None:
+          in_batch_negatives, model_negatives, negative_miner) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -449,6 +387,8 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
         raise click.UsageError("--pairs-licence applies to --pairs only")
     if teacher is None and (temperature is not None or distil_weight is not None):
         raise click.UsageError("--temperature/--distil-weight apply to distillation only: give --teacher DIR")
+    if bool(model_negatives) != (negative_miner is not None):
+        raise click.UsageError("--model-negatives N and --negative-miner DIR go together")
     require_extra("train")
     ids = [c.strip() for c in conversations.split(",") if c.strip()] if conversations else None
     sys.exit(
@@ -466,7 +406,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             teacher=teacher, temperature=1.0 if temperature is None else temperature,
             distil_weight=1.0 if distil_weight is None else distil_weight,
             hard_negatives=hard_negatives, mining_depth=mining_depth, cache_dir=cache_dir, fold_seed=fold_seed,
-            evidence_negatives=evidence_negatives,
+            evidence_negatives=evidence_negatives, model_negatives=model_negatives, negative_miner=negative_miner,
         )
     )
 
@@ -481,5 +421,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
 def check(model_dir, data, n_questions, speed_pairs, seed, threads) -> None:
     """Score held-out (question, evidence) vs (question, other turn) pairs and time inference."""
+    from bench.training.check import run_check
+
     sys.exit(run_check(model_dir=model_dir, data=data, n_questions=n_questions, speed_pairs=speed_pairs,
                        seed=seed, threads=threads))

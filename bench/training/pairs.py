@@ -28,6 +28,7 @@ import numpy as np
 
 from bench.training.errors import TrainingDataError
 from bench.training.evidence_negatives import evidence_candidates, evidence_negatives
+from bench.training.model_negatives import Scorer, model_negatives, model_order
 from bench.training.named_user import name_question
 from bench.training.speaker_sampling import speaker_first_sample
 from mnemos.bm25_index import BM25Index
@@ -111,6 +112,11 @@ class MiningConfig:
     other groups (other questions' evidence turns: a user's statements about other things), of the
     positive's own speaker under ``same_speaker``, from a generator seeded apart (``seed + 1``) so
     the other negatives stay as they are (docs/reranker.md "Style over content").
+
+    ``model_negatives`` adds that many negatives per positive that a trained cross-encoder (the
+    ``scorer`` of :func:`mine_examples`) ranks highest among the query's hard candidates (the
+    top ``depth`` above, positives excluded), its own speaker's first under ``same_speaker``
+    (:mod:`bench.training.model_negatives`; docs/reranker.md "Self-mined negatives").
     """
 
     hard_negatives: int = 3
@@ -122,6 +128,7 @@ class MiningConfig:
     seed: int = 0
     same_speaker: bool = False
     evidence_negatives: int = 0
+    model_negatives: int = 0
 
 
 class TextEncoder(Protocol):
@@ -417,6 +424,7 @@ def mine_examples(
     config: MiningConfig = MiningConfig(),
     encoder: TextEncoder | None = None,
     corpora: Mapping[str, Sequence[str]] | None = None,
+    scorer: Scorer | None = None,
 ) -> list[LabelledPair]:
     """Turn positives into labelled pairs: each positive, its hard negatives, its random ones.
 
@@ -424,13 +432,18 @@ def mine_examples(
     conversation); groups without an entry use their positives' passages. Dense mining runs only
     when ``encoder`` is given and ``config.use_dense``. Given negatives (JSONL) are kept and
     count toward ``hard_negatives``. A passage that is a positive of the same query (same text)
-    is never a negative. Deterministic for a given ``config.seed``.
+    is never a negative. Deterministic for a given ``config.seed`` (and ``scorer``).
+    ``scorer`` (query, passages) -> logits ranks each query's hard candidates once for
+    ``config.model_negatives``.
 
     Raises:
-        TrainingDataError: if ``positives`` is empty.
+        TrainingDataError: if ``positives`` is empty, or ``config.model_negatives`` is set without
+            a ``scorer``.
     """
     if not positives:
         raise TrainingDataError("positives", "no positive pairs to mine from")
+    if config.model_negatives and scorer is None:
+        raise TrainingDataError("model_negatives", "model negatives need a trained cross-encoder to rank candidates")
     rng = random.Random(config.seed)
     # seeded apart from rng, so the other negatives are the same with or without evidence negatives
     evidence_rng = random.Random(config.seed + 1)
@@ -455,6 +468,7 @@ def mine_examples(
         slot: dict[str, int] = defaultdict(int)
         for q, b, d in zip(queries, bm25, dense, strict=True):
             hard = [passages[j] for j in _interleave(b, d) if passages[j] not in gold[q]]
+            by_model = model_order(scorer, q, hard) if scorer is not None and config.model_negatives else []
             for i in (m for m in members if positives[m].query == q):
                 p = positives[i]
                 chosen = [n for n in p.negatives if n not in gold[q]][: max(config.hard_negatives, len(p.negatives))]
@@ -469,6 +483,7 @@ def mine_examples(
                 if evidence_pool is not None:
                     chosen += evidence_negatives(evidence_rng, evidence_pool, group, gold[q] | set(chosen), speaker,
                                                   config.evidence_negatives)
+                chosen += model_negatives(by_model, gold[q] | set(chosen), speaker, speaker_of, config.model_negatives)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
 

@@ -18,18 +18,19 @@ from bench.training.pairs import PositivePair
 __all__ = ["file_sha256", "locomo_source", "longmemeval_sources", "teacher_sources", "training_positives"]
 
 
-def teacher_sources(teacher: Path) -> list[dict[str, object]]:
-    """The teacher's training sources as source records marked ``via`` the teacher: a student
-    distilled from a model inherits the licences of that model's training data."""
+def teacher_sources(teacher: Path, via: str | None = None) -> list[dict[str, object]]:
+    """The teacher's training sources as source records marked ``via`` the teacher (default
+    ``"distillation teacher <name>"``): a model trained with what another model learned (distilled
+    from it, or on negatives it mined) inherits the licences of that model's training data."""
     from workers.runtime.model_licences import training_sources
     from workers.runtime.models import reranker_provenance
 
     record = reranker_provenance(str(teacher)) or {}
     raw = record.get("sources")
-    name = teacher.resolve().name
+    via = via or f"distillation teacher {teacher.resolve().name}"
     if isinstance(raw, list):
-        return [{**src, "via": f"distillation teacher {name}"} for src in raw if isinstance(src, dict)]
-    return [{"name": s.name, "licence": s.licence, "n_items": s.n_items, "via": f"distillation teacher {name}"}
+        return [{**src, "via": via} for src in raw if isinstance(src, dict)]
+    return [{"name": s.name, "licence": s.licence, "n_items": s.n_items, "via": via}
             for s in training_sources(record)]
 
 
