@@ -10,7 +10,7 @@ a random turn. Splits are by conversation; the saved model records which convers
 
 Three steps, each usable alone:
 
-1. ``bench.training.pairs.locomo_positives`` / ``read_pairs_jsonl``: positives (and given
+1. ``bench.training.pairs.locomo_positives`` / ``bench.training.jsonl_pairs.read_pairs_jsonl``: positives (and given
    negatives) as records;
 2. ``bench.training.pairs.mine_examples``: labelled pairs with hard and random negatives, seeded;
 3. ``train_cross_encoder`` (here): the fine-tune, saving the model and its provenance.

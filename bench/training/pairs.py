@@ -2,7 +2,7 @@
 
 The first two steps of the recipe in :mod:`bench.training.cross_encoder` (which fine-tunes on their output):
 
-1. ``locomo_positives`` / ``longmemeval_positives`` / ``read_pairs_jsonl``: positives (and given
+1. ``locomo_positives`` / ``longmemeval_positives`` / :func:`bench.training.jsonl_pairs.read_pairs_jsonl`: positives (and given
    negatives) as records, from the conversations ``fold_conversations`` selects or the questions
    ``question_folds`` selects;
 2. ``mine_examples``: labelled pairs with hard negatives (BM25 and bi-encoder results of the same
@@ -14,14 +14,12 @@ The caller loads the bi-encoder; nothing here reads the environment or keeps a m
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -47,7 +45,6 @@ __all__ = [
     "longmemeval_positives",
     "question_folds",
     "mine_examples",
-    "read_pairs_jsonl",
     "turn_passages",
     "calibration_pools",
 ]
@@ -70,6 +67,8 @@ class PositivePair:
 
     ``group`` scopes negative mining: passages of the same group (a LoCoMo conversation, or the
     whole file for JSONL input) are the candidate negatives. ``negatives`` are given ones (JSONL).
+    ``session`` holds the rendered turns of the passage's session (LoCoMo, LongMemEval; empty for
+    JSONL), which often restate the answer: never a model negative (:func:`mine_examples`).
     """
 
     query: str
@@ -78,6 +77,7 @@ class PositivePair:
     source: PairSource
     turn_id: str | None = None
     negatives: tuple[str, ...] = ()
+    session: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,8 @@ class MiningConfig:
 
     ``model_negatives`` adds that many negatives per positive that a trained cross-encoder (the
     ``scorer`` of :func:`mine_examples`) ranks highest among the query's hard candidates (the
-    top ``depth`` above, positives excluded), its own speaker's first under ``same_speaker``
+    top ``depth`` above, positives and every turn of an evidence turn's session excluded: about
+    half of a model's favourites there restate the answer), its own speaker's first under ``same_speaker``
     (:mod:`bench.training.model_negatives`; docs/reranker.md "Self-mined negatives").
     """
 
@@ -139,6 +140,7 @@ class TextEncoder(Protocol):
 
 class _TurnLike(Protocol):
     turn_id: str
+    session_id: str
     role: str
     text: str
     image_caption: str | None
@@ -187,6 +189,14 @@ def turn_passages(conversation: Conversation, rendering: Rendering | int = RENDE
     return {t.turn_id: render_turn(t.role, t.text, t.image_caption, version=rendering) for t in conversation.turns}
 
 
+def session_texts(conversation: Conversation, text_of: Mapping[str, str]) -> dict[str, frozenset[str]]:
+    """``{turn_id: the rendered texts (``text_of``) of every turn of that turn's session}``."""
+    members: dict[str, set[str]] = defaultdict(set)
+    for t in conversation.turns:
+        members[t.session_id].add(text_of[t.turn_id])
+    return {t.turn_id: frozenset(members[t.session_id]) for t in conversation.turns}
+
+
 def locomo_positives(
     conversations: Sequence[Conversation],
     conversation_ids: Iterable[str] | None = None,
@@ -215,52 +225,20 @@ def locomo_positives(
     for conv_id in wanted:
         conv = by_id[conv_id]
         text_of = turn_passages(conv, rendering)
+        session = session_texts(conv, text_of)
         if use_observations:
             for fact, turn_id in conv.observations:
                 if turn_id in text_of:
-                    pairs.append(PositivePair(fact, text_of[turn_id], conv_id, PairSource.OBSERVATION, turn_id))
+                    pairs.append(PositivePair(fact, text_of[turn_id], conv_id, PairSource.OBSERVATION, turn_id,
+                                              session=session[turn_id]))
         if use_qa:
             for q in conv.questions:
                 if qa_categories is not None and q.category not in qa_categories:
                     continue
                 for turn_id in sorted(q.relevant_turn_ids):
                     if turn_id in text_of:
-                        pairs.append(PositivePair(q.text, text_of[turn_id], conv_id, PairSource.QA, turn_id))
-    return pairs
-
-
-def read_pairs_jsonl(path: str | Path) -> list[PositivePair]:
-    """Read ``{"query": str, "positive": str, "negatives"?: [str]}`` lines (blank lines skipped).
-
-    All rows form one mining group: the other rows' positives are the candidate negatives.
-
-    Raises:
-        FileNotFoundError: if ``path`` does not exist.
-        TrainingDataError: on a line that is not a JSON object with non-empty string ``query``
-            and ``positive`` and, if present, a list of strings ``negatives``; or an empty file.
-    """
-    path = Path(path)
-    pairs: list[PositivePair] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TrainingDataError(where, f"invalid JSON: {exc.msg}") from exc
-            if not isinstance(row, dict):
-                raise TrainingDataError(where, "expected a JSON object")
-            query, positive = row.get("query"), row.get("positive")
-            if not (isinstance(query, str) and query.strip() and isinstance(positive, str) and positive.strip()):
-                raise TrainingDataError(where, "'query' and 'positive' must be non-empty strings")
-            negatives = row.get("negatives", [])
-            if not isinstance(negatives, list) or not all(isinstance(n, str) for n in negatives):
-                raise TrainingDataError(where, "'negatives' must be a list of strings")
-            pairs.append(PositivePair(query, positive, str(path), PairSource.JSONL, None, tuple(negatives)))
-    if not pairs:
-        raise TrainingDataError(str(path), "no pairs")
+                        pairs.append(PositivePair(q.text, text_of[turn_id], conv_id, PairSource.QA, turn_id,
+                                                  session=session[turn_id]))
     return pairs
 
 
@@ -310,6 +288,7 @@ def longmemeval_positives(
         text_of = turn_passages(conv, rendering) if name is None else {
             t.turn_id: render_turn(name if t.role == "user" else t.role, t.text, t.image_caption, version=rendering)
             for t in conv.turns}
+        session = session_texts(conv, text_of)
         found = False
         for question in conv.questions:
             if qid.endswith(ABSTENTION_SUFFIX):
@@ -317,7 +296,8 @@ def longmemeval_positives(
             text = question.text if name is None else name_question(question.text, name)
             for turn_id in sorted(question.relevant_turn_ids):
                 if turn_id in text_of:
-                    positives.append(PositivePair(text, text_of[turn_id], qid, PairSource.LONGMEMEVAL, turn_id))
+                    positives.append(PositivePair(text, text_of[turn_id], qid, PairSource.LONGMEMEVAL, turn_id,
+                                                  session=session[turn_id]))
                     found = True
         if found:
             corpora[qid] = list(dict.fromkeys(text_of.values()))
@@ -458,10 +438,11 @@ def mine_examples(
                                       [positives[i].passage for i in members]))
         # each passage's speaker, parsed once per group (same_speaker only)
         speaker_of = {x: rendered_speaker(x) for x in passages} if config.same_speaker else {}
-        index = _GroupIndex(passages, encoder if config.use_dense else None, config.use_bm25 and config.hard_negatives > 0)
+        ranks = config.hard_negatives > 0 or config.model_negatives > 0  # both read the hard candidates
+        index = _GroupIndex(passages, encoder if config.use_dense else None, config.use_bm25 and ranks)
         queries = list(dict.fromkeys(positives[i].query for i in members))
-        bm25 = index.bm25(queries, config.depth) if config.hard_negatives else [[] for _ in queries]
-        dense = index.dense(queries, config.depth) if config.hard_negatives else [[] for _ in queries]
+        bm25 = index.bm25(queries, config.depth) if ranks else [[] for _ in queries]
+        dense = index.dense(queries, config.depth) if ranks else [[] for _ in queries]
         gold: dict[str, set[str]] = defaultdict(set)
         for i in members:
             gold[positives[i].query].add(positives[i].passage)
@@ -483,7 +464,8 @@ def mine_examples(
                 if evidence_pool is not None:
                     chosen += evidence_negatives(evidence_rng, evidence_pool, group, gold[q] | set(chosen), speaker,
                                                   config.evidence_negatives)
-                chosen += model_negatives(by_model, gold[q] | set(chosen), speaker, speaker_of, config.model_negatives)
+                near = gold[q] | set(chosen) | {x for m in members if positives[m].query == q for x in positives[m].session}
+                chosen += model_negatives(by_model, near, speaker, speaker_of, config.model_negatives)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
 

@@ -69,9 +69,9 @@ def training_positives(data: Path | None, pairs: Path | None, conversations: lis
         sources += records
         trained += [q for r in records for q in r["items"]]  # type: ignore[attr-defined]
     if pairs is not None:
-        from bench.training import pairs as training_pairs
+        from bench.training.jsonl_pairs import read_pairs_jsonl
 
-        rows = training_pairs.read_pairs_jsonl(pairs)
+        rows = read_pairs_jsonl(pairs)
         positives += rows
         digest = file_sha256(pairs)
         provenance.update(pairs_file=pairs.name, pairs_sha256=digest)

@@ -14,6 +14,7 @@ from bench.common.datasets import Conversation, Question, Turn
 from bench.training.cli import reranker
 from bench.training.cross_encoder import TrainConfig, train_cross_encoder
 from bench.training.errors import TrainingDataError
+from bench.training.jsonl_pairs import read_pairs_jsonl
 from bench.training.pairs import (
     LabelledPair,
     MiningConfig,
@@ -22,7 +23,6 @@ from bench.training.pairs import (
     fold_conversations,
     locomo_positives,
     mine_examples,
-    read_pairs_jsonl,
     turn_passages,
 )
 from mnemos.tokenizer import tokenize

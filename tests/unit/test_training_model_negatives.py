@@ -119,3 +119,24 @@ def test_the_miners_training_items_and_sources_become_the_new_models(tmp_path: P
     assert str(tmp_path) not in json.dumps(provenance)  # names, never paths
     logits = scorer("where is the cat", ["the cat", "taxes"])
     assert logits.shape == (2,) and np.isfinite(logits).all()
+
+
+def test_model_negatives_never_come_from_an_evidence_turns_session(tmp_path: Path) -> None:
+    from bench.common.datasets import load_longmemeval
+    from bench.training.pairs import longmemeval_positives
+    from tests.unit.longmemeval_items import lme_item, lme_turn, write_items
+
+    coupon = [lme_turn("user", "I redeemed a coupon on coffee creamer last Sunday.", answer=True),
+              lme_turn("assistant", "A coupon on coffee creamer is a nice surprise!"),
+              lme_turn("user", "The coffee creamer coupon came by email.")]
+    other = [lme_turn("user", f"I bought coffee beans and a {thing} at the market.") for thing in ("mug", "kettle")]
+    path = write_items(tmp_path / "lme.json", [lme_item("q1", "Where did I redeem a coupon on coffee creamer?",
+                                                        "single-session-user", [("s-coupon", coupon), ("s-market", other)])])
+    positives, corpora = longmemeval_positives(load_longmemeval(path))
+    (positive,) = positives
+    assert len(positive.session) == 3 and positive.passage in positive.session  # the evidence's whole session
+    scorer = _by_keyword("coupon")  # the model's favourites are the evidence session's other turns
+    config = MiningConfig(hard_negatives=0, random_negatives=0, use_dense=False, same_speaker=True, model_negatives=2)
+    examples = mine_examples(positives, config=config, corpora=corpora, scorer=scorer)
+    negatives = [e.passage for e in examples if e.label == 0.0]
+    assert len(negatives) == 2 and all("market" in n for n in negatives)
