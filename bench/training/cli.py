@@ -243,9 +243,9 @@ def _mine(positives: Sequence[PositivePair], corpora: dict[str, list[str]] | Non
     without ``corpora`` or with ``calibration_queries`` 0). With ``mining.use_dense`` the bi-encoder is
     :func:`_mining_encoder`'s, and ``provenance`` gets its digest and precision as ``mining_encoder``.
     With ``mining.model_negatives`` the ``negative_miner`` ranks the candidates
-    (:func:`bench.training.model_negatives.load_negative_miner`, which updates ``provenance``)."""
+    (:func:`bench.training.negative_miner.load_negative_miner`, which updates ``provenance``)."""
     from bench.training import pairs as training_pairs
-    from bench.training.model_negatives import load_negative_miner
+    from bench.training.negative_miner import load_negative_miner
 
     encoder = None
     if mining.use_dense:

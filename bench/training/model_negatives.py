@@ -12,18 +12,17 @@ The mining model must have been trained on the same questions (or fewer): what i
 reaches the new model through the negatives it picks, so the new model's provenance counts the
 mining model's training items as its own (:mod:`bench.training.cli`).
 
-Pure functions, except :func:`load_negative_miner`, which loads the model (a
-:meth:`mnemos.rerank.CrossEncoderReranker.score` read as the service reads it).
+Pure functions; the scorer is passed in (:func:`bench.training.negative_miner.load_negative_miner`
+loads one as the service reads it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Scorer", "load_negative_miner", "model_negatives", "model_order"]
+__all__ = ["Scorer", "model_negatives", "model_order"]
 
 Scorer = Callable[[str, Sequence[str]], np.ndarray]
 """``scorer(query, passages)`` -> ``(len(passages),)`` float logits, higher = more relevant."""
@@ -57,38 +56,3 @@ def model_negatives(ranked: Sequence[str], exclude: Collection[str], speaker: st
         left = [x for x in left if speaker_of.get(x) == speaker] + [x for x in left if speaker_of.get(x) != speaker]
     return left[:k]
 
-
-def load_negative_miner(model_dir: Path, device: str, provenance: dict[str, object]) -> Scorer:
-    """The scorer of the cross-encoder in ``model_dir``, read as the service reads it (the default
-    max length, windows and precision of :class:`workers.settings.Settings`), on ``device``.
-
-    ``provenance`` (the new model's) takes the mining model's training items into
-    ``training_conversations`` (and out of ``held_out_conversations``), its sources marked ``via``
-    it, and a ``negative_miner`` block (directory name, never a path; digest; items; reading).
-
-    Raises:
-        TrainingDataError: if the model has no readable provenance with its training items.
-        ModelLoadError: if the model cannot be loaded.
-    """
-    from bench.training.distil import teacher_training_conversations
-    from bench.training.sources import teacher_sources
-    from mnemos.rerank import CrossEncoderReranker, model_digest
-    from workers.settings import Settings
-
-    items = teacher_training_conversations(model_dir)
-    seen = provenance.get("training_conversations")
-    union = sorted({*(map(str, seen) if isinstance(seen, list) else ()), *items})
-    provenance["training_conversations"] = union
-    held = provenance.get("held_out_conversations")
-    if isinstance(held, list):
-        provenance["held_out_conversations"] = sorted(set(map(str, held)) - set(union))
-    name = model_dir.resolve().name
-    sources = provenance.get("sources")
-    provenance["sources"] = [*(sources if isinstance(sources, list) else []),
-                             *teacher_sources(model_dir, via=f"negative miner {name}")]
-    model = CrossEncoderReranker(model_dir, max_length=Settings.rerank_max_length, device=device,
-                                 precision=Settings.rerank_precision, windows=Settings.rerank_windows)
-    provenance["negative_miner"] = {"model": name, "digest": model_digest(model_dir.resolve()),
-                                    "training_items": items, "max_length": Settings.rerank_max_length,
-                                    "windows": Settings.rerank_windows, "precision": model.precision.value}
-    return model.score

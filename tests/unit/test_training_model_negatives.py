@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from bench.training.errors import TrainingDataError
-from bench.training.model_negatives import load_negative_miner, model_negatives, model_order
+from bench.training.model_negatives import model_negatives, model_order
+from bench.training.negative_miner import load_negative_miner
 from bench.training.pairs import MiningConfig, PairSource, PositivePair, mine_examples
 from mnemos.rendering import render_turn, rendered_speaker
 from tests.unit.tiny_cross_encoder import build_tiny_cross_encoder
