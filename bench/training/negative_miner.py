@@ -27,11 +27,15 @@ def load_negative_miner(model_dir: Path, device: str, provenance: dict[str, obje
         ModelLoadError: if the model cannot be loaded.
     """
     from bench.training.distil import teacher_training_conversations
+    from bench.training.errors import TrainingDataError
     from bench.training.sources import teacher_sources
     from mnemos.rerank import CrossEncoderReranker, model_digest
     from workers.settings import Settings
 
-    items = teacher_training_conversations(model_dir)
+    try:
+        items = teacher_training_conversations(model_dir)
+    except TrainingDataError as exc:  # worded for a distillation teacher; this is the miner
+        raise TrainingDataError("negative miner", exc.problem.replace("the teacher", "the miner")) from exc
     seen = provenance.get("training_conversations")
     union = sorted({*(map(str, seen) if isinstance(seen, list) else ()), *items})
     provenance["training_conversations"] = union
