@@ -40,6 +40,7 @@ __all__ = [
     "soft_labels",
     "teacher_logits",
     "teacher_training_conversations",
+    "with_training_items",
 ]
 
 
@@ -116,30 +117,45 @@ def teacher_logits(examples: Sequence[LabelledPair],
     return out
 
 
-def teacher_training_conversations(teacher_dir: Path) -> list[str]:
+def teacher_training_conversations(teacher_dir: Path, *, role: str = "teacher", source: str | None = None) -> list[str]:
     """The ``training_conversations`` of the teacher's ``mnemos_provenance.json`` (sorted, unique;
-    ``[]`` for a teacher trained on a pairs file).
+    ``[]`` for a teacher trained on a pairs file). ``role`` names the model in the errors ("the
+    teacher"; "the miner" for :mod:`bench.training.negative_miner`), ``source`` their source
+    (default ``role``).
 
     Raises:
         TrainingDataError: if the file is missing or unreadable, or the key is absent: without it,
             held-out evaluation of the student could not be guaranteed.
     """
+    source = source or role
     try:
         record = reranker_provenance(str(teacher_dir))
     except (OSError, json.JSONDecodeError) as exc:
         raise TrainingDataError(
-            "teacher", f"cannot read the teacher's {PROVENANCE_FILE} ({exc.__class__.__name__}): its training "
+            source, f"cannot read the {role}'s {PROVENANCE_FILE} ({exc.__class__.__name__}): its training "
             "conversations are unknown, so held-out evaluation could not be guaranteed") from exc
     if record is None:
         raise TrainingDataError(
-            "teacher", f"the teacher has no {PROVENANCE_FILE}: its training conversations are unknown, so "
+            source, f"the {role} has no {PROVENANCE_FILE}: its training conversations are unknown, so "
             "held-out evaluation could not be guaranteed")
     conversations = record.get("training_conversations") if isinstance(record, dict) else None
     if not isinstance(conversations, list):
         raise TrainingDataError(
-            "teacher", f"the teacher's {PROVENANCE_FILE} has no training_conversations list, so held-out "
+            source, f"the {role}'s {PROVENANCE_FILE} has no training_conversations list, so held-out "
             "evaluation could not be guaranteed")
     return sorted({str(c) for c in conversations})
+
+
+def with_training_items(provenance: Mapping[str, Any], items: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``provenance`` whose ``training_conversations`` is the sorted union of its own and
+    ``items`` (another model's, whose learning reaches this one), and whose
+    ``held_out_conversations`` (only when present) loses every item of that union."""
+    record = dict(provenance)
+    union = sorted({*map(str, record.get("training_conversations", ())), *items})
+    record["training_conversations"] = union
+    if "held_out_conversations" in record:
+        record["held_out_conversations"] = sorted(set(map(str, record["held_out_conversations"])) - set(union))
+    return record
 
 
 def distilled_provenance(provenance: Mapping[str, Any], *, teacher_name: str, teacher_digest: str,
@@ -151,11 +167,7 @@ def distilled_provenance(provenance: Mapping[str, Any], *, teacher_name: str, te
     ``distillation`` block records the teacher's directory name (never a path), model digest and
     training conversations, the temperature and the weight.
     """
-    record = dict(provenance)
-    union = sorted({*map(str, record.get("training_conversations", ())), *teacher_conversations})
-    record["training_conversations"] = union
-    if "held_out_conversations" in record:
-        record["held_out_conversations"] = sorted(set(map(str, record["held_out_conversations"])) - set(union))
+    record = with_training_items(provenance, teacher_conversations)
     record["distillation"] = {
         "teacher": teacher_name,
         "teacher_digest": teacher_digest,

@@ -22,6 +22,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
+from bench.training.speaker_sampling import speaker_first
+
 __all__ = ["Scorer", "model_negatives", "model_order"]
 
 Scorer = Callable[[str, Sequence[str]], np.ndarray]
@@ -51,8 +53,5 @@ def model_negatives(ranked: Sequence[str], exclude: Collection[str], speaker: st
     few remain; none for ``k`` 0."""
     if k <= 0:
         return []
-    left = [x for x in ranked if x not in exclude]
-    if speaker is not None:
-        left = [x for x in left if speaker_of.get(x) == speaker] + [x for x in left if speaker_of.get(x) != speaker]
-    return left[:k]
+    return speaker_first([x for x in ranked if x not in exclude], speaker, speaker_of)[:k]
 

@@ -26,22 +26,13 @@ def load_negative_miner(model_dir: Path, device: str, provenance: dict[str, obje
         TrainingDataError: if the model has no readable provenance with its training items.
         ModelLoadError: if the model cannot be loaded.
     """
-    from bench.training.distil import teacher_training_conversations
-    from bench.training.errors import TrainingDataError
+    from bench.training.distil import teacher_training_conversations, with_training_items
     from bench.training.sources import teacher_sources
     from mnemos.rerank import CrossEncoderReranker, model_digest
     from workers.settings import Settings
 
-    try:
-        items = teacher_training_conversations(model_dir)
-    except TrainingDataError as exc:  # worded for a distillation teacher; this is the miner
-        raise TrainingDataError("negative miner", exc.problem.replace("the teacher", "the miner")) from exc
-    seen = provenance.get("training_conversations")
-    union = sorted({*(map(str, seen) if isinstance(seen, list) else ()), *items})
-    provenance["training_conversations"] = union
-    held = provenance.get("held_out_conversations")
-    if isinstance(held, list):
-        provenance["held_out_conversations"] = sorted(set(map(str, held)) - set(union))
+    items = teacher_training_conversations(model_dir, role="miner", source="negative miner")
+    provenance.update(with_training_items(provenance, items))
     name = model_dir.resolve().name
     sources = provenance.get("sources")
     provenance["sources"] = [*(sources if isinstance(sources, list) else []),

@@ -28,7 +28,7 @@ from bench.training.errors import TrainingDataError
 from bench.training.evidence_negatives import evidence_candidates, evidence_negatives
 from bench.training.model_negatives import Scorer, model_negatives, model_order
 from bench.training.named_user import name_question
-from bench.training.speaker_sampling import speaker_first_sample
+from bench.training.speaker_sampling import speaker_first, speaker_first_sample
 from mnemos.bm25_index import BM25Index
 from mnemos.fusion import reciprocal_rank_fusion
 from mnemos.rendering import RENDERING_VERSION, Rendering, render_turn, rendered_speaker
@@ -380,17 +380,6 @@ def _interleave(*rankings: list[int]) -> list[int]:
     return out
 
 
-def _speaker_first(candidates: list[str], speaker: str | None, speaker_of: Mapping[str, str | None]) -> list[str]:
-    """``candidates`` with those of ``speaker`` first, each part in its own order (None: unchanged)."""
-    if speaker is None:
-        return candidates
-    same: list[str] = []
-    other: list[str] = []
-    for candidate in candidates:
-        (same if speaker_of[candidate] == speaker else other).append(candidate)
-    return same + other
-
-
 def _random_negatives(rng: random.Random, others: list[str], speaker: str | None,
                       speaker_of: Mapping[str, str | None], config: MiningConfig) -> list[str]:
     """``config.random_negatives`` passages drawn from ``others``; from those of ``speaker`` (the
@@ -449,12 +438,15 @@ def mine_examples(
         slot: dict[str, int] = defaultdict(int)
         for q, b, d in zip(queries, bm25, dense, strict=True):
             hard = [passages[j] for j in _interleave(b, d) if passages[j] not in gold[q]]
+            asked = [m for m in members if positives[m].query == q]
             by_model = model_order(scorer, q, hard) if scorer is not None and config.model_negatives else []
-            for i in (m for m in members if positives[m].query == q):
+            # never a model negative: the query's positives and every turn of their sessions
+            sessions = gold[q].union(*(positives[m].session for m in asked)) if by_model else gold[q]
+            for i in asked:
                 p = positives[i]
                 chosen = [n for n in p.negatives if n not in gold[q]][: max(config.hard_negatives, len(p.negatives))]
                 speaker = rendered_speaker(p.passage) if config.same_speaker else None
-                ranked = _speaker_first(hard, speaker, speaker_of)
+                ranked = speaker_first(hard, speaker, speaker_of)
                 start = slot[q] * config.hard_negatives
                 pool = ranked[start:] + ranked[:start]
                 chosen += [n for n in pool if n not in chosen][: max(0, config.hard_negatives - len(chosen))]
@@ -464,8 +456,7 @@ def mine_examples(
                 if evidence_pool is not None:
                     chosen += evidence_negatives(evidence_rng, evidence_pool, group, gold[q] | set(chosen), speaker,
                                                   config.evidence_negatives)
-                near = gold[q] | set(chosen) | {x for m in members if positives[m].query == q for x in positives[m].session}
-                chosen += model_negatives(by_model, near, speaker, speaker_of, config.model_negatives)
+                chosen += model_negatives(by_model, sessions | set(chosen), speaker, speaker_of, config.model_negatives)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
 

@@ -1,6 +1,6 @@
-"""Seeded draws that prefer one speaker's turns (docs/reranker.md "Why the first LongMemEval model was weak").
+"""Orderings and seeded draws that prefer one speaker's turns (docs/reranker.md "Why the first LongMemEval model was weak").
 
-Random negatives and evidence negatives are both drawn this way, so that a positive's negatives
+Hard and model-ranked negatives are ordered this way and random and evidence negatives drawn so, so that a positive's negatives
 share its speaker prefix and the prefix does not become a label.
 """
 
@@ -9,7 +9,19 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-__all__ = ["speaker_first_sample"]
+__all__ = ["speaker_first", "speaker_first_sample"]
+
+
+def speaker_first(candidates: Sequence[str], speaker: str | None, speaker_of: Mapping[str, str | None]) -> list[str]:
+    """``candidates`` with those whose ``speaker_of`` is ``speaker`` first, each part in its own order
+    (``speaker`` None: unchanged)."""
+    if speaker is None:
+        return list(candidates)
+    same: list[str] = []
+    other: list[str] = []
+    for candidate in candidates:
+        (same if speaker_of[candidate] == speaker else other).append(candidate)
+    return same + other
 
 
 def speaker_first_sample(rng: random.Random, pool: Sequence[str], speaker: str | None,
