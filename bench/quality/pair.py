@@ -25,6 +25,7 @@ from pathlib import Path
 
 import click
 
+from bench.common.markdown import MarkdownTargetError, append_markdown, check_target, escape_cell
 from bench.common.questions import BenchQuestion, overall_question
 from bench.common.stats import DEFAULT_RESAMPLES, PairedComparison, compare_paired, format_p
 from bench.quality.question_metrics import PER_QUESTION_METRICS
@@ -132,7 +133,7 @@ def pair_runs(treatment: Mapping[str, float], control: Mapping[str, float],
 
 def markdown_table(groups: Sequence[PairGroup], *, treatment: str, control: str) -> str:
     """One line per group: n, both means, treatment − control with its 95% CI and p (``|`` in a label escaped)."""
-    treatment, control = treatment.replace("|", "\\|"), control.replace("|", "\\|")
+    treatment, control = escape_cell(treatment), escape_cell(control)
     lines = [f"| questions | n | {control} | {treatment} | {treatment} − {control} [95% CI] | p |",
              "|---|---:|---:|---:|---|---:|"]
     for g in groups:
@@ -157,22 +158,31 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--same", multiple=True, help="A run that must be identical in both files (repeatable).")
 @click.option("--treatment-label", default="treatment", show_default=True)
 @click.option("--control-label", default="control", show_default=True)
+@click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Append the heading line and the table to this file (created if missing), after a blank line.")
 def pair(data: Path, data_format: str, seed: int, treatment_file: Path, control_file: Path, run: str,
-         control_run: str | None, same: tuple[str, ...], treatment_label: str, control_label: str) -> None:
+         control_run: str | None, same: tuple[str, ...], treatment_label: str, control_label: str,
+         markdown_out: Path | None) -> None:
     """NDCG@10 of one arm in two quality runs, paired per question. Exits 2 when they cannot be paired."""
     from bench.common.datasets import DatasetError, load_locomo, load_longmemeval
     from bench.common.questions import prepare_questions
 
     try:
+        if markdown_out is not None:
+            check_target(markdown_out)
         treatment, control = read_per_question(treatment_file), read_per_question(control_file)
         check_same(treatment, control, same)
         conversations = load_locomo(data) if data_format == "locomo" else load_longmemeval(data)
         questions = {q.key: q for q in prepare_questions(conversations, seed=seed)}
         groups = pair_runs(_ndcg(treatment_file.name, treatment, run),
                            _ndcg(control_file.name, control, control_run or run), questions)
-    except (PairError, DatasetError) as exc:
+    except (PairError, DatasetError, MarkdownTargetError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    click.echo(f"{run} of {treatment_file.name} against {control_run or run} of {control_file.name} on "
+    heading = (f"{run} of {treatment_file.name} against {control_run or run} of {control_file.name} on "
                f"{data.name}" + (f"; identical in both: {', '.join(same)}" if same else ""))
-    click.echo(markdown_table(groups, treatment=treatment_label, control=control_label), nl=False)
+    table = markdown_table(groups, treatment=treatment_label, control=control_label)
+    click.echo(heading)
+    click.echo(table, nl=False)
+    if markdown_out is not None:
+        append_markdown(markdown_out, f"{heading}\n\n{table}")

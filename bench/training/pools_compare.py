@@ -28,6 +28,7 @@ from pathlib import Path
 
 import click
 
+from bench.common.markdown import MarkdownTargetError, append_markdown, check_target, escape_cell
 from bench.common.stats import DEFAULT_RESAMPLES, PairedComparison, compare_paired, format_p
 from bench.training.pool_check import ALL
 
@@ -179,7 +180,7 @@ def compare_pools(
 def markdown_table(groups: Sequence[GroupComparison], *, treatment: str, control: str, order: str) -> str:
     """A markdown section: a heading naming the sides and the order, then one line per group
     (a ``|`` in a label is escaped, so it cannot split a cell)."""
-    treatment, control = treatment.replace("|", "\\|"), control.replace("|", "\\|")
+    treatment, control = escape_cell(treatment), escape_cell(control)
     lines = [f"## {treatment} vs {control}, {_ORDER_TITLES[order]}", "",
              f"| questions | n | bm25 | {control} | {treatment} | {treatment} − {control} [95% CI] | p "
              f"| {control} − bm25 | p | {treatment} − bm25 | p |",
@@ -223,17 +224,16 @@ def pools_compare(treatment_files: tuple[Path, ...], control_files: tuple[Path, 
 
     Exits 2, with the reason on stderr, when the reports cannot be paired like for like.
     """
-    if markdown_out is not None and not markdown_out.parent.is_dir():
-        click.echo(f"error: --markdown {markdown_out}: no directory {markdown_out.parent} to write it in", err=True)
-        sys.exit(2)
     try:
+        if markdown_out is not None:
+            check_target(markdown_out)
         treatment, source = load_side(_read(treatment_files))
         control, control_source = load_side(_read(control_files))
         if source != control_source:
             raise PoolsCompareError(f"the treatment has {source}, the control {control_source}")
         tables = [markdown_table(compare_pools(treatment, control, order=o), treatment=treatment_label,
                                  control=control_label, order=o) for o in order]
-    except PoolsCompareError as exc:
+    except (PoolsCompareError, MarkdownTargetError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     text = "\n".join(tables)
@@ -241,6 +241,4 @@ def pools_compare(treatment_files: tuple[Path, ...], control_files: tuple[Path, 
                f"treatment {', '.join(p.name for p in treatment_files)}; control {', '.join(p.name for p in control_files)}")
     click.echo(text, nl=False)
     if markdown_out is not None:
-        before = markdown_out.read_text(encoding="utf-8") if markdown_out.exists() else ""
-        gap = "" if not before or before.endswith("\n\n") else "\n"
-        markdown_out.write_text(before + gap + text, encoding="utf-8")
+        append_markdown(markdown_out, text)

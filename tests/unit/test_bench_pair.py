@@ -102,3 +102,24 @@ def test_cli_pairs_two_files_and_refuses_other_pools(tmp_path: Path, data: Path,
     result = CliRunner().invoke(pair, [*args[:5], str(plain), *args[6:]])
     assert result.exit_code == 2
     assert "error: plain.json: not a --per-question file" in result.output
+
+
+def test_cli_appends_the_heading_and_table_to_the_markdown(tmp_path: Path, data: Path, questions: dict) -> None:
+    run = "per_tenant/heldout/service_defaults"
+    control = _per_question(tmp_path / "rank_pq.jsonl", questions, {run: CONTROL})
+    treatment = _per_question(tmp_path / "score_pq.jsonl", questions, {run: TREATMENT})
+    out = tmp_path / "pair.md"
+    out.write_text("# earlier\n", encoding="utf-8")
+    args = ["--data", str(data), "--format", "longmemeval", "--treatment", treatment, "--control", control,
+            "--run", run, "--treatment-label", "score|form", "--markdown", str(out)]
+    result = CliRunner().invoke(pair, args)
+    assert result.exit_code == 0, result.output
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# earlier\n\nper_tenant/heldout/service_defaults of score_pq.jsonl against")
+    assert "| score\\|form − control [95% CI] | p |" in text
+    assert "| all | 5 | 0.320 | 0.500 | +0.180 [" in text
+    missing = tmp_path / "nowhere" / "pair.md"
+    result = CliRunner().invoke(pair, [*args[:-1], str(missing)])
+    assert result.exit_code == 2
+    assert f"no directory {missing.parent}" in result.output
+    assert not missing.parent.exists()
