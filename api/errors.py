@@ -35,6 +35,7 @@ class Reason(StrEnum):
     # worker side only
     TURN_ID_CONFLICT = "turn_id_conflict"  # same (tenant, turn_id) again with different content
     MALFORMED_MESSAGE = "malformed_message"  # not a turn at all (unparseable fields)
+    FORBIDDEN_JOB = "forbidden_job"  # a queue job that names a function other than the query worker's jobs
     TRIMMED_BEFORE_ACK = "trimmed_before_ack"  # a pending stream entry was deleted by a trim
     PROCESSING_ERROR = "processing_error"  # the worker failed on this message alone (a bug): kept for replay
 

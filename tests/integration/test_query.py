@@ -218,3 +218,36 @@ def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redi
     assert uncached.rerank_cache is None
     answered = uncached.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
     assert answered.rerank_pairs_scored is None and answered.rerank_pairs_cached is None
+
+
+CALLBACKS: list[str] = []
+
+
+def record_callback(job: object, *args: object) -> None:
+    """A failure callback a job could name: the query worker must never call it."""
+    CALLBACKS.append(str(getattr(job, "id", job)))
+
+
+def test_the_query_worker_runs_no_function_but_its_own_jobs(settings: Settings, redis_client: redis.Redis,
+                                                              store: PostgresStore, tmp_path) -> None:
+    # anyone who can write to the queue names a function: rq would import and call it
+    service = factories.query_service(settings, redis_client, store)
+    queue = Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer)
+    target = tmp_path / "made-by-a-job"
+    forged = queue.enqueue("os.makedirs", str(target), **JOB_TTLS)
+    listed = queue.enqueue("os.listdir", str(tmp_path), **JOB_TTLS)
+    callback = queue.enqueue("workers.query.worker.retrieval_job", {"v": 1, "tenant_id": "a", "query": "  "},
+                             on_failure=f"{__name__}.record_callback", **JOB_TTLS)  # a stored name too
+    good = RetrievalRequest("alice", "cello teacher Ines", k=3)
+    answered = queue.enqueue("workers.query.worker.retrieval_job", good.to_payload(), job_id=good.request_id,
+                             **JOB_TTLS)
+    build_worker(settings, redis_client, service, name=f"{settings.stream_prefix}-w3").work(burst=True)
+    assert not target.exists()
+    for job in (forged, listed):
+        assert job.get_status() == "failed"
+        result = job.latest_result()
+        assert result is not None and "forbidden_job" in result.exc_string
+        assert "is not a query worker job" in result.exc_string
+    assert callback.get_status() == "failed" and "empty_query" in callback.latest_result().exc_string
+    assert CALLBACKS == []
+    assert answered.get_status() == "finished"  # the worker went on

@@ -62,6 +62,7 @@ from mnemos.rerank import CachedReranker, Reranker
 from mnemos.suppression import SuppressionTable
 from workers.query.config import retrieval_config
 from workers.query.intermediate import sweep
+from workers.query.jobs import QueryJob
 from workers.query.packets import PacketCache, PacketKey, build_packet
 from workers.query.tenant_cache import CacheStats, TenantCache, TenantState
 from workers.runtime.errors import EmbeddingVersionError, OutsideQueryWorkerError
@@ -300,6 +301,7 @@ class QueryWorker(SimpleWorker):
     def __init__(self, *args: Any, service: QueryService, liveness: Liveness | None = None,
                  clock: Callable[[], float] = time.time, **kwargs: Any) -> None:
         kwargs.setdefault("serializer", JSONSerializer)
+        kwargs.setdefault("job_class", QueryJob)  # runs only the query worker's own jobs (workers.query.jobs)
         # read by rq's __init__ already (it sizes the connection's socket timeout from them)
         self._dequeue_timeout_s = service.settings.dequeue_wait_s
         self._socket_timeout_s = service.settings.redis_socket_timeout_s
@@ -422,5 +424,5 @@ def _unix_s(moment: datetime | None) -> float | None:
 
 def build_worker(settings: Settings, connection: redis.Redis, service: QueryService, name: str | None = None,
                  liveness: Liveness | None = None) -> QueryWorker:
-    queue = Queue(settings.retrieval_queue, connection=connection, serializer=JSONSerializer)
+    queue = Queue(settings.retrieval_queue, connection=connection, serializer=JSONSerializer, job_class=QueryJob)
     return QueryWorker([queue], connection=connection, service=service, name=name, liveness=liveness)
