@@ -241,7 +241,7 @@ def _span(year: int | None, month: int | None, day: int | None, before: bool) ->
     except ValueError:  # "31 February" and the like
         return None
     if before:
-        start = start - timedelta(days=14)
+        start = _plus_days(start, -14) or date.min
     return DateSpan(start, end)
 
 
@@ -275,7 +275,9 @@ def parse_time_expressions(text: str, reference: datetime | None = None) -> tupl
         for m in _RELATIVE.finditer(text):
             what = m.group("what").lower()
             if what == "yesterday":
-                spans.append(DateSpan(today - timedelta(days=1), today - timedelta(days=1)))
+                yesterday = _plus_days(today, -1)
+                if yesterday is not None:
+                    spans.append(DateSpan(yesterday, yesterday))
                 continue
             if what.startswith("last"):
                 n, unit = 1, what.split()[-1]
@@ -284,10 +286,20 @@ def parse_time_expressions(text: str, reference: datetime | None = None) -> tupl
                 n = int(raw) if raw.isdigit() else _NUMBER_WORDS[raw]
                 unit = m.group("unit").lower()
             days = {"week": 7, "weekend": 7, "month": 30, "year": 365, "day": 1}[unit] * n
-            centre = today - timedelta(days=days)
             half = max(1, days // 4) if unit != "day" else 1
-            spans.append(DateSpan(centre - timedelta(days=half), centre + timedelta(days=half)))
+            start, centre, end = (_plus_days(today, -days - half), _plus_days(today, -days),
+                                  _plus_days(today, half - days))
+            if centre is not None:  # "2100 years ago" from a reference in 2025 is before year 1: no span
+                spans.append(DateSpan(start or date.min, end or date.max))
     return tuple(spans)
+
+
+def _plus_days(day: date, days: int | float) -> date | None:
+    """``day`` moved by ``days`` (may be negative), or None when that leaves the calendar (years 1-9999)."""
+    try:
+        return day + timedelta(days=days)
+    except OverflowError:
+        return None
 
 
 def session_matches(session_date: datetime, spans: Sequence[DateSpan], slack_days: float) -> bool:
@@ -299,9 +311,9 @@ def session_matches(session_date: datetime, spans: Sequence[DateSpan], slack_day
     day = session_date.date()
     for span in spans:
         if span.start is not None and span.end is not None:
-            if span.start <= day <= span.end + timedelta(days=slack_days):
+            if span.start <= day <= (_plus_days(span.end, slack_days) or date.max):
                 return True
-        elif span.month is not None and span.month in (day.month, (day - timedelta(days=slack_days)).month):
+        elif span.month is not None and span.month in (day.month, (_plus_days(day, -slack_days) or date.min).month):
             return True
     return False
 

@@ -47,6 +47,22 @@ def test_relative_expressions_need_a_reference_date() -> None:
     assert parse_time_expressions("Where is the camping gear?") == ()
 
 
+def test_relative_expressions_that_leave_the_calendar_give_no_span() -> None:
+    # found by a break-it session: these raised OverflowError and failed the whole retrieval
+    ref = datetime(2025, 6, 1, tzinfo=UTC)
+    assert parse_time_expressions("What did I say 2100 years ago?", ref) == ()
+    assert parse_time_expressions("what happened 99999999999999999999 days ago", ref) == ()
+    first = datetime(1, 1, 1, tzinfo=UTC)
+    assert parse_time_expressions("what happened yesterday", first) == ()
+    assert parse_time_expressions("what happened last week", first) == ()
+    near = parse_time_expressions("what did I do 3 months ago", datetime(1, 4, 1, tzinfo=UTC))
+    assert near == (DateSpan(date.min, date(1, 1, 23)),)  # centre 1 January, year 1: cut there, not dropped
+    assert parse_time_expressions("the week before January 7, 0001") == ()  # not a year the forms read
+    assert session_matches(datetime(9999, 12, 31, tzinfo=UTC), (DateSpan(date(9999, 12, 30), date.max),),
+                           slack_days=7)
+    assert session_matches(datetime(1, 1, 2, tzinfo=UTC), (DateSpan(None, None, 1),), slack_days=31)
+
+
 def _pool(scores, sessions, dates=None, emb=None) -> PoolView:
     n = len(scores)
     dates = dates or [datetime(2023, 1, 1, tzinfo=UTC)] * n
