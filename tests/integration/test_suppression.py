@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import psycopg
 import pytest
 import redis
 
@@ -104,6 +105,35 @@ def test_bootstrap_buffers_then_freezes_centroids(settings: Settings, redis_clie
         buffered = conn.execute("SELECT count(*) FROM query_buffer").fetchone()[0]
     assert (k, dim, n) == (2, 64, 4) and buffered == 4
     assert worker.metrics.suppression_bootstrapped._value.get() == 1
+
+
+def test_an_outcome_whose_embedding_misfits_the_tenant_is_dead_lettered(settings: Settings,
+                                                                         redis_client: redis.Redis,
+                                                                         store: PostgresStore) -> None:
+    # found by a break-it session: one 3-float embedding in the bootstrap buffer made every later fit
+    # of the tenant's clusters fail, and each of its outcomes went to the dead letters
+    ids = _entry_ids(settings, redis_client, store)  # K = 2, factor 2: freeze after 4 queries
+    rng = np.random.default_rng(1)
+    good = [tuple(float(x) for x in v / np.linalg.norm(v)) for v in rng.normal(size=(4, 64)).astype(np.float32)]
+    messages = [_outcome("short", ids[:3], None, (1.0, 0.0, 0.0))]
+    messages += [_outcome(f"g{i}", ids[:3], None, vector) for i, vector in enumerate(good)]
+    for message in messages:
+        redis_client.xadd(settings.outcomes_stream, message.to_stream_fields())
+    worker = suppression_worker(settings, redis_client, store)
+    consumer = worker.consumer("c")
+    consumer.ensure_group()
+    consumer.ack(worker.handle(consumer.read()))
+    with store.tenant_tx("alice") as conn:
+        applied = [r[0] for r in conn.execute("SELECT outcome_id FROM applied_outcomes ORDER BY outcome_id")]
+        k, dim, n = conn.execute("SELECT k, dim, n_queries FROM centroids").fetchone()
+    assert applied == ["g0", "g1", "g2", "g3"]  # the bad one applied nothing, the rest went on
+    assert (k, dim, n) == (2, 64, 4)
+    with psycopg.connect(store.database_url) as conn:  # as the owner: the app role sees one tenant's letters
+        letters = conn.execute("SELECT reason, detail FROM dead_letters WHERE stream = %s",
+                               (settings.outcomes_stream,)).fetchall()
+    assert letters == [("malformed_message", "query_embedding: has 3 floats; the tenant's embeddings have 64 "
+                                             "(malformed_message)")]
+    assert redis_client.xpending(settings.outcomes_stream, "suppression")["pending"] == 0
 
 
 def test_outcomes_never_touch_another_tenants_entries(settings: Settings, redis_client: redis.Redis,

@@ -42,7 +42,8 @@ from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name
 from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store import Store, TenantSession
-from workers.store.rows import TenantLock, vectors_from_bytes
+from workers.store.rows import VECTOR_DTYPE, TenantLock, vectors_from_bytes
+from workers.store.state import read_tenant
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,9 @@ class SuppressionWorker:
                 self.apply(outcome, message.stream_id)
             except _MovedAway:
                 left.add(message.stream_id)
+            except InvalidInputError as exc:  # parsed, but does not fit its tenant (rolled back, nothing applied)
+                rejected.append(DeadLetter(self.settings.outcomes_stream, message.stream_id, exc.reason.value,
+                                           str(exc), payload=payload_of(message.fields)))
         if rejected:
             self.store.record_dead_letters(rejected)
             for letter in rejected:
@@ -101,6 +105,9 @@ class SuppressionWorker:
         tenant_id = outcome.tenant_id
         froze = False
         with self.store.tenant(tenant_id) as tx:
+            clustered = message.query_embedding is not None and self.settings.clusters_k > 1
+            if clustered:
+                _check_embedding(tx, len(message.query_embedding or ()))
             if deltas:  # isolation: only this tenant's entries can be suppressed under its id
                 ids = sorted({e for e, _ in deltas})
                 own = tx.own_entry_ids(ids)
@@ -118,7 +125,7 @@ class SuppressionWorker:
             if marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant_id):
                 raise _MovedAway(tenant_id)  # rolls back, left pending: docs/scaling.md "Moving a tenant between shards"
             tx.add_suppression(deltas)
-            if message.query_embedding is not None and self.settings.clusters_k > 1:
+            if clustered:
                 froze = self._buffer(tx, outcome.outcome_id, np.asarray(message.query_embedding))
         if froze:
             self._bootstrapped += 1
@@ -137,10 +144,13 @@ class SuppressionWorker:
         if tx.buffered_count() < clusters.bootstrap_size:
             return False
         blobs = tx.buffered_queries()
-        for vector in vectors_from_bytes(blobs, embedding.shape[0]):
+        fitting = [b for b in blobs if len(b) == embedding.shape[0] * VECTOR_DTYPE.itemsize]
+        if len(fitting) < len(blobs):  # buffered before outcomes were checked against the tenant's dimension
+            log.warning("skipping %d buffered queries of another dimension", len(blobs) - len(fitting))
+        for vector in vectors_from_bytes(fitting, embedding.shape[0]):
             clusters.observe(vector)
         assert clusters.centroids is not None
-        tx.save_centroids(clusters.centroids, n_queries=len(blobs))
+        tx.save_centroids(clusters.centroids, n_queries=len(fitting))
         log.info("froze %d query clusters of a tenant from %d queries", clusters.centroids.shape[0], len(blobs))
         return True
 
@@ -166,3 +176,18 @@ class SuppressionWorker:
         log.info("suppression worker consuming %s as group %s", self.settings.outcomes_stream, GROUP)
         run_consumer(self.consumer(name), self.handle, stop, poison=self.poison,
                      trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat)
+
+
+def _check_embedding(tx: TenantSession, floats: int) -> None:
+    """Refuse an outcome whose query embedding cannot join the tenant's query clusters.
+
+    Raises:
+        InvalidInputError: ``malformed_message`` when the tenant's embeddings have another
+            dimension than the outcome's ``floats`` (one such vector in the bootstrap buffer would
+            otherwise fail every later fit of the tenant's clusters).
+    """
+    record = read_tenant(tx)
+    dim = None if record is None else record.embeddings.dim
+    if dim is not None and floats != dim:
+        raise InvalidInputError(Reason.MALFORMED_MESSAGE, "query_embedding",
+                                f"has {floats} floats; the tenant's embeddings have {dim}")
