@@ -85,6 +85,10 @@ class Turn:
         values = text_fields(raw)
         if "v" not in values:
             raise InvalidInputError(Reason.UNSUPPORTED_VERSION, "v", "is missing")
+        if "kind" in values:  # a forget event is routed before this; any other kind is not a turn either
+            shown = values["kind"] if len(str(values["kind"])) <= 40 else f"{str(values['kind'])[:40]}…"
+            raise InvalidInputError(Reason.MALFORMED_MESSAGE, "kind",
+                                    f"{shown!r} is not a message kind (a turn has no kind; a forget event has 'forget')")
         return cls.parse(values, limits, now)
 
     def to_stream_fields(self) -> dict[str, str]:

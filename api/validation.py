@@ -125,7 +125,8 @@ def _utf8_size(value: str, field: str) -> int:
 
 
 def check_id(value: Any, field: str, limits: Limits) -> str:
-    """A non-empty identifier without control characters, at most ``max_id_chars`` characters.
+    """A non-blank identifier (not only whitespace or invisible format characters) without control
+    characters, at most ``max_id_chars`` characters.
 
     Bidirectional controls (:data:`BIDI_CONTROLS`) are refused as ``control_characters``, with the
     code points in the detail: an id must read on screen as it is.
@@ -136,8 +137,8 @@ def check_id(value: Any, field: str, limits: Limits) -> str:
         raise InvalidInputError(Reason.MISSING_FIELD, field, "is missing")
     if not isinstance(value, str):
         raise InvalidInputError(Reason.BAD_ID, field, f"must be a string, not {type(value).__name__}")
-    if not value.strip():
-        raise InvalidInputError(Reason.BAD_ID, field, "is empty or whitespace")
+    if _blank(value):
+        raise InvalidInputError(Reason.BAD_ID, field, "is empty, whitespace or invisible characters only")
     if len(value) > limits.max_id_chars:
         raise InvalidInputError(Reason.BAD_ID, field, f"longer than {limits.max_id_chars} characters")
     if any(unicodedata.category(ch) == "Cc" for ch in value):
@@ -276,6 +277,10 @@ def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
     if caption is not None and not isinstance(caption, str):
         raise InvalidInputError(Reason.BAD_METADATA, f"metadata.{IMAGE_CAPTION_KEY}",
                                 f"must be a string, got {type(caption).__name__}")
+    if caption is not None and any(unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_TEXT_CONTROLS
+                                   for ch in caption):  # rendered with the text: the text's rule
+        raise InvalidInputError(Reason.CONTROL_CHARACTERS, f"metadata.{IMAGE_CAPTION_KEY}",
+                                "contains NUL or other control characters")
     if SUPERSEDES_KEY in value:
         return {**value, SUPERSEDES_KEY: list(check_supersedes(value[SUPERSEDES_KEY], limits))}
     return value

@@ -141,6 +141,28 @@ def test_a_message_that_is_not_a_turn_at_all(settings, redis_client, store) -> N
     assert worker.metrics.ingest_rejected.labels(reason="unsupported_version")._value.get() == 2
 
 
+@pytest.mark.parametrize("kind", ["bogus", "FORGET"])
+def test_a_turn_with_an_unknown_kind_is_not_stored_as_a_turn(settings, redis_client, store, kind: str) -> None:
+    # found by a break-it session: a forget in the wrong case was stored as an ordinary turn
+    worker = feed(settings, redis_client, store, {**base(settings, redis_client), "kind": kind})
+    letter = assert_one_letter(settings, redis_client, store, worker, Reason.MALFORMED_MESSAGE)
+    assert f"kind: '{kind}' is not a message kind" in letter[2]
+
+
+def test_an_image_caption_with_control_characters(settings, redis_client, store) -> None:
+    fields = {**base(settings, redis_client), "metadata": json.dumps({"image_caption": "a\u0007b"})}
+    worker = feed(settings, redis_client, store, fields)
+    assert_one_letter(settings, redis_client, store, worker, Reason.CONTROL_CHARACTERS,
+                      field_hint="metadata.image_caption")
+
+
+@pytest.mark.parametrize("value", ["\u200b", "\ufeff", " \u200b\u2060 "])
+def test_an_id_of_invisible_characters_only(settings, redis_client, store, value: str) -> None:
+    turn_id = json.loads(f'"{value}"')
+    worker = feed(settings, redis_client, store, {**base(settings, redis_client), "turn_id": turn_id})
+    assert_one_letter(settings, redis_client, store, worker, Reason.BAD_ID, field_hint="turn_id")
+
+
 @pytest.mark.parametrize("value", ["2024-02-30T10:00:00Z", "not a time", "1717070400"])
 def test_malformed_timestamp(settings, redis_client, store, value: str) -> None:
     worker = feed(settings, redis_client, store, {**base(settings, redis_client), "occurred_at": value})
