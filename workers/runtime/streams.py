@@ -8,6 +8,8 @@ At-least-once delivery with acknowledgement after the handler's commit:
   paused consumers (``XAUTOCLAIM``); that idle time must exceed the slowest legitimate batch,
   or a paused consumer and the claimer both process the same entries (handlers are idempotent
   anyway: the cost is work, not correctness);
+* after each full ``XAUTOCLAIM`` scan it removes the names of consumers with nothing pending and
+  idle for an hour (dead workers' names, :mod:`workers.runtime.consumers`);
 * the handler returns the ids it finished, and only those are XACKed;
 * :func:`safe_trim` never trims below the oldest entry some group has not acknowledged; entries
   that vanished while pending (someone else trimmed) are counted as lost and acknowledged;
@@ -32,6 +34,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+from workers.runtime.consumers import PRUNE_IDLE_MS, prune_idle_consumers
 from workers.runtime.errors import StoreError
 from workers.runtime.metrics import ServiceMetrics
 
@@ -71,8 +74,10 @@ class StreamConsumer:
                  block_ms: int, claim_idle_ms: int, claim_interval_s: float,
                  on_lost: Callable[[str], None] = lambda _sid: None,
                  clock: Callable[[], float] = time.monotonic,
-                 upstream_loss: str = "its entries not yet acknowledged") -> None:
+                 upstream_loss: str = "its entries not yet acknowledged",
+                 prune_idle_ms: int = PRUNE_IDLE_MS) -> None:
         self.connection = connection
+        self.prune_idle_ms = prune_idle_ms  # dead consumers' names are removed (workers.runtime.consumers)
         self.stream = stream
         self.group = group
         self.consumer = consumer
@@ -170,6 +175,8 @@ class StreamConsumer:
         self._claim_cursor = _sid(cursor)
         if self._claim_cursor == "0-0":  # scanned the whole pending list: wait for the next round
             self._next_claim = self.clock() + self.claim_interval_s
+            prune_idle_consumers(self.connection, self.stream, self.group, keep=self.consumer,
+                                 idle_ms=self.prune_idle_ms)
         for raw_id in deleted or []:
             self.on_lost(_sid(raw_id))  # XAUTOCLAIM already removed them from the pending list
         if any(not fields for _raw_id, fields in entries):
