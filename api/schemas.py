@@ -124,8 +124,28 @@ class Turn:
                  if getattr(self, name) != getattr(other, name)]
         mine, theirs = dict(self.metadata), dict(other.metadata)
         names += [f"metadata.{key}" for key in sorted(mine.keys() | theirs.keys())
-                  if mine.get(key, _ABSENT) != theirs.get(key, _ABSENT)]
+                  if not _same_json(mine.get(key, _ABSENT), theirs.get(key, _ABSENT))]
         return tuple(names)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON values equal as JSON numbers are: an int and a float are the same number when their
+    float values are (Postgres's jsonb gives ``1.5e300`` back as the integer ``15`` followed by 299
+    zeros), booleans equal only booleans, lists and objects element by element."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        try:
+            return float(a) == float(b)
+        except OverflowError:  # an integer past float range equals no float
+            return False
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 @dataclass(frozen=True)

@@ -268,6 +268,21 @@ def test_duplicate_turn_id_with_the_same_content_is_a_silent_retry(settings, red
     assert turn_ids(store, TENANT) == ["retry", "good-after"]
 
 
+def test_a_retry_with_numbers_postgres_rewrites_is_still_a_silent_retry(settings, redis_client, store) -> None:
+    # found by a break-it session: jsonb gives 1.5e300 back as an integer, which was read as a conflict
+    first = {**base(settings, redis_client, "big"), "metadata": json.dumps({"x": 1.5e300, "y": [0.1, 2.0, True]})}
+    worker = feed(settings, redis_client, store, first)
+    redis_client.xadd(settings.turns_stream, first)  # the same message again, in a later batch
+    changed = {**first, "turn_id": "big2", "metadata": json.dumps({"x": 1})}
+    redis_client.xadd(settings.turns_stream, changed)
+    redis_client.xadd(settings.turns_stream, {**changed, "metadata": json.dumps({"x": True})})
+    redis_client.xadd(settings.turns_stream, wire_fields(settings, redis_client, turn(TENANT, "last", "last one")))
+    assert run_loop_until(worker, lambda: "last" in turn_ids(store, TENANT))
+    letters = dead_letters(store)
+    assert [(row[1], row[4]) for row in letters] == [(Reason.TURN_ID_CONFLICT.value, "big2")]  # true is not 1
+    assert "metadata.x" in letters[0][2]
+
+
 @pytest.mark.parametrize("value", ["x'; DROP TABLE entries; --", "' OR '1'='1", "org:1/user|2", "%", "_"])
 def test_ids_with_separators_or_sql_are_stored_verbatim(settings, redis_client, store, value: str) -> None:
     fields = {**base(settings, redis_client), "tenant_id": value, "turn_id": value, "session_id": value}
