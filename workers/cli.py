@@ -51,10 +51,10 @@ def describe_failure(exc: Exception) -> tuple[str, int]:
     import psycopg
     import redis
 
-    from api.errors import MnemosClientError
+    from api.errors import InvalidInputError, MnemosClientError
 
-    if isinstance(exc, (SettingsError, StoreStateError, ModelSetupError)):
-        return str(exc), EXIT_MISCONFIGURED
+    if isinstance(exc, (SettingsError, StoreStateError, ModelSetupError, InvalidInputError)):
+        return str(exc), EXIT_MISCONFIGURED  # a refused turn or request: the input must change first
     if isinstance(exc, (WorkerError, MnemosClientError)):
         return str(exc), EXIT_FAILED
     if isinstance(exc, redis.RedisError):

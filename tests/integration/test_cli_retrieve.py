@@ -55,6 +55,6 @@ def test_cli_sends_as_of_and_filters_to_the_worker(settings: Settings, redis_cli
 def test_cli_refuses_bad_filters_before_sending(settings: Settings, redis_client: redis.Redis, args: list[str],
                                                 reason: str) -> None:
     out = CliRunner().invoke(cli, ["retrieve", "--tenant", "alice", *args, "trip"], env=to_environment(settings))
-    assert out.exit_code == 1
+    assert out.exit_code == 2  # the input must change first, not a failed service
     assert reason in out.output
     assert Queue(settings.queue_name, connection=redis_client, serializer=JSONSerializer).count == 0
