@@ -411,8 +411,10 @@ class Outcome:
             body = json.loads(values["outcome"], parse_constant=_refuse_constant)
             pool = tuple(PoolRow(int(e), int(i), int(f), float(s)) for e, i, f, s in body["pool"])
             embedding = body.get("query_embedding")
+            if not isinstance(body["outcome_id"], str):  # a request id: never a number or a list made into text
+                raise TypeError(f"outcome_id must be a string, not {type(body['outcome_id']).__name__}")
             outcome = cls(
-                outcome_id=str(body["outcome_id"]), tenant_id=values["tenant_id"],
+                outcome_id=body["outcome_id"], tenant_id=values["tenant_id"],
                 cluster=None if body.get("cluster") is None else int(body["cluster"]),
                 pool_size=int(body["pool_size"]), pool=pool,
                 query_embedding=None if embedding is None else tuple(float(x) for x in embedding), v=version,

@@ -143,6 +143,15 @@ def test_outcome_with_a_nul_in_its_tenant_id(settings, redis_client, store) -> N
     assert reasons(store) in ([Reason.MALFORMED_MESSAGE.value], [Reason.CONTROL_CHARACTERS.value])
 
 
+@pytest.mark.parametrize("outcome_id", [17, ["r1"], None])
+def test_outcome_whose_id_is_not_a_string(settings, redis_client, store, outcome_id: Any) -> None:
+    # found by a break-it session: a number or a list became the text "17" or "['r1']" in the ledger
+    ids = seed_entries(settings, redis_client, store)
+    feed(settings, redis_client, store, ids, body(ids, outcome_id=outcome_id))
+    assert "outcome_id must be a string" in one_letter(store, Reason.MALFORMED_MESSAGE)[2]
+    assert applied(store) == ["good-after"]
+
+
 def test_outcome_with_a_cluster_beyond_int32(settings, redis_client, store) -> None:
     ids = seed_entries(settings, redis_client, store)
     feed(settings, redis_client, store, ids, body(ids, cluster=2**40))
