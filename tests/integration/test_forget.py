@@ -7,6 +7,7 @@ racing with two ingest workers loses no other turn.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -15,6 +16,7 @@ import pytest
 import redis
 from psycopg import sql
 from rq.results import Result
+from rq.serializers import JSONSerializer
 
 from api.client import job_id_for
 from api.schemas import RetrievalRequest
@@ -63,6 +65,18 @@ def _streams_holding(connection: redis.Redis, settings: Settings, needle: str) -
     return found
 
 
+def _results_holding(connection: redis.Redis, needle: str) -> list[str]:
+    """Stored rq job results (every queue of the db) whose return value contains ``needle``."""
+    found = []
+    for key in connection.scan_iter(match=Result.get_key("*")):
+        job_id = key.decode().removeprefix(Result.get_key(""))
+        for raw_id, fields in connection.xrange(key):
+            result = Result.restore(job_id, raw_id.decode(), fields, connection, serializer=JSONSerializer)
+            if needle in json.dumps(result.return_value):
+                found.append(key.decode())
+    return found
+
+
 def _stored(store: PostgresStore, tenant: str) -> set[str]:
     with store.tenant(tenant) as tx:
         return {r.turn_id for r in tx.entries_after(0)}
@@ -70,6 +84,7 @@ def _stored(store: PostgresStore, tenant: str) -> set[str]:
 
 def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Settings, redis_client: redis.Redis,
                                                                   store: PostgresStore) -> None:
+    earlier = set(_results_holding(redis_client, SECRET))  # another test's results, if any are still kept
     client = client_for(settings, redis_client)
     client.publish_turns([turn("alice", "a1", SECRET, session="s1"),
                           turn("alice", "a2", "I like long walks on the beach", session="s1", minutes=1),
@@ -84,6 +99,9 @@ def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Setti
     answered = answered_by_worker(settings, redis_client, service, client.retrieve, "alice", "passport number", k=4,
                                   request_id="before")
     assert answered.hits[0].turn_id == "a1"
+    read = answered_by_worker(settings, redis_client, service, client.turns, "alice", ["a1", "a2"])
+    assert [t.text for t in read] == [SECRET, "I like long walks on the beach"]  # a catalog read keeps texts too
+    assert len(set(_results_holding(redis_client, SECRET)) - earlier) == 2
     stored_result = Result.get_key(job_id_for("alice", "before"))
     assert redis_client.xlen(stored_result) == 1  # rq keeps the answer, hit texts included
     assert {"entries", "dead_letters"} <= set(_tables_holding(store, SECRET))
@@ -98,6 +116,7 @@ def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Setti
     assert _tables_holding(store, SECRET) == []
     assert _streams_holding(redis_client, settings, SECRET) == [settings.turns_stream]  # bob's turn only
     assert redis_client.xlen(stored_result) == 0
+    assert set(_results_holding(redis_client, SECRET)) <= earlier  # the catalog read's went too (break-it session)
     answer = service.answer(RetrievalRequest("alice", "passport number X9-4471-ZQ", k=4))
     assert all(SECRET not in hit.text and hit.turn_id not in {"a1", "a3"} for hit in answer.hits)
     assert worker.metrics.forget_turns._value.get() == 2

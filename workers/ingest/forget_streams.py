@@ -154,11 +154,14 @@ def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: For
 
 
 def _turns_with_text(value: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """``(session_id, turn_id)`` of every turn whose text a stored retrieval result holds: its hits
-    and its packet's items (omitted packet candidates hold ids only)."""
-    for hit in value.get("hits") or ():
-        if isinstance(hit, dict):
-            yield str(hit.get("session_id", "")), str(hit.get("turn_id", ""))
+    """``(session_id, turn_id)`` of every turn whose text a stored job result holds: a retrieval's
+    hits and its packet's items (omitted packet candidates hold ids only), a catalog read's turns;
+    a catalog read's sessions as ``(session_id, "")`` (no text, but a session or tenant forget
+    erases their ids too)."""
+    for key in ("hits", "turns", "sessions"):  # "turns"/"sessions": workers.query.catalog results
+        for row in value.get(key) or ():
+            if isinstance(row, dict):
+                yield str(row.get("session_id", "")), str(row.get("turn_id", ""))
     packet = value.get("packet")
     for item in (packet.get("items") or ()) if isinstance(packet, dict) else ():
         if isinstance(item, dict):
@@ -168,8 +171,8 @@ def _turns_with_text(value: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
-    """Delete the stored results of the tenant's retrievals that returned a hit or packet item
-    ``request`` covers (a client waiting for one of them right now times out); returns how many
+    """Delete the stored results of the tenant's retrievals and catalog reads that returned a hit,
+    packet item, turn or session ``request`` covers (a client waiting for one of them right now times out); returns how many
     were deleted."""
     deleted = 0
     for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
