@@ -9,13 +9,16 @@ The mapping (the tenant is the constructor's, never an operation's):
 * ``put`` publishes the item as a turn: ``value[text_key]`` (a string) is the text, ``value["speaker"]``
   the speaker (default ``user``), ``value["timestamp"]`` (ISO 8601 with a zone) when it was said
   (default now), every other field its metadata (a JSON object of at most ``MNEMOS_MAX_METADATA_BYTES``).
-  Putting an existing key again forgets the old turn and re-adds the new one (Mnemos never edits a
-  stored turn in place); ``put(..., None)`` and ``delete`` forget it. Each waits up to
+  Every put publishes a forget of the key and then the new turn as a re-add (Mnemos never edits a
+  stored turn in place, and an earlier put or delete of the key may still be in the stream, so
+  whether it exists is not asked); ``put(..., None)`` and ``delete`` forget it. Each waits up to
   ``ingest_wait_s`` for the ingest worker's commit, so the next ``get`` or ``search`` sees it;
 * ``get`` reads the stored turn back (catalog read through the queue) as the value it was put with;
-* ``search(prefix, query=...)`` is a Mnemos retrieval limited to the sessions under the prefix, best
-  first, with the reranker's score; its items carry text, speaker and timestamp (a retrieval returns no
-  metadata: ``get`` the item for its other fields).
+* ``search(prefix, query=...)`` is a Mnemos retrieval limited to the sessions under the prefix (at most
+  1,024 of them, a request's filter limit), best first, with the reranker's score; its items carry text,
+  speaker and timestamp (a retrieval returns no metadata: ``get`` the item for its other fields). A
+  memory deduplicated across namespaces is returned as its own item under the prefix, never as the
+  item of another namespace.
 
 What Mnemos cannot honour raises ``NotImplementedError`` with the reason instead of guessing: a value
 without a string text field (arbitrary JSON documents are not turns), a search without ``query`` (Mnemos
@@ -121,11 +124,12 @@ class MnemosStore(BaseStore):
                     updated_at=turns[0].occurred_at)
 
     def _put(self, op: PutOp) -> None:
+        # Always forget, then re-add: whether the key exists cannot be read reliably (an earlier put
+        # or delete of it may still be in the stream), and the stream applies a tenant's events in
+        # order. A forget of a key never stored is a no-op tombstone that the re-add lifts.
         turn_id = turn_id_of(op.namespace, op.key)
-        exists = bool(self.client.turns(self.tenant_id, [turn_id]))
         if op.value is None:
-            if exists:
-                self._wait(self.client.forget(self.tenant_id, turn_ids=[turn_id]))
+            self._wait(self.client.forget(self.tenant_id, turn_ids=[turn_id]))
             return
         text = op.value.get(self.text_key)
         if not isinstance(text, str):
@@ -139,9 +143,8 @@ class MnemosStore(BaseStore):
         if metadata:
             turn["metadata"] = metadata
         checked = self.client.make_turn(turn)  # refused before anything is forgotten
-        if exists:
-            self.client.forget(self.tenant_id, turn_ids=[turn_id])
-        self._wait(self.client.publish_turns([checked], readd=exists)[0])
+        self.client.forget(self.tenant_id, turn_ids=[turn_id])
+        self._wait(self.client.publish_turns([checked], readd=True)[0])
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
         if op.query is None:
@@ -153,22 +156,41 @@ class MnemosStore(BaseStore):
                 raise NotImplementedError(f"MnemosStore filters on speaker (a string) only, not {name!r}: Mnemos "
                                           "keeps other value fields as metadata it does not index")
             filters["roles"] = [wanted]
+        sessions: set[str] | None = None
         if op.namespace_prefix:
             prefix = session_of(op.namespace_prefix)
-            sessions = [s.session_id for s in self.client.sessions(self.tenant_id)
-                        if s.session_id == prefix or s.session_id.startswith(prefix + ".")]
+            sessions = {s.session_id for s in self.client.sessions(self.tenant_id)
+                        if s.session_id == prefix or s.session_id.startswith(prefix + ".")}
             if not sessions:
                 return []
-            filters["session_ids"] = sessions
+            if len(sessions) > self.client.limits.max_filter_values:
+                raise NotImplementedError(
+                    f"MnemosStore searches at most {self.client.limits.max_filter_values} namespaces at once; "
+                    f"{op.namespace_prefix!r} holds {len(sessions)}: search a narrower prefix")
+            filters["session_ids"] = sorted(sessions)
         k = min(op.limit + op.offset, self.client.limits.max_k)
         result = self.client.retrieve(self.tenant_id, op.query, k=k, filters=filters or None)
-        items = []
-        for hit in result.hits[op.offset:]:
-            namespace, key = item_address(hit.session_id, hit.turn_id)
-            record = TurnRecord(hit.turn_id, hit.session_id, hit.role, hit.text, hit.occurred_at)
-            items.append(SearchItem(namespace, key, self._value(record), hit.occurred_at, hit.occurred_at,
-                                    score=hit.score))
-        return items
+        return [self._search_item(hit, record) for hit, record in self._in_prefix(result.hits[op.offset:], sessions)]
+
+    def _in_prefix(self, hits: Any, sessions: set[str] | None) -> list[tuple[Any, TurnRecord]]:
+        """Each hit with the stored turn it stands for under the prefix. A deduplicated memory passes the
+        session filter by any of its turns, but a hit carries its canonical turn, which may live in
+        another namespace: then the item is its alias inside the prefix, read back with its own text."""
+        records = {hit.turn_id: TurnRecord(hit.turn_id, hit.session_id, hit.role, hit.text, hit.occurred_at)
+                   for hit in hits}
+        inside = {hit.turn_id: hit.turn_id if sessions is None or hit.session_id in sessions
+                  else next((a for a in hit.aliases if a.split(KEY_SEPARATOR, 1)[0] in sessions), None)
+                  for hit in hits}
+        wanted = sorted({t for hit_id, t in inside.items() if t is not None and t != hit_id})
+        if wanted:
+            records.update({r.turn_id: r for r in self.client.turns(self.tenant_id, wanted)})
+        return [(hit, records[inside[hit.turn_id]]) for hit in hits
+                if inside[hit.turn_id] is not None and inside[hit.turn_id] in records]
+
+    def _search_item(self, hit: Any, record: TurnRecord) -> SearchItem:
+        namespace, key = item_address(record.session_id, record.turn_id)
+        return SearchItem(namespace, key, self._value(record), record.occurred_at, record.occurred_at,
+                          score=hit.score)
 
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         if op.match_conditions or op.max_depth is not None:

@@ -3,6 +3,8 @@ query workers, plus LangChain's own standard retriever tests."""
 
 from __future__ import annotations
 
+import copy as copy_module
+import dataclasses
 from collections.abc import Iterator
 from typing import Any, TypedDict
 
@@ -87,6 +89,43 @@ def test_store_put_get_search_delete_and_its_limits(client: MnemosClient) -> Non
         with pytest.raises(NotImplementedError, match=reason):
             call()
     assert MnemosStore(client, "alice").get(("memories", "other"), "k1") is None  # another tenant's item
+
+
+def test_store_writes_are_last_write_wins_and_search_stays_in_its_namespaces(client: MnemosClient) -> None:
+    # found by a break-it session: a put after a delete was dropped by the forget's tombstone, an
+    # overwrite of a put still in the stream was lost, and a memory deduplicated across namespaces
+    # was returned as the other namespace's item
+    store = MnemosStore(client, "dave")
+    store.put(("x",), "k", {"text": "first value about kites"})
+    store.delete(("x",), "k")
+    store.put(("x",), "k", {"text": "second value about llamas"})
+    again = store.get(("x",), "k")
+    assert again is not None and again.value["text"] == "second value about llamas"
+    eager = MnemosStore(client, "dave", ingest_wait_s=0)  # nothing waits for the ingest worker
+    eager.put(("prefs",), "drink", {"text": "I drink coffee every morning"})
+    eager.put(("prefs",), "drink", {"text": "I switched to tea, no more coffee"})
+    store.put(("prefs",), "marker", {"text": "the marker turn"})  # waits: everything before it is applied
+    latest = store.get(("prefs",), "drink")
+    assert latest is not None and latest.value["text"] == "I switched to tea, no more coffee"
+    store.put(("work",), "a", {"text": "Meeting with the dentist on Friday"})
+    store.put(("private",), "b", {"text": "Meeting with the dentist on Friday"})  # deduplicated into work's
+    found = store.search(("private",), query="dentist meeting")
+    assert [(i.namespace, i.key) for i in found] == [(("private",), "b")]
+    assert found[0].value["text"] == "Meeting with the dentist on Friday"
+    assert [(i.namespace, i.key) for i in store.search(("work",), query="dentist meeting")] == [(("work",), "a")]
+    for member in ("ann", "ben", "cy"):
+        store.put(("team", member), "note", {"text": f"{member} prefers tea"})
+    narrow = MnemosStore(client_for_limits(client, max_filter_values=2), "dave")
+    with pytest.raises(NotImplementedError, match=r"at most 2 namespaces at once; \(.team.,\) holds 3"):
+        narrow.search(("team",), query="prefers tea")
+    assert len(store.search(("team",), query="prefers tea")) == 3
+
+
+def client_for_limits(client: MnemosClient, **limits: int) -> MnemosClient:
+    """The same client with other validation limits (a copy: the fixture's client is shared)."""
+    copy = copy_module.copy(client)
+    copy.limits = dataclasses.replace(client.limits, **limits)
+    return copy
 
 
 def test_a_langgraph_graph_uses_the_store_as_its_long_term_memory(client: MnemosClient) -> None:
