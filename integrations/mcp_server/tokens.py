@@ -91,8 +91,18 @@ class TokenTable:
 
 
 def _parse(source: str, text: str) -> dict[str, str]:
+    def refuse_repeats(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        # json.loads keeps the last of a repeated key: a token pasted twice would silently act for
+        # the second tenant (found by a break-it session)
+        seen: dict[str, object] = {}
+        for key, item in pairs:
+            if key in seen:
+                raise SettingsError(f"{source}: a token appears twice ({_shown(key)}; names {seen[key]!r} and {item!r})")
+            seen[key] = item
+        return seen
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=refuse_repeats)
     except ValueError as exc:
         raise SettingsError(f"{source} is not JSON: {exc}") from None
     if not isinstance(value, dict) or not value or not all(isinstance(k, str) and isinstance(v, str)
@@ -114,3 +124,8 @@ class TenantTokenVerifier:
         if tenant is None:
             return None
         return AccessToken(token=token, client_id=tenant, scopes=[], subject=tenant)
+
+
+def _shown(token: str) -> str:
+    """A token as an error may show it: its first four characters only."""
+    return f"{token[:4]}…" if len(token) > 4 else "a short token"

@@ -61,3 +61,14 @@ def test_tokens_come_from_the_file_and_the_setting_together(tmp_path: Path) -> N
     for text in ("[1, 2]", "{}", "not json", json.dumps({A: 7})):
         with pytest.raises(SettingsError, match="MNEMOS_MCP_TOKENS"):
             TokenTable.from_settings(Settings(mcp_tokens=text))
+
+
+def test_a_token_repeated_inside_one_file_is_refused(tmp_path: Path) -> None:
+    # found by a break-it session: JSON keeps the last of a repeated key, so alice's token acted for bob
+    path = tmp_path / "tokens.json"
+    path.write_text(f'{{"{A}": "alice", "{B}": "carol", "{A}": "bob"}}', encoding="utf-8")
+    with pytest.raises(SettingsError, match="a token appears twice") as info:
+        TokenTable.from_settings(Settings(mcp_tokens_file=str(path)))
+    assert "'alice' and 'bob'" in str(info.value) and A not in str(info.value)  # never the whole token
+    with pytest.raises(SettingsError, match="appears twice"):
+        TokenTable.from_settings(Settings(mcp_tokens=f'{{"{B}": "bob", "{B}": "bob"}}'))
