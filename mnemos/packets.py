@@ -262,13 +262,14 @@ def screen(candidates: Sequence[Candidate], supersessions: SupersessionTable | N
            as_of: datetime | None = None) -> tuple[list[Candidate], list[Omitted]]:
     """Split ``candidates`` into those still current at ``as_of`` and those a visible correction
     supersedes (``because_of`` names the newest such correction). An entry is superseded when any
-    of its turns (canonical or alias) is named by a turn that is not one of its own."""
+    of its turns (canonical or alias) is named by a turn that is not one of its own and occurred
+    after the entry's turn (a correction of a newer turn, or a cycle, hides nothing)."""
     if supersessions is None or len(supersessions) == 0:
         return list(candidates), []
     current, superseded = [], []
     for c in candidates:
         turns = (c.turn_id, *c.qualifiers.aliases)
-        correction = supersessions.superseding(turns, as_of, exclude=turns)
+        correction = supersessions.superseding(turns, as_of, exclude=turns, after=c.qualifiers.occurred_at)
         if correction is None:
             current.append(c)
         else:

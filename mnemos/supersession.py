@@ -59,17 +59,22 @@ class SupersessionTable:
                 self._by_target.setdefault(target, []).append(correction)
 
     def superseding(self, turn_ids: Iterable[str], as_of: datetime | None = None,
-                    exclude: Collection[str] = ()) -> Correction | None:
+                    exclude: Collection[str] = (), after: datetime | None = None) -> Correction | None:
         """The newest correction of any of ``turn_ids`` visible at ``as_of``, or None.
 
         A correction is visible when it occurred at or before ``as_of`` (None: always). Corrections
         made by a turn in ``exclude`` (an entry's own turns: a duplicate cannot correct itself) do
-        not count. Ties in time go to the smaller turn id, so the answer is deterministic.
+        not count, nor, with ``after`` (the corrected turn's own time), corrections that did not
+        occur strictly later: a turn cannot correct a newer one, and so two turns that name each
+        other (a cycle) cannot hide both. Ties in time go to the smaller turn id, so the answer is
+        deterministic.
         """
         best: Correction | None = None
         for target in turn_ids:
             for correction in self._by_target.get(target, ()):
                 if correction.turn_id in exclude or (as_of is not None and correction.occurred_at > as_of):
+                    continue
+                if after is not None and correction.occurred_at <= after:
                     continue
                 if best is None or correction.occurred_at > best.occurred_at or (
                         correction.occurred_at == best.occurred_at and correction.turn_id < best.turn_id):

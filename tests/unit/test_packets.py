@@ -126,6 +126,22 @@ def test_a_correction_of_an_alias_supersedes_the_entry_but_not_by_its_own_turns(
     assert table.superseding(["t1"], exclude=("t1", "dup")) is None
 
 
+def test_only_a_later_turn_corrects_and_a_cycle_hides_only_the_older_turn() -> None:
+    # found by a break-it session: two turns naming each other hid both, and an older turn hid a newer one
+    table = SupersessionTable()
+    table.add("t1", T0 + timedelta(days=1), ["t2"])  # t1 (day 1) names t2 (day 2): an older turn
+    table.add("t2", T0 + timedelta(days=2), ["t1"])  # t2 (day 2) names t1: a real correction
+    table.add("t3", T0 + timedelta(days=3), ["t4"])  # t3 (day 3) names t4 (day 4): ignored
+    pool = [cand(1, 4.0, session_day=1), cand(2, 3.0, session="s2", session_day=2),
+            cand(3, 2.0, session="s3", session_day=3), cand(4, 1.0, session="s4", session_day=4)]
+    packet = build_packet(pool, orthogonal(4), 1000, supersessions=table)
+    assert sorted(i.entry_id for i in packet.items) == [2, 3, 4]
+    assert [(o.entry_id, o.because_of) for o in packet.omitted] == [(1, "t2")]
+    same_time = SupersessionTable()
+    same_time.add("t2", T0, ["t1"])  # said at the same instant: not later, corrects nothing
+    assert build_packet([cand(1, 2.0), cand(2, 1.0)], orthogonal(2), 1000, supersessions=same_time).omitted == ()
+
+
 def test_the_packet_is_deterministic_and_ties_keep_pool_order() -> None:
     pool = [cand(i, 1.0, 10) for i in range(1, 7)]
     packets = {build_packet(pool, orthogonal(6), 35, PacketConfig(session_share=1.0)) for _ in range(3)}
