@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from mcp.server.auth.provider import AccessToken
 from api.validation import Limits, check_id
 from workers.runtime.errors import SettingsError
 from workers.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MIN_TOKEN_CHARS = 16
 
@@ -75,8 +78,12 @@ class TokenTable:
             path = Path(settings.mcp_tokens_file).expanduser()
             try:
                 sources.append((f"MNEMOS_MCP_TOKENS_FILE ({path})", path.read_text(encoding="utf-8")))
+                mode = path.stat().st_mode
             except OSError as exc:
                 raise SettingsError(f"cannot read MNEMOS_MCP_TOKENS_FILE {path}: {exc.strerror or exc}") from None
+            if mode & 0o077:  # the README's recipe is chmod 600: a token is a tenant's whole memory
+                log.warning("MNEMOS_MCP_TOKENS_FILE %s can be read by other users (mode %o): chmod 600 it",
+                            path, mode & 0o777)
         if settings.mcp_tokens:
             sources.append(("MNEMOS_MCP_TOKENS", settings.mcp_tokens))
         if not sources:

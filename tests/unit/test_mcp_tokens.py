@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,18 @@ def test_a_token_repeated_inside_one_file_is_refused(tmp_path: Path) -> None:
     assert "'alice' and 'bob'" in str(info.value) and A not in str(info.value)  # never the whole token
     with pytest.raises(SettingsError, match="appears twice"):
         TokenTable.from_settings(Settings(mcp_tokens=f'{{"{B}": "bob", "{B}": "bob"}}'))
+
+
+def test_a_tokens_file_others_can_read_is_loaded_with_one_warning(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({A: "alice"}), encoding="utf-8")
+    path.chmod(0o600)
+    with caplog.at_level(logging.WARNING):
+        TokenTable.from_settings(Settings(mcp_tokens_file=str(path)))
+    assert caplog.records == []
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING):
+        assert TokenTable.from_settings(Settings(mcp_tokens_file=str(path))).tenant_of(A) == "alice"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"MNEMOS_MCP_TOKENS_FILE {path} can be read by other users (mode 644): chmod 600 it"]
