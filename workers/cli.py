@@ -205,7 +205,7 @@ def publish(ctx: click.Context, source: TextIO, tenant: str | None, readd: bool)
     try:
         ids = client.publish_turns(turns, readd=readd)
     except InvalidInputError as exc:
-        raise click.ClickException(f"nothing published: {exc}") from exc
+        raise CommandFailed(f"nothing published: {exc}", EXIT_MISCONFIGURED) from exc
     streams = sorted({client.turns_stream_of(str(t.get("tenant_id", ""))) for t in turns})
     click.echo(f"published {len(ids)} turns to {', '.join(streams)}")
 
@@ -229,7 +229,7 @@ def forget(ctx: click.Context, tenant: str, session_id: str | None, turn_ids: tu
     try:
         stream_id = client.forget(tenant, session_id=session_id, turn_ids=list(turn_ids) or None)
     except InvalidInputError as exc:
-        raise click.ClickException(f"nothing published: {exc}") from exc
+        raise CommandFailed(f"nothing published: {exc}", EXIT_MISCONFIGURED) from exc
     scope = f"session {session_id}" if session_id else f"{len(turn_ids)} turn(s)" if turn_ids else "the whole tenant"
     click.echo(f"published forget of {scope} of tenant {tenant} to {client.turns_stream_of(tenant)} as {stream_id}")
 
@@ -266,8 +266,8 @@ def retrieve(ctx: click.Context, tenant: str, k: int | None, timeout_s: float | 
     try:
         result = client.retrieve(tenant, question, k=client.limits.default_k if k is None else k, timeout_s=timeout_s,
                                  as_of=as_of, filters=filters or None, budget_tokens=budget_tokens)
-    except MnemosClientError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except MnemosClientError as exc:  # a refused input exits 2 (change it first), a failed service 1
+        raise CommandFailed(str(exc), describe_failure(exc)[1]) from exc
     click.echo(json.dumps(result.to_payload(), indent=2) if as_json else format_result(tenant, question, result))
 
 
