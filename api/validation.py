@@ -156,6 +156,11 @@ def _blank(value: str) -> bool:
     return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in value)
 
 
+def _has_text_controls(value: str) -> bool:
+    """True when ``value`` holds a control character other than tab, CR and LF (the text's rule)."""
+    return any(unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_TEXT_CONTROLS for ch in value)
+
+
 def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, large_reason: Reason) -> str:
     """Non-blank text of at most ``max_bytes`` UTF-8 bytes; tab, CR and LF are the only controls allowed.
 
@@ -181,7 +186,7 @@ def check_text(value: Any, field: str, max_bytes: int, empty_reason: Reason, lar
     size = _utf8_size(value, field)
     if size > max_bytes:
         raise InvalidInputError(large_reason, field, f"{size} bytes, limit {max_bytes}")
-    if any(unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_TEXT_CONTROLS for ch in value):
+    if _has_text_controls(value):
         raise InvalidInputError(Reason.CONTROL_CHARACTERS, field, "contains NUL or other control characters")
     return str(value)
 
@@ -277,8 +282,7 @@ def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
     if caption is not None and not isinstance(caption, str):
         raise InvalidInputError(Reason.BAD_METADATA, f"metadata.{IMAGE_CAPTION_KEY}",
                                 f"must be a string, got {type(caption).__name__}")
-    if caption is not None and any(unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_TEXT_CONTROLS
-                                   for ch in caption):  # rendered with the text: the text's rule
+    if caption is not None and _has_text_controls(caption):  # rendered with the text: the text's rule
         raise InvalidInputError(Reason.CONTROL_CHARACTERS, f"metadata.{IMAGE_CAPTION_KEY}",
                                 "contains NUL or other control characters")
     if SUPERSEDES_KEY in value:
