@@ -252,7 +252,6 @@ def retrieve(ctx: click.Context, tenant: str, k: int | None, timeout_s: float | 
              budget_tokens: int | None, question: str) -> None:
     """Ask one question through the query workers and print the hits (and, with --budget, the
     evidence packet and what it left out)."""
-    from api.errors import MnemosClientError
     from workers.ops.demo import format_result
 
     filters: dict[str, object] = {}
@@ -262,12 +261,9 @@ def retrieve(ctx: click.Context, tenant: str, k: int | None, timeout_s: float | 
         filters["roles"] = list(roles)
     if occurred_after is not None:
         filters["occurred_after"] = occurred_after
-    client = _client(_settings(ctx))
-    try:
-        result = client.retrieve(tenant, question, k=client.limits.default_k if k is None else k, timeout_s=timeout_s,
-                                 as_of=as_of, filters=filters or None, budget_tokens=budget_tokens)
-    except MnemosClientError as exc:  # a refused input exits 2 (change it first), a failed service 1
-        raise CommandFailed(str(exc), describe_failure(exc)[1]) from exc
+    client = _client(_settings(ctx))  # a refused input exits 2, a failed service 1 (OneLineErrors)
+    result = client.retrieve(tenant, question, k=client.limits.default_k if k is None else k, timeout_s=timeout_s,
+                             as_of=as_of, filters=filters or None, budget_tokens=budget_tokens)
     click.echo(json.dumps(result.to_payload(), indent=2) if as_json else format_result(tenant, question, result))
 
 
