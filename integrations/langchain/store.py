@@ -31,7 +31,7 @@ text is indexed, for BM25 and dense retrieval alike.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,6 +49,7 @@ from langgraph.store.base import (
 
 from api.catalog import TurnRecord
 from api.client import MnemosClient
+from api.schemas import Hit
 
 KEY_SEPARATOR = ".."
 _RESERVED = ("speaker", "timestamp")
@@ -172,7 +173,7 @@ class MnemosStore(BaseStore):
         result = self.client.retrieve(self.tenant_id, op.query, k=k, filters=filters or None)
         return [self._search_item(hit, record) for hit, record in self._in_prefix(result.hits[op.offset:], sessions)]
 
-    def _in_prefix(self, hits: Any, sessions: set[str] | None) -> list[tuple[Any, TurnRecord]]:
+    def _in_prefix(self, hits: Sequence[Hit], sessions: set[str] | None) -> list[tuple[Hit, TurnRecord]]:
         """Each hit with the stored turn it stands for under the prefix. A deduplicated memory passes the
         session filter by any of its turns, but a hit carries its canonical turn, which may live in
         another namespace: then the item is its alias inside the prefix, read back with its own text."""
@@ -184,10 +185,9 @@ class MnemosStore(BaseStore):
         wanted = sorted({t for hit_id, t in inside.items() if t is not None and t != hit_id})
         if wanted:
             records.update({r.turn_id: r for r in self.client.turns(self.tenant_id, wanted)})
-        return [(hit, records[inside[hit.turn_id]]) for hit in hits
-                if inside[hit.turn_id] is not None and inside[hit.turn_id] in records]
+        return [(hit, records[t]) for hit in hits if (t := inside[hit.turn_id]) is not None and t in records]
 
-    def _search_item(self, hit: Any, record: TurnRecord) -> SearchItem:
+    def _search_item(self, hit: Hit, record: TurnRecord) -> SearchItem:
         namespace, key = item_address(record.session_id, record.turn_id)
         return SearchItem(namespace, key, self._value(record), record.occurred_at, record.occurred_at,
                           score=hit.score)
