@@ -33,6 +33,7 @@ from api.validation import (
     check_id_list,
     check_k,
     check_metadata,
+    check_tenant_id,
     check_text,
     check_timestamp,
     check_version,
@@ -67,7 +68,7 @@ class Turn:
         """Validate a mapping of field values (stream fields or user input); raises InvalidInputError."""
         version = check_version(values.get("v", None))
         return cls(
-            tenant_id=check_id(values.get("tenant_id"), "tenant_id", limits),
+            tenant_id=check_tenant_id(values.get("tenant_id"), "tenant_id", limits),
             session_id=check_id(values.get("session_id"), "session_id", limits),
             turn_id=check_id(values.get("turn_id"), "turn_id", limits),
             role=check_id(values.get("role"), "role", limits),

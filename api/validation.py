@@ -151,6 +151,32 @@ def check_id(value: Any, field: str, limits: Limits) -> str:
     return value
 
 
+def check_tenant_id(value: Any, field: str, limits: Limits) -> str:
+    """A tenant id: :func:`check_id`, and one that cannot render like another tenant's id.
+
+    The tenant id is the isolation boundary that dashboards, logs and tokens files show to people, so
+    two ids that look the same must not name two tenants. Besides :func:`check_id`'s rules it refuses,
+    as ``bad_id``:
+
+    - an id that is not in Unicode normalisation form NFC (``"e"`` + U+0301 where ``"é"`` is meant):
+      send ``unicodedata.normalize("NFC", tenant_id)``;
+    - an invisible format character (category Cf: zero-width space or joiner, soft hyphen, word
+      joiner, BOM) anywhere in the id, with its code points in the detail.
+
+    Turns (new memory) and the MCP server's tenants use it; retrievals, catalog reads and forgets
+    keep :func:`check_id`, so a tenant stored before this rule stays readable and erasable.
+    Confusable letters of other scripts (a Cyrillic "а" for a Latin "a") are not detected: pick
+    tenant ids from a known alphabet (docs/architecture.md "Contracts").
+    """
+    tenant_id = check_id(value, field, limits)
+    if unicodedata.normalize("NFC", tenant_id) != tenant_id:
+        raise InvalidInputError(Reason.BAD_ID, field, "is not in Unicode NFC form (normalise it before sending)")
+    hidden = sorted({f"U+{ord(ch):04X}" for ch in tenant_id if unicodedata.category(ch) == "Cf"})
+    if hidden:
+        raise InvalidInputError(Reason.BAD_ID, field, f"contains invisible format characters ({', '.join(hidden)})")
+    return tenant_id
+
+
 def _blank(value: str) -> bool:
     """True when nothing visible is left: only whitespace and format characters (zero-width, BOM)."""
     return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in value)

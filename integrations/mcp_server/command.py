@@ -56,7 +56,7 @@ def run_mcp(settings: Settings, *, transport: str) -> int:
     """
     require_sdk()
     from api.client import MnemosClient
-    from api.validation import Limits, check_id, limits_of
+    from api.validation import Limits, check_tenant_id, limits_of
     from integrations.mcp_server.server import build_server, fixed_tenant, token_tenant
     from integrations.mcp_server.tokens import TenantTokenVerifier, TokenTable
     from integrations.mcp_server.tools import MemoryTools
@@ -73,7 +73,7 @@ def run_mcp(settings: Settings, *, transport: str) -> int:
         if not settings.mcp_tenant:
             raise SettingsError("the stdio transport serves one tenant: give --tenant or set MNEMOS_MCP_TENANT")
         try:
-            tenant = check_id(settings.mcp_tenant, "tenant", Limits(max_id_chars=settings.max_id_chars))
+            tenant = check_tenant_id(settings.mcp_tenant, "tenant", Limits(max_id_chars=settings.max_id_chars))
         except ValueError as exc:
             raise SettingsError(f"--tenant / MNEMOS_MCP_TENANT: {exc}") from None
         server = build_server(tools, fixed_tenant(tenant), metrics=metrics, max_k=settings.max_k)

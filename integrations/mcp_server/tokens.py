@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mcp.server.auth.provider import AccessToken
 
-from api.validation import Limits, check_id
+from api.validation import Limits, check_tenant_id
 from workers.runtime.errors import SettingsError
 from workers.settings import Settings
 
@@ -48,7 +48,7 @@ class TokenTable:
                 raise SettingsError(f"MCP token #{number} (of tenant {tenant!r}) must be at least {MIN_TOKEN_CHARS} "
                                     "characters without whitespace")
             try:
-                tenant_id = check_id(tenant, "tenant", checked)
+                tenant_id = check_tenant_id(tenant, "tenant", checked)
             except ValueError as exc:
                 raise SettingsError(f"MCP token #{number} names an invalid tenant id: {exc}") from None
             self._entries.append((_digest(token), tenant_id))

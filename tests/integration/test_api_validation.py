@@ -168,3 +168,35 @@ def test_nanoseconds_are_truncated_to_microseconds_as_documented() -> None:
     """Documented in check_zoned_time and docs/architecture.md "Contracts": truncated, not rounded."""
     turn = Turn.parse({**GOOD, "occurred_at": "2024-05-01T10:00:00.123456789Z"}, Limits(), NOW)
     assert turn.occurred_at == datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
+
+
+
+@pytest.mark.parametrize(("tenant_id", "detail"), [
+    ("jose\u0301", "NFC"),                    # "josé" decomposed: renders as the NFC "jos\u00e9"
+    ("al\u200bice", "U+200B"),               # a zero-width space inside
+    ("alice\u00ad", "U+00AD"),               # a soft hyphen at the end
+    ("\ufeffalice\u2060", "U+2060, U+FEFF"),  # BOM and word joiner, every code point named
+])
+def test_a_turn_under_a_tenant_id_that_renders_like_another_is_refused(tenant_id: str, detail: str) -> None:
+    """The tenant id is the isolation boundary: two ids that look the same never name two tenants.
+
+    Only new memory is refused: retrievals, catalog reads and forgets still accept the id, so a
+    tenant stored before the rule stays readable and erasable.
+    """
+    with pytest.raises(InvalidInputError) as info:
+        Turn.parse({**GOOD, "tenant_id": tenant_id}, Limits(), NOW)
+    assert (info.value.reason, info.value.field) == (Reason.BAD_ID, "tenant_id")
+    assert detail in info.value.detail
+    raw = {k.encode(): str(v).encode() for k, v in GOOD.items()} | {b"tenant_id": tenant_id.encode()}
+    with pytest.raises(InvalidInputError) as info:
+        Turn.from_stream_fields(raw, Limits(), NOW)  # what the ingest worker reads: a dead letter
+    assert info.value.reason is Reason.BAD_ID
+    assert RetrievalRequest.parse({"v": 1, "tenant_id": tenant_id, "query": "q"}).tenant_id == tenant_id
+    assert ForgetRequest.parse({"v": 1, "tenant_id": tenant_id, "scope": "tenant"}, Limits()).tenant_id == tenant_id
+
+
+def test_a_composed_tenant_id_and_invisible_characters_in_other_ids_are_accepted() -> None:
+    """Only the tenant id has the look-alike rule; session and turn ids keep check_id's."""
+    turn = Turn.parse({**GOOD, "tenant_id": "jos\u00e9", "session_id": "s\u200b1", "turn_id": "t\u00ad1"},
+                      Limits(), NOW)
+    assert (turn.tenant_id, turn.session_id, turn.turn_id) == ("jos\u00e9", "s\u200b1", "t\u00ad1")
