@@ -306,20 +306,23 @@ class CachedReranker:
         """The inner reranker's ``model_version`` (``""`` when it has none)."""
         return str(getattr(self.inner, "model_version", ""))
 
-    def _keys(self, query: str, texts: Sequence[str]) -> list[bytes]:
-        """One key per text: the digest of (model version, query) followed by the text's digest."""
-        version = self.model_version.encode("utf-8")
-        encoded = query.encode("utf-8")
+    def _keys(self, query: str, texts: Sequence[str], scope: str) -> list[bytes]:
+        """One key per text: the digest of (model version, scope, query) followed by the text's digest."""
+        parts = (self.model_version.encode("utf-8"), scope.encode("utf-8"), query.encode("utf-8"))
         prefix = hashlib.blake2b(digest_size=16)
-        for part in (version, encoded):  # length-prefixed: no two (version, query) pairs share bytes
+        for part in parts:  # length-prefixed: no two (version, scope, query) triples share bytes
             prefix.update(len(part).to_bytes(8, "little"))
             prefix.update(part)
         head = prefix.digest()
         return [head + _text_digest(text) for text in texts]
 
-    def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
-        """``(len(texts),)`` float32 scores, from the cache where possible."""
-        keys = self._keys(query, texts)
+    def score(self, query: str, texts: Sequence[str], scope: str = "") -> np.ndarray:
+        """``(len(texts),)`` float32 scores, from the cache where possible.
+
+        ``scope`` partitions the cache: a pair cached under one scope never answers for another
+        (:meth:`scoped` gives a reranker bound to one scope; the query worker's scope is the tenant).
+        """
+        keys = self._keys(query, texts, scope)
         missing: dict[bytes, str] = {}
         for key, text in zip(keys, texts, strict=True):
             if key in self._cache:
@@ -337,6 +340,10 @@ class CachedReranker:
         out = [fresh[k] if k in fresh else self._cache[k] for k in keys]
         self._evict()
         return np.asarray(out, dtype=np.float32).reshape(len(texts))
+
+    def scoped(self, scope: str) -> ScopedReranker:
+        """A reranker whose pairs live under ``scope`` in this cache (shared LRU, separate keys)."""
+        return ScopedReranker(self, scope)
 
     def discard(self, texts: Iterable[str]) -> int:
         """Drop every cached pair whose text is one of ``texts`` (a forgotten turn's score must not
@@ -360,6 +367,29 @@ class CachedReranker:
             return
         while len(self._cache) > self.max_entries:
             self._cache.popitem(last=False)
+
+
+class ScopedReranker:
+    """One scope of a :class:`CachedReranker`: :meth:`score` reads and fills only that scope's pairs.
+
+    The query worker scores each request through its tenant's scope, so whether a pair was cached
+    (visible in the result's counts and in its latency) never tells one tenant what another asked
+    or stored: the same rule as prompt caches scoped per organisation (docs/architecture.md
+    "Score cache"). ``inner`` is the shared cache, so counters summed along ``inner`` still work.
+    """
+
+    def __init__(self, cache: CachedReranker, scope: str) -> None:
+        self.inner = cache
+        self.scope = scope
+
+    @property
+    def model_version(self) -> str:
+        """The cache's model version."""
+        return self.inner.model_version
+
+    def score(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts),)`` float32 scores, cached under this scope."""
+        return self.inner.score(query, texts, scope=self.scope)
 
 
 class FakeReranker:

@@ -115,8 +115,8 @@ def _summary(rows: Sequence[dict[str, Any]], prefix: str, seed: int) -> dict[str
 def cache_split(asked: Sequence[Asked]) -> dict[str, Any]:
     """Client latency of the questions whose pool the cross-encoder scored (at least one pair
     missed the query worker's score cache: what a new question costs) apart from those answered
-    wholly from the cache (the burn-in asked the same question on the mirror tenant), with the
-    cached share. Answers that carry no counts (a worker without a score cache) are in neither."""
+    wholly from the cache (the tenant asked the same question before: the score cache is per
+    tenant, so only a question text its burn-in also drew), with the cached share. Answers that carry no counts (a worker without a score cache) are in neither."""
     def summary(values: list[float]) -> dict[str, Any]:
         if not values:
             return {"n": 0, "p50_s": None, "p95_s": None}
@@ -285,7 +285,7 @@ def format_table(payload: dict[str, Any]) -> str:
     if cached.get("n"):
         row("query, cached", f"{1000 * cached['p50_s']:.0f} / {1000 * cached['p95_s']:.0f} ms",
             f"{cached['n']} questions", f"the same, every pool pair from the score cache "
-            f"({100 * query['cached_share']:.0f}% of questions: the burn-in asked them first)")
+            f"({100 * query['cached_share']:.0f}% of questions: their tenant asked them before)")
     row("query, all", f"{1000 * query['p50_s']:.0f} / {1000 * query['p95_s']:.0f} ms", f"{query['n']} questions",
         MEANINGS["query"])
     if fresh["probes"]:

@@ -220,6 +220,25 @@ def test_a_repeated_question_is_reranked_from_the_cache(settings: Settings, redi
     assert answered.rerank_pairs_scored is None and answered.rerank_pairs_cached is None
 
 
+
+def test_a_cached_pair_never_answers_for_another_tenant(settings: Settings, redis_client: redis.Redis,
+                                                        store: PostgresStore) -> None:
+    """Same texts, same question, two tenants: the second is scored afresh, so neither its cache
+    counts nor its latency tell it what the first asked or stored (docs/architecture.md "Score cache")."""
+    for tenant in ("alice", "bob"):
+        factories.ingest_turns(settings, redis_client, store, factories.conversation_turns(tenant, "a"))
+    service = factories.query_service(settings.replace(rerank_cache_pairs=1000), redis_client, store)
+    inner = service.rerank_cache.inner
+    first = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    scored = inner.pairs_scored
+    other = service.answer(RetrievalRequest("bob", "grey cat Pixel", k=5))
+    assert (other.rerank_pairs_scored, other.rerank_pairs_cached) == (first.pool_size, 0)
+    assert inner.pairs_scored == scored + first.pool_size
+    assert [h.text for h in other.hits] == [h.text for h in first.hits]  # the same model, the same ranking
+    again = service.answer(RetrievalRequest("bob", "grey cat Pixel", k=5))
+    assert (again.rerank_pairs_scored, again.rerank_pairs_cached) == (0, first.pool_size)  # its own scope
+
+
 CALLBACKS: list[str] = []
 
 

@@ -42,6 +42,20 @@ def test_cache_scores_only_missing_pairs_and_counts():
     assert cached.pairs_scored == 5
 
 
+def test_a_scope_reads_and_fills_only_its_own_pairs():
+    fake = FakeReranker()
+    cached = CachedReranker(fake)
+    alice, bob = cached.scoped("alice"), cached.scoped("bob")
+    first = alice.score("dog", ["dog a", "b"])
+    np.testing.assert_allclose(bob.score("dog", ["dog a", "b"]), first)  # same model, same scores ...
+    assert cached.pairs_scored == 4 and cached.cache_hits == 0  # ... but scored afresh
+    alice.score("dog", ["b"])
+    cached.score("dog", ["b"])  # the unscoped cache is a third scope
+    assert cached.cache_hits == 1 and cached.pairs_scored == 5
+    assert alice.model_version == cached.model_version and isinstance(alice, Reranker)
+    assert cached.discard(["b"]) == 3 and cached.pairs_of("dog a") == 2  # a forget reaches every scope
+
+
 def test_cache_evicts_oldest_beyond_max_entries():
     cached = CachedReranker(FakeReranker(), max_entries=2)
     cached.score("q", ["a", "b", "c"])

@@ -24,8 +24,10 @@ this worker's (reindexed while this worker runs, say) fails the request with
 loop: on every dequeue wait (every ``heartbeat_ttl_s / 3`` seconds while idle) and before each job.
 
 The reranker is wrapped in a :class:`mnemos.rerank.CachedReranker` of ``rerank_cache_pairs``
-(model version, query, rendered turn) scores, least recently used evicted, so a repeated question
-at an unchanged memory skips the model for the turns it already scored. Per request the worker
+(model version, tenant, query, rendered turn) scores, least recently used evicted, so a repeated
+question at an unchanged memory skips the model for the turns it already scored. Each request is
+scored through its tenant's scope of the cache: another tenant's identical question and turn text
+is scored afresh, so neither the result's cache counts nor its latency reveal what others asked. Per request the worker
 adds the reranker's counts to ``mnemos_query_rerank_cache_hits_total`` / ``_misses_total`` and to
 ``mnemos_query_rerank_pairs_truncated_total`` / ``_queries_truncated_total`` (pairs longer than
 the cross-encoder's max length; see :mod:`mnemos.rerank_pairs`). A cached score is the one the
@@ -193,11 +195,13 @@ class QueryService:
                 table = SuppressionTable(tx.suppression_scores(cluster))
         refresh_s = self.clock() - refresh_started
         counts_before = RerankCounts.of(self.reranker)
+        # scored through the tenant's scope of the score cache: a cached pair never answers for another tenant
+        reranker = self.reranker if self.rerank_cache is None else self.rerank_cache.scoped(request.tenant_id)
         allowed = entry_filter(request)  # the request's restrictions, converted once for retrieval and packet
         # the knowledge time also anchors relative time expressions; without it they stay unresolved;
         # a packet request keeps the retrievers' unfiltered lists for its hidden candidates (no second search)
         core = retrieve(state.index, request.query, query_vector, k=request.k, config=self.config.for_k(request.k),
-                        reranker=self.reranker, suppression=table, cluster=cluster,
+                        reranker=reranker, suppression=table, cluster=cluster,
                         outcome_id=request.request_id, clock=self.clock, reference_time=request.as_of,
                         allowed=allowed, unfiltered=key is not None)
         if core.outcome is not None:
