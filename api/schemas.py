@@ -381,7 +381,9 @@ class Outcome:
     """One retrieval's suppression update as a stream message (Clustered Retrieval-Induced Forgetting, Algorithm 1, as data).
 
     ``query_embedding`` is sent while the tenant has no frozen centroids (the bootstrap buffer
-    needs it) and omitted afterwards.
+    needs it) and omitted afterwards. ``forget_version`` is the tenant's forget version the
+    retrieval read (None from query workers before 2026-12-07): the suppression worker applies
+    nothing of an outcome that a later forget made moot (docs/architecture.md "Forget").
     """
 
     outcome_id: str
@@ -390,12 +392,15 @@ class Outcome:
     pool_size: int
     pool: tuple[PoolRow, ...]
     query_embedding: tuple[float, ...] | None = None
+    forget_version: int | None = None
     v: int = SCHEMA_VERSION
 
     def to_stream_fields(self) -> dict[str, str]:
         body = {"outcome_id": self.outcome_id, "cluster": self.cluster, "pool_size": self.pool_size,
                 "pool": [[p.entry_id, p.initial_rank, p.final_rank, p.rerank_score] for p in self.pool],
                 "query_embedding": None if self.query_embedding is None else list(self.query_embedding)}
+        if self.forget_version is not None:  # absent rather than null: older workers' messages are unchanged
+            body["forget_version"] = self.forget_version
         return {"v": str(self.v), "tenant_id": self.tenant_id, "outcome": json.dumps(body, separators=(",", ":"))}
 
     @classmethod
@@ -411,14 +416,17 @@ class Outcome:
             version = check_version(values.get("v"))
             body = json.loads(values["outcome"], parse_constant=_refuse_constant)
             pool = tuple(PoolRow(int(e), int(i), int(f), float(s)) for e, i, f, s in body["pool"])
-            embedding = body.get("query_embedding")
+            embedding, forgets = body.get("query_embedding"), body.get("forget_version")
+            if forgets is not None and (isinstance(forgets, bool) or not isinstance(forgets, int)):
+                raise TypeError(f"forget_version must be an integer, not {type(forgets).__name__}")
             if not isinstance(body["outcome_id"], str):  # a request id: never a number or a list made into text
                 raise TypeError(f"outcome_id must be a string, not {type(body['outcome_id']).__name__}")
             outcome = cls(
                 outcome_id=body["outcome_id"], tenant_id=values["tenant_id"],
                 cluster=None if body.get("cluster") is None else int(body["cluster"]),
                 pool_size=int(body["pool_size"]), pool=pool,
-                query_embedding=None if embedding is None else tuple(float(x) for x in embedding), v=version,
+                query_embedding=None if embedding is None else tuple(float(x) for x in embedding),
+                forget_version=forgets, v=version,
             )
         except InvalidInputError:
             raise
@@ -438,6 +446,8 @@ class Outcome:
                 raise refuse(name, f"{exc.detail} ({exc.reason.value})") from None
         if self.cluster is not None and not 0 <= self.cluster <= _INT32_MAX:
             raise refuse("cluster", f"{self.cluster} is outside 0..{_INT32_MAX}")
+        if self.forget_version is not None and not 0 <= self.forget_version <= _INT64_MAX:
+            raise refuse("forget_version", f"{self.forget_version} is outside 0..{_INT64_MAX}")
         if self.pool_size < 1:
             raise refuse("pool_size", f"must be >= 1, got {self.pool_size}")
         for row in self.pool:

@@ -31,6 +31,7 @@ SPEC_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_query_index_refreshes_total": ("counter", ()),
     "mnemos_suppression_outcomes_applied_total": ("counter", ()),
     "mnemos_suppression_duplicates_skipped_total": ("counter", ()),
+    "mnemos_suppression_outcomes_outdated_total": ("counter", ()),
     "mnemos_suppression_entries_updated_total": ("counter", ()),
     "mnemos_suppression_bootstrapped_tenants": ("gauge", ()),
     "mnemos_suppression_apply_seconds": ("histogram", ()),

@@ -78,6 +78,21 @@ def test_outcome_round_trip_and_malformed_message() -> None:
     assert info.value.reason is Reason.MALFORMED_MESSAGE
 
 
+def test_an_outcome_carries_the_forget_version_its_retrieval_read() -> None:
+    pool = (PoolRow(1, 1, 1, 0.5),)
+    older = Outcome("o", "t", None, 1, pool).to_stream_fields()
+    assert "forget_version" not in older["outcome"]  # an outcome without it reads as an older worker's
+    for version in (0, 7):
+        outcome = Outcome("o", "t", None, 1, pool, forget_version=version)
+        raw = {k.encode(): v.encode() for k, v in outcome.to_stream_fields().items()}
+        assert Outcome.from_stream_fields(raw).forget_version == version
+    for bad in ("true", "-1", "1.5", '"3"'):
+        body = f'{{"outcome_id":"o","cluster":null,"pool_size":1,"pool":[[1,1,1,0.5]],"forget_version":{bad}}}'
+        with pytest.raises(InvalidInputError) as info:
+            Outcome.from_stream_fields({b"v": b"1", b"tenant_id": b"t", b"outcome": body.encode()})
+        assert info.value.reason is Reason.MALFORMED_MESSAGE, bad
+
+
 AS_OF = "2024-05-01T12:00:00+02:00"
 
 

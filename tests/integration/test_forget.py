@@ -26,6 +26,7 @@ from tests.integration.factories import (
     drain,
     ingest_worker,
     query_service,
+    suppression_worker,
     turn,
 )
 from tests.support import wait_for
@@ -141,6 +142,43 @@ def test_a_tenant_forget_empties_every_table_of_the_tenant(settings: Settings, r
     client.publish_turns([turn("alice", "a2", "re-added after the forget", minutes=9)], readd=True)
     drain(worker)
     assert _stored(store, "alice") == {"a2"}
+
+
+def _tenant_rows(store: PostgresStore, tenant: str, table: str) -> int:
+    with psycopg.connect(store.database_url) as conn:
+        query = sql.SQL("SELECT count(*) FROM {} WHERE tenant_id = %s").format(sql.Identifier(table))
+        row = conn.execute(query, (tenant,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_outcomes_of_retrievals_before_a_tenant_forget_leave_nothing_after_it(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    """With the suppression worker behind, a tenant forget used to be refilled by the outcomes of
+    retrievals made before it (ledger rows and the queries' embeddings in the bootstrap buffer)."""
+    settings = settings.replace(clusters_k=4)  # no centroids yet: every outcome carries its query embedding
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", f"a{i}", f"{SECRET} {i}", minutes=i) for i in range(4)]
+                         + [turn("bob", "b1", "bob keeps his passport memories")])
+    ingest = ingest_worker(settings, redis_client, store)
+    drain(ingest)
+    service = query_service(settings, redis_client, store)
+    for n in range(3):
+        service.answer(RetrievalRequest("alice", "passport number", k=3, request_id=f"before-{n}"))
+    service.answer(RetrievalRequest("bob", "passport memories", k=3, request_id="bob-1"))
+    client.forget("alice")
+    drain(ingest)  # the forget commits while the suppression worker has applied none of the four
+    worker = suppression_worker(settings, redis_client, store)
+    drain(worker)  # type: ignore[arg-type]
+    assert worker.metrics.suppression_outdated._value.get() == 3
+    for table in ("applied_outcomes", "query_buffer", "suppression"):
+        assert _tenant_rows(store, "alice", table) == 0, table
+    assert (_tenant_rows(store, "bob", "applied_outcomes"), _tenant_rows(store, "bob", "query_buffer")) == (1, 1)
+    client.publish_turns([turn("alice", "n1", "a new memory after the forget", minutes=9)])
+    drain(ingest)
+    service.answer(RetrievalRequest("alice", "new memory", k=3, request_id="after"))
+    drain(worker)  # type: ignore[arg-type]
+    assert _tenant_rows(store, "alice", "applied_outcomes") == 1  # what the tenant asks afterwards is learnt
+    assert worker.metrics.suppression_outdated._value.get() == 3
 
 
 def test_a_forget_racing_with_two_ingest_workers_loses_nothing_else(settings: Settings, redis_client: redis.Redis,

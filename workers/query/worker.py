@@ -205,7 +205,8 @@ class QueryService:
                         outcome_id=request.request_id, clock=self.clock, reference_time=request.as_of,
                         allowed=allowed, unfiltered=key is not None)
         if core.outcome is not None:
-            message = outcome_message(core.outcome, with_embedding=clusters is None)
+            message = outcome_message(core.outcome, with_embedding=clusters is None,
+                                      forget_version=tenant.forget_version)
             self.connection.xadd(self.settings.outcomes_stream, message.to_stream_fields())  # type: ignore[arg-type]
         t = core.timings
         # the metric's "dense" stage includes embedding the query; the payload also reports it apart

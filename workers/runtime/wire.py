@@ -74,14 +74,16 @@ def result_message(result: RetrievalResult, request: schemas.RetrievalRequest, *
         rerank_pairs_scored=rerank_pairs_scored, rerank_pairs_cached=rerank_pairs_cached, packet=packet)
 
 
-def outcome_message(outcome: Outcome, *, with_embedding: bool) -> schemas.Outcome:
+def outcome_message(outcome: Outcome, *, with_embedding: bool, forget_version: int | None = None
+                    ) -> schemas.Outcome:
     """The stream form of a core outcome; the query embedding only ``with_embedding`` (while the
-    tenant has no frozen centroids, so the suppression worker can feed its bootstrap buffer)."""
+    tenant has no frozen centroids, so the suppression worker can feed its bootstrap buffer), and
+    the tenant's ``forget_version`` the retrieval read."""
     return schemas.Outcome(
         outcome_id=outcome.outcome_id, tenant_id=outcome.tenant_id, cluster=outcome.cluster,
         pool_size=outcome.pool_size,
         pool=tuple(schemas.PoolRow(p.entry_id, p.initial_rank, p.final_rank, p.rerank_score) for p in outcome.pool),
-        query_embedding=outcome.query_embedding if with_embedding else None)
+        query_embedding=outcome.query_embedding if with_embedding else None, forget_version=forget_version)
 
 
 def outcome_record(message: schemas.Outcome) -> Outcome:

@@ -150,8 +150,8 @@ class FakeTenantSession(FakeForget):
     def lock(self, lock: TenantLock) -> None:
         self._store.locks_taken.append((self._tenant_id, lock))
 
-    def tenant(self) -> TenantRow | None:
-        return self._t.tenants.get(self._tenant_id)
+    def tenant(self, *, lock: bool = False) -> TenantRow | None:
+        return self._t.tenants.get(self._tenant_id)  # one transaction at a time: every read is locked
 
     def create_tenant(self, rendering: int, dim: int) -> None:
         self._write().tenants.setdefault(self._tenant_id, TenantRow(self._tenant_id, 0, rendering, dim, 0))

@@ -81,9 +81,10 @@ class PostgresTenantSession(PostgresForget):
     def lock(self, lock: TenantLock) -> None:
         self._conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (int(lock), self._tenant_id))
 
-    def tenant(self) -> TenantRow | None:
+    def tenant(self, *, lock: bool = False) -> TenantRow | None:
         rows = self._rows(TenantRow, "SELECT tenant_id, memory_version, rendering_version, embedding_dim,"
-                          " suppression_version, forget_version FROM tenants WHERE tenant_id = %s", (self._tenant_id,))
+                          " suppression_version, forget_version FROM tenants WHERE tenant_id = %s"
+                          + (" FOR UPDATE" if lock else ""), (self._tenant_id,))
         return rows[0] if rows else None
 
     def create_tenant(self, rendering: int, dim: int) -> None:

@@ -54,8 +54,10 @@ class TenantSession(Protocol):
         """Take the tenant's ``lock`` until the transaction ends (waits for another holder)."""
         ...
 
-    def tenant(self) -> TenantRow | None:
-        """The tenant's row, or None for an unknown tenant."""
+    def tenant(self, *, lock: bool = False) -> TenantRow | None:
+        """The tenant's row, or None for an unknown tenant; ``lock`` holds the row's lock to the end
+        of the transaction (``FOR UPDATE``: a forget, which updates the row first, commits wholly
+        before or after it)."""
         ...
 
     def create_tenant(self, rendering: int, dim: int) -> None:

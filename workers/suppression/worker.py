@@ -98,13 +98,17 @@ class SuppressionWorker:
         return [m.stream_id for m in batch if m.stream_id not in left]
 
     def apply(self, message: OutcomeMessage, stream_id: str | None = None) -> bool:
-        """Apply one outcome in one transaction; False when the ledger says it was applied before."""
+        """Apply one outcome in one transaction; False when the ledger says it was applied before, or
+        when a forget made it moot (:func:`_outdated`: acknowledged with no effect, no ledger row)."""
         started = time.perf_counter()
         outcome = outcome_record(message)
         deltas = outcome_deltas(outcome, self.rule, self.settings.eta)
         tenant_id = outcome.tenant_id
         froze = False
         with self.store.tenant(tenant_id) as tx:
+            if _outdated(tx, message):
+                self.metrics.suppression_outdated.inc()
+                return False
             clustered = message.query_embedding is not None and self.settings.clusters_k > 1
             if clustered:
                 _check_embedding(tx, len(message.query_embedding or ()))
@@ -176,6 +180,18 @@ class SuppressionWorker:
         log.info("suppression worker consuming %s as group %s", self.settings.outcomes_stream, GROUP)
         run_consumer(self.consumer(name), self.handle, stop, poison=self.poison,
                      trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat)
+
+
+def _outdated(tx: TenantSession, message: OutcomeMessage) -> bool:
+    """True when a forget committed after the retrieval read the tenant and erased every entry of its
+    pool: the outcome then has nothing left to teach, and its query (a tenant forget erases the
+    tenant's queries too) must not reach the bootstrap buffer or the ledger. Takes the tenant row's
+    lock, so a forget commits wholly before or after this outcome (docs/architecture.md "Forget").
+    An outcome without ``forget_version`` (an older query worker) is never outdated."""
+    row = tx.tenant(lock=True)
+    if message.forget_version is None or row is None or message.forget_version >= row.forget_version:
+        return False
+    return not tx.own_entry_ids(sorted({p.entry_id for p in message.pool}))
 
 
 def _check_embedding(tx: TenantSession, floats: int) -> None:
