@@ -207,6 +207,28 @@ class MnemosClient:
                 raise self._unavailable(shard, f"cannot publish to {stream}: {exc}{sent}") from exc
         return ids
 
+    def replace_turn(self, turn: Turn | Mapping[str, Any]) -> str:
+        """Forget ``turn``'s turn id and re-add ``turn`` under it, as two adjacent messages of the
+        turns stream (one MULTI, or one script call while tenants move); returns the re-add's
+        stream id. Two concurrent replacements of one id therefore end with the one published last
+        in stream order, never with a forget of one between the other's forget and re-add (the
+        LangGraph store's ``put``). Raises InvalidInputError before anything is sent, or
+        ServiceUnavailable."""
+        checked = self.make_turn(turn)
+        forget = ForgetRequest.parse({"v": 1, "tenant_id": checked.tenant_id, "scope": ForgetScope.TURNS.value,
+                                      "turn_ids": [checked.turn_id]}, self.limits)
+        messages = [forget.to_stream_fields(), self._fields(checked, True)]
+        if self.directory is not None:
+            return self.directory.publish([(checked.tenant_id, m) for m in messages], self.home_shard)[1]
+        stream = self.turns_stream_of(checked.tenant_id)
+        try:
+            pipe = self.connection_of(checked.tenant_id).pipeline(transaction=True)
+            for message in messages:
+                pipe.xadd(stream, message)  # type: ignore[arg-type]
+            return _sid(pipe.execute()[1])
+        except redis.RedisError as exc:
+            raise self._unavailable(self.shard_of(checked.tenant_id), f"cannot publish to {stream}: {exc}") from exc
+
     @staticmethod
     def _fields(turn: Turn, readd: bool) -> dict[str, str]:
         fields = turn.to_stream_fields()  # already flat strings, a new dict per call

@@ -171,14 +171,9 @@ def worker(ctx: click.Context, kind: str, burst: bool, rq_log_level: str) -> Non
 
 
 def _client(settings: Settings):
-    from api.client import MnemosClient
-    from api.validation import limits_of
-    from workers.runtime.connections import client_connections
+    from workers.runtime.connections import settings_client
 
-    return MnemosClient(client_connections(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
-                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
-                        job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
-                        shards=settings.shards)
+    return settings_client(settings)
 
 
 @cli.command()
@@ -198,9 +193,16 @@ def publish(ctx: click.Context, source: TextIO, tenant: str | None, readd: bool)
         try:
             turn = json.loads(line)
         except ValueError as exc:
-            raise click.ClickException(f"line {number}: not JSON ({exc})") from exc
+            raise CommandFailed(f"nothing published: line {number}: not JSON ({exc})", EXIT_MISCONFIGURED) from exc
+        if not isinstance(turn, dict):
+            raise CommandFailed(f"nothing published: line {number}: a turn is a JSON object, not "
+                                f"{type(turn).__name__}", EXIT_MISCONFIGURED)
         if tenant and "tenant_id" not in turn:
             turn["tenant_id"] = tenant
+        try:
+            client.make_turn(turn)  # refused with its line number (1-based), before anything is sent
+        except InvalidInputError as exc:
+            raise CommandFailed(f"nothing published: line {number}: {exc}", EXIT_MISCONFIGURED) from exc
         turns.append(turn)
     try:
         ids = client.publish_turns(turns, readd=readd)

@@ -20,8 +20,9 @@ The mapping (the tenant is the constructor's, never an operation's):
   memory deduplicated across namespaces is returned as its own item under the prefix, never as the
   item of another namespace.
 
-What Mnemos cannot honour raises ``NotImplementedError`` with the reason instead of guessing: a value
-without a string text field (arbitrary JSON documents are not turns), a search without ``query`` (Mnemos
+A value without a string ``text`` field raises ``ValueError`` (arbitrary JSON documents are not turns; the
+value is ``{"text": ..., "speaker"?: ..., "timestamp"?: ISO 8601, other keys kept as metadata}``). What
+Mnemos cannot honour raises ``NotImplementedError`` with the reason instead of guessing: a search without ``query`` (Mnemos
 ranks by relevance, it has no listing of items), a ``filter`` on anything but ``speaker``, and
 ``list_namespaces`` with ``prefix``/``suffix`` conditions or ``max_depth``. TTLs are not supported
 (``supports_ttl`` is False, so LangGraph refuses a ``ttl`` itself); ``index`` is ignored: every turn's
@@ -134,8 +135,8 @@ class MnemosStore(BaseStore):
             return
         text = op.value.get(self.text_key)
         if not isinstance(text, str):
-            raise NotImplementedError(f"MnemosStore stores conversation turns: a value needs a string {self.text_key!r} "
-                                      "field (arbitrary JSON documents are not memories Mnemos can rank)")
+            raise ValueError(f"MnemosStore stores conversation turns: a value needs a string {self.text_key!r} "
+                             "field (arbitrary JSON documents are not memories Mnemos can rank)")
         metadata = {k: v for k, v in op.value.items() if k not in (self.text_key, *_RESERVED)}
         turn: dict[str, Any] = {"tenant_id": self.tenant_id, "session_id": session_of(op.namespace),
                                 "turn_id": turn_id, "text": text,
@@ -143,9 +144,9 @@ class MnemosStore(BaseStore):
                                 "occurred_at": op.value.get("timestamp", datetime.now(UTC).isoformat())}
         if metadata:
             turn["metadata"] = metadata
-        checked = self.client.make_turn(turn)  # refused before anything is forgotten
-        self.client.forget(self.tenant_id, turn_ids=[turn_id])
-        self._wait(self.client.publish_turns([checked], readd=True)[0])
+        # refused before anything is forgotten; the forget and the re-add are adjacent on the stream,
+        # so of two concurrent puts of one key the later one wins (a break-it session, 2026-12-07)
+        self._wait(self.client.replace_turn(turn))
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
         if op.query is None:

@@ -55,18 +55,14 @@ def run_mcp(settings: Settings, *, transport: str) -> int:
     without tokens.
     """
     require_sdk()
-    from api.client import MnemosClient
-    from api.validation import Limits, check_tenant_id, limits_of
+    from api.validation import Limits, check_tenant_id
     from integrations.mcp_server.server import build_server, fixed_tenant, token_tenant
     from integrations.mcp_server.tokens import TenantTokenVerifier, TokenTable
     from integrations.mcp_server.tools import MemoryTools
-    from workers.runtime.connections import client_connections
+    from workers.runtime.connections import settings_client
     from workers.runtime.metrics import MCP, ServiceMetrics, serve
 
-    client = MnemosClient(client_connections(settings), stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
-                          limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
-                          job_timeout_s=settings.job_timeout_s, result_ttl_s=settings.result_ttl_s,
-                          shards=settings.shards)
+    client = settings_client(settings)
     tools = MemoryTools(client, ingest_wait_s=settings.mcp_ingest_wait_s, default_k=settings.default_k)
     metrics = ServiceMetrics(worker=MCP)
     if transport == "stdio":

@@ -147,6 +147,28 @@ def test_publish_to_an_unreachable_redis(settings: Settings) -> None:
     assert SECRET not in out.stdout + out.stderr
 
 
+GOOD_LINE = '{"tenant_id": "a", "session_id": "s", "turn_id": "t", "role": "user", "text": "hi", ' \
+            '"occurred_at": "2024-01-01T00:00:00Z"}\n'
+
+
+@pytest.mark.parametrize(("lines", "message"), [
+    ("not json\n", "line 1: not JSON"),
+    (GOOD_LINE + "[1, 2]\n", "line 2: a turn is a JSON object, not list"),
+    (GOOD_LINE + "\n" + GOOD_LINE.replace('"occurred_at": "2024-01-01T00:00:00Z"', '"occurred_at": null'),
+     "line 3: occurred_at: is missing"),
+])
+def test_a_bad_publish_line_is_refused_with_its_line_number_and_exit_2(settings: Settings, redis_client: redis.Redis,
+                                                                      lines: str, message: str) -> None:
+    """Found by a new-user session: these exited 1, one as an internal TypeError, and a bad field was
+    named by a 0-based index while JSON errors named 1-based lines."""
+    before = redis_client.xlen(settings.turns_stream) if redis_client.exists(settings.turns_stream) else 0
+    out = _mnemos(settings, "publish", stdin=lines)
+    assert out.returncode == 2, out.stderr[-2000:]
+    error = _one_error(out)
+    assert error.startswith("Error: nothing published: ") and message in error
+    assert (redis_client.xlen(settings.turns_stream) if redis_client.exists(settings.turns_stream) else 0) == before
+
+
 @pytest.mark.parametrize(("variable", "value"), [
     ("MNEMOS_REDIS_URL", f"redis//:{SECRET}@127.0.0.1/0"),
     ("MNEMOS_REDIS_URL", f"redis://:{SECRET}@127.0.0.1:six/0"),

@@ -19,6 +19,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from api.client import job_id_for
+from api.errors import InvalidInputError
 from api.schemas import RetrievalRequest
 from tests.integration.factories import (
     answered_by_worker,
@@ -179,6 +180,26 @@ def test_outcomes_of_retrievals_before_a_tenant_forget_leave_nothing_after_it(
     drain(worker)  # type: ignore[arg-type]
     assert _tenant_rows(store, "alice", "applied_outcomes") == 1  # what the tenant asks afterwards is learnt
     assert worker.metrics.suppression_outdated._value.get() == 3
+
+
+def test_replace_turn_publishes_its_forget_and_readd_side_by_side(settings: Settings, redis_client: redis.Redis,
+                                                                 store: PostgresStore) -> None:
+    """Two writers replacing one turn id (the LangGraph store's put) must not interleave as forget A,
+    forget B, re-add A, re-add B: that kept A and dead-lettered B (a break-it session, 2026-12-07)."""
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", "the first value")])
+    before = redis_client.xlen(settings.turns_stream)
+    with pytest.raises(InvalidInputError):
+        client.replace_turn(turn("alice", "k", "  "))  # refused before anything is sent
+    stream_id = client.replace_turn(turn("alice", "k", "the second value"))
+    assert redis_client.xlen(settings.turns_stream) == before + 2
+    (_, forget), (readd_id, readd) = redis_client.xrevrange(settings.turns_stream, count=2)[::-1]
+    assert readd_id.decode() == stream_id
+    assert (forget[b"kind"], forget[b"scope"], json.loads(forget[b"turn_ids"])) == (b"forget", b"turns", ["k"])
+    assert (readd[b"turn_id"], readd[b"readd"], readd[b"text"]) == (b"k", b"1", b"the second value")
+    drain(ingest_worker(settings, redis_client, store))
+    with store.tenant("alice") as tx:
+        assert [(r.turn_id, r.text) for r in tx.entries_after(0)] == [("k", "the second value")]
 
 
 def test_a_forget_racing_with_two_ingest_workers_loses_nothing_else(settings: Settings, redis_client: redis.Redis,

@@ -81,8 +81,9 @@ def test_store_put_get_search_delete_and_its_limits(client: MnemosClient) -> Non
     store.delete(namespace, "k1")
     assert store.get(namespace, "k1") is None
     assert "k1" not in [i.key for i in store.search(namespace, query="peanuts cashews")]
-    for call, reason in ((lambda: store.put(namespace, "k2", {"title": "no text"}), "string 'text'"),
-                         (lambda: store.search(("memories",)), "query="),
+    with pytest.raises(ValueError, match="string 'text'"):
+        store.put(namespace, "k2", {"title": "no text"})
+    for call, reason in ((lambda: store.search(("memories",)), "query="),
                          (lambda: store.search(("memories",), query="x", filter={"source": "intake"}), "speaker"),
                          (lambda: store.list_namespaces(prefix=("memories",)), "not supported"),
                          (lambda: store.put(namespace, "k3", {"text": "x"}, ttl=5), "TTL")):
@@ -107,6 +108,14 @@ def test_store_writes_are_last_write_wins_and_search_stays_in_its_namespaces(cli
     store.put(("prefs",), "marker", {"text": "the marker turn"})  # waits: everything before it is applied
     latest = store.get(("prefs",), "drink")
     assert latest is not None and latest.value["text"] == "I switched to tea, no more coffee"
+    # two writers of one key: the put published last wins (test_client_replace_turn checks that each
+    # put's forget and re-add are adjacent on the stream, so no interleaving can keep the first)
+    other = MnemosStore(client, "dave", ingest_wait_s=0)
+    eager.put(("prefs",), "colour", {"text": "my favourite colour is green"})
+    other.put(("prefs",), "colour", {"text": "my favourite colour is blue"})
+    store.put(("prefs",), "marker", {"text": "the marker turn again"})
+    colour = store.get(("prefs",), "colour")
+    assert colour is not None and colour.value["text"] == "my favourite colour is blue"
     store.put(("work",), "a", {"text": "Meeting with the dentist on Friday"})
     store.put(("private",), "b", {"text": "Meeting with the dentist on Friday"})  # deduplicated into work's
     found = store.search(("private",), query="dentist meeting")

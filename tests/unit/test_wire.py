@@ -41,9 +41,11 @@ def test_hit_and_pool_rows_have_the_same_fields_in_the_same_order() -> None:
     assert _shape(schemas.PoolRow) == _shape(records.PoolEntry)
 
 
-def test_outcome_is_the_core_outcome_plus_its_schema_version() -> None:
+def test_outcome_is_the_core_outcome_plus_its_schema_and_forget_versions() -> None:
+    """The forget version is the query worker's, read from the tenant row (the core never sees it)."""
     wire = _shape(schemas.Outcome)
     assert wire.pop("v") == "int"
+    assert wire.pop("forget_version") == "int | None"
     assert wire == _shape(records.Outcome)
 
 

@@ -73,7 +73,7 @@ def run_demo(client: MnemosClient, store: Store | Sequence[Store], *, wait_s: fl
     store, or each shard's (in shard order) when every shard has its own Postgres."""
     stores = list(store) if isinstance(store, (list, tuple)) else [store] * client.shards
     turns = demo_turns()
-    client.publish_turns(turns)
+    client.publish_turns(turns, readd=True)  # a rerun after `mnemos forget --tenant demo-maya` stores them again
     expected: dict[str, int] = {}
     for turn in turns:
         expected[str(turn["tenant_id"])] = expected.get(str(turn["tenant_id"]), 0) + 1
@@ -91,7 +91,7 @@ def run_demo(client: MnemosClient, store: Store | Sequence[Store], *, wait_s: fl
         time.sleep(0.25)
     for tenant, question in QUESTIONS:
         result = client.retrieve(f"demo-{tenant}", question, k=k)
-        echo(format_result(tenant, question, result))
+        echo(format_result(f"demo-{tenant}", question, result))
     return 0
 
 
