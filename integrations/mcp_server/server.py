@@ -24,7 +24,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, Server
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from api.validation import MAX_K
 from integrations.mcp_server.tools import (
@@ -90,6 +90,32 @@ def tool_metrics(metrics: ServiceMetrics) -> ServerMiddleware[Any]:
     return observe
 
 
+class _OneSentenceServer(MCPServer):
+    """The SDK's server, whose argument-schema refusals read as one sentence per wrong argument
+    (``Invalid k: Input should be a valid integer.``) like the tools' own errors, instead of
+    pydantic's multi-line report with a documentation link (a break-it session, 2026-12-07). The
+    ``ValidationError`` stays the cause, so the SDK still logs the argument names only."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError):
+                raise
+            raise ToolError(argument_errors(cause)) from cause
+
+
+def argument_errors(error: ValidationError) -> str:
+    """One sentence per wrong argument, from pydantic's errors (the values are never echoed)."""
+    parts = []
+    for item in error.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in item["loc"]) or "arguments"
+        message = str(item["msg"]).rstrip(".")
+        parts.append(f"Missing argument {where}." if item["type"] == "missing" else f"Invalid {where}: {message}.")
+    return " ".join(parts)
+
+
 def build_server(tools: MemoryTools, tenancy: Tenancy, *, metrics: ServiceMetrics | None = None,
                  token_verifier: TokenVerifier | None = None, server_url: str | None = None,
                  max_k: int = MAX_K) -> MCPServer:
@@ -102,7 +128,7 @@ def build_server(tools: MemoryTools, tenancy: Tenancy, *, metrics: ServiceMetric
     auth = None
     if token_verifier is not None:
         auth = AuthSettings(issuer_url=server_url or "http://127.0.0.1", resource_server_url=None)  # type: ignore[arg-type]
-    server: MCPServer = MCPServer("mnemos", instructions=INSTRUCTIONS, token_verifier=token_verifier, auth=auth,
+    server: MCPServer = _OneSentenceServer("mnemos", instructions=INSTRUCTIONS, token_verifier=token_verifier, auth=auth,
                                   middleware=[tool_metrics(metrics)] if metrics is not None else None)
     _register(server, tools, tenancy, max_k)
     return server
@@ -135,13 +161,13 @@ def _register(server: MCPServer, tools: MemoryTools, tenancy: Tenancy, max_k: in
     def recall(
         query: Annotated[str, Field(description="A question or topic, e.g. 'Where does Alice live now?'")],
         ctx: Context,
-        k: Annotated[int | None, Field(description=f"How many memories to return, 1 to {max_k}; "
-                                                   f"default {tools.default_k}.")] = None,
+        k: Annotated[int | None, Field(strict=True, description=f"How many memories to return, 1 to {max_k}; "
+                                                                f"default {tools.default_k}.")] = None,
         as_of: Annotated[str | None, Field(description="Only what was said by this time (ISO 8601 with a zone); "
                                                        "also anchors 'last week' in the query.")] = None,
         session_id: Annotated[str | None, Field(description="Only memories of this session.")] = None,
         speaker: Annotated[str | None, Field(description="Only memories said by this speaker.")] = None,
-        budget_tokens: Annotated[int | None, Field(description="Also return the best evidence that fits this many "
+        budget_tokens: Annotated[int | None, Field(strict=True, description="Also return the best evidence that fits this many "
                                                                "tokens as prompt-ready text, with what was left "
                                                                "out and why (e.g. 512).")] = None,
     ) -> RecallResult:

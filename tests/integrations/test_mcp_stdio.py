@@ -73,7 +73,10 @@ def test_bad_arguments_and_empty_memory_are_tool_errors_and_the_server_keeps_ser
             assert "Invalid timestamp" in await tool_error(client, "remember", text="hi", timestamp="2024-03-01 09:00")
             assert "Invalid speaker" in await tool_error(client, "remember", text="hi", speaker="")
             assert "metadata" in await tool_error(client, "remember", text="hi", metadata="not an object")
-            await tool_error(client, "recall", query="x", k="many")  # the SDK's schema check
+            for wrong in ("many", "5", True, 2.5):  # the SDK's schema check, strict: no "5" -> 5, no true -> 1
+                refusal = await tool_error(client, "recall", query="x", k=wrong)
+                assert refusal.startswith("Invalid k: ") and "\n" not in refusal and "pydantic" not in refusal
+            assert await tool_error(client, "recall") == "Missing argument query."
             assert "Invalid k" in await tool_error(client, "recall", query="x", k=0)
             assert "Invalid as_of" in await tool_error(client, "recall", query="x", as_of="yesterday")
             assert "exactly one" in await tool_error(client, "forget")
