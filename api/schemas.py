@@ -160,8 +160,9 @@ class RetrievalFilters:
         occurred_after: inclusive lower bound on ``occurred_at`` (UTC; not later than ``as_of``).
 
     The conditions hold on one turn together (and with ``as_of``). A deduplicated memory passes
-    when its canonical turn or any of its aliases does: dedupe loses nothing, and the hit still
-    shows the canonical turn's fields with the alias in ``aliases``.
+    when its canonical turn or any of its aliases does: dedupe loses nothing. When only an alias
+    passes, the hit shows that alias's turn id, session, role and time, with the canonical turn id
+    first in ``aliases`` (the text stays the canonical's).
     """
 
     session_ids: tuple[str, ...] | None = None

@@ -8,8 +8,8 @@ filter into the sorted ids of the allowed entries with a few vectorised comparis
 
 An entry is allowed when ANY of its turns is admitted: an alias (a dedupe duplicate) keeps its
 own session, role and time, and dedupe must not lose what it said, so a canonical entry passes a
-filter when one of its aliases does (the hit then still shows the canonical turn's fields and
-lists the alias in ``aliases``).
+filter when one of its aliases does (the hit then shows that alias's turn id, session, role and
+time, :meth:`mnemos.tenant_index.TenantIndex.shown`, never a turn the filter refused).
 
 The retrievers apply the allowed ids inside candidate generation (BM25 scores only allowed
 documents, dense search runs under a faiss ID selector), so a selective filter still returns the

@@ -384,16 +384,18 @@ def build_packet(candidates: Sequence[Candidate], embeddings: np.ndarray, budget
 
 
 def candidates_from_index(index: TenantIndex, ranking: Sequence[tuple[int, float]],
-                          count_tokens: TokenCounter) -> list[Candidate]:
+                          count_tokens: TokenCounter, allowed: EntryFilter | None = None) -> list[Candidate]:
     """Candidates of ``(entry_id, score)`` pairs of ``index``'s tenant, in the given order, their
     tokens counted on :func:`render_line` (at least 1) and their header's on :func:`render_header`.
+    Each is shown as the retrieval's filter ``allowed`` admits it (:meth:`TenantIndex.shown`: an entry
+    that passed through an alias carries that alias's session, role and time).
 
     Raises:
         UnknownEntryError: if an entry id is not in the index.
     """
     out = []
     for entry_id, score in ranking:
-        entry = index.entry(entry_id)
+        entry = index.shown(entry_id, allowed)
         text = entry.text if not entry.image_caption else f"{entry.text} [image: {entry.image_caption.strip()}]"
         try:
             session_date: datetime | None = index.sessions.date(entry.session_id)
@@ -435,10 +437,12 @@ def hidden_candidates(index: TenantIndex, unfiltered: CandidateLists | None, ent
 
 def packet_from_index(index: TenantIndex, ranking: Sequence[tuple[int, float]], budget_tokens: int,
                       count_tokens: TokenCounter, config: PacketConfig | None = None, *,
-                      as_of: datetime | None = None, hidden: Sequence[Omitted] = ()) -> Packet:
+                      as_of: datetime | None = None, hidden: Sequence[Omitted] = (),
+                      allowed: EntryFilter | None = None) -> Packet:
     """The packet of a retrieval's ranked pool (``(entry_id, score)``, best first) in ``index``,
-    with the index's stored embeddings and its :attr:`~mnemos.tenant_index.TenantIndex.supersessions`."""
-    candidates = candidates_from_index(index, ranking, count_tokens)
+    with the index's stored embeddings and its :attr:`~mnemos.tenant_index.TenantIndex.supersessions`;
+    ``allowed`` is the retrieval's filter (how each entry is shown, :func:`candidates_from_index`)."""
+    candidates = candidates_from_index(index, ranking, count_tokens, allowed)
     embeddings = index.embeddings_of([c.entry_id for c in candidates])
     return build_packet(candidates, embeddings, budget_tokens, config, supersessions=index.supersessions,
                         as_of=as_of, hidden=hidden)

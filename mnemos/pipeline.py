@@ -317,7 +317,7 @@ def retrieve(
     adjusted = _fuse_and_suppress(lists, config, active, watch, cut=config.n_candidates)
     watch.stop()
     if not config.rerank or reranker is None:
-        return _result(watch, cluster, _hits(index, adjusted[:k]), None, 0, False, None, adjusted, everything,
+        return _result(watch, cluster, _hits(index, adjusted[:k], allowed), None, 0, False, None, adjusted, everything,
                        candidates=lists)
 
     pool = _pool(adjusted, config.pool_size)
@@ -334,7 +334,7 @@ def retrieve(
     ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch,
                        {entry.entry_id: entry.initial_rank for entry in outcome.pool}, rrf_k=config.rrf_k,
                        bm25=lists.bm25, depth=config.n_candidates)
-    hits = _hits(index, ranked[:k])
+    hits = _hits(index, ranked[:k], allowed)
     return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked, everything,
                    candidates=lists)
 
@@ -527,11 +527,12 @@ def _features(
     return ranked
 
 
-def _hits(index: TenantIndex, ranked: Sequence[tuple[int, float]]) -> list[Hit]:
-    """Hits of ``(entry_id, score)`` pairs, best first; ranks are 1-based."""
+def _hits(index: TenantIndex, ranked: Sequence[tuple[int, float]], allowed: EntryFilter | None) -> list[Hit]:
+    """Hits of ``(entry_id, score)`` pairs, best first, each shown as ``allowed`` admits it
+    (:meth:`TenantIndex.shown`); ranks are 1-based."""
     hits = []
     for rank, (entry_id, score) in enumerate(ranked, start=1):
-        entry = index.entry(entry_id)
+        entry = index.shown(entry_id, allowed)
         hits.append(Hit(entry_id=entry.entry_id, turn_id=entry.turn_id, session_id=entry.session_id,
                         role=entry.role, text=entry.text, occurred_at=entry.occurred_at, score=score,
                         rank=rank, aliases=entry.aliases))

@@ -73,6 +73,7 @@ class TenantIndex:
         self.dense = DenseIndex(dim)
         self.sessions = SessionIndex(dim, vocabulary=self._vocabulary)
         self.turns = TurnTable()
+        self._alias_facts: dict[int, list[tuple[str, TurnFacts]]] = {}  # entry id -> its aliases' own facts
         self.supersessions = SupersessionTable()
         self._entries: dict[int, Entry] = {}
         self._rows: dict[int, int] = {}
@@ -251,11 +252,36 @@ class TenantIndex:
                     extra_texts.append(texts[position])
         if extra_facts:
             self.turns.add([entry_id] * len(extra_facts), extra_facts)
+            self._alias_facts.setdefault(entry_id, []).extend(zip(extra, extra_facts, strict=True))
         for text in extra_texts:
             self.bm25.extend(entry_id, text)
         if extra:
             entry = dataclasses.replace(entry, aliases=(*entry.aliases, *extra))
             self._entries[entry_id] = entry
+        return entry
+
+    def shown(self, entry_id: int, entry_filter: EntryFilter | None = None) -> Entry:
+        """The entry as a retrieval under ``entry_filter`` shows it (a hit, a packet item).
+
+        Itself when there is no filter or the filter admits its canonical turn. Otherwise the entry
+        passed through an alias (:meth:`allowed_entries`), and it is shown as the first admitted alias
+        (in the order dedupe folded them): that turn's id, session, role and time, with the canonical
+        turn id first in ``aliases``. So a retrieval ``as_of`` February never shows a May turn that
+        repeats a January one, and a session filter never shows another session's turn. The text and
+        entry id stay the canonical's (dedupe folds only near-identical texts; suppression is per
+        entry). An alias recorded without facts never replaces the canonical turn.
+
+        Raises:
+            UnknownEntryError: if the tenant has no such entry.
+        """
+        entry = self.entry(entry_id)
+        if entry_filter is None or entry_filter.is_open or entry_filter.admits(entry.facts):
+            return entry
+        for turn_id, facts in self._alias_facts.get(entry_id, ()):
+            if entry_filter.admits(facts):
+                others = tuple(t for t in entry.turn_ids if t != turn_id)
+                return dataclasses.replace(entry, turn_id=turn_id, session_id=facts.session_id, role=facts.role,
+                                           occurred_at=facts.occurred_at, aliases=others)
         return entry
 
     def allowed_entries(self, entry_filter: EntryFilter) -> np.ndarray:

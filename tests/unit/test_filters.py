@@ -276,14 +276,20 @@ def test_a_canonical_entry_passes_when_one_of_its_aliases_does(encoder):
 
     def hits(entry_filter):
         result = retrieve(index, "dog beach", q, k=5, reranker=FakeReranker(), outcome_id="o", allowed=entry_filter)
-        return [(h.entry_id, h.turn_id, h.session_id, h.aliases) for h in result.hits]
+        return [(h.entry_id, h.turn_id, h.session_id, h.role, h.occurred_at, h.aliases) for h in result.hits]
 
-    # the hit shows the canonical turn's own fields and lists the alias that let it through
-    assert hits(EntryFilter(session_ids={"S2"})) == [(1, "u1", "S1", ("u9",))]
-    assert hits(EntryFilter(as_of=T0 + timedelta(days=1))) == [(1, "u1", "S1", ("u9",))]
-    assert hits(EntryFilter(roles={"assistant"})) == [(1, "u1", "S1", ("u9",))]
+    # the hit is shown as the alias that let it through (its id, session, speaker and time), never as a
+    # turn the filter refuses (a break-it session: as_of February showed a May turn), and lists the
+    # canonical turn first among its aliases; the entry id and the text stay the canonical's
+    through_alias = [(1, "u9", "S2", "assistant", T0, ("u1",))]
+    assert hits(EntryFilter(session_ids={"S2"})) == through_alias
+    assert hits(EntryFilter(as_of=T0 + timedelta(days=1))) == through_alias
+    assert hits(EntryFilter(roles={"assistant"})) == through_alias
     assert hits(EntryFilter(session_ids={"S2"}, roles={"user"})) == []  # conditions hold on ONE turn
     assert [e for e, *_ in hits(EntryFilter(session_ids={"S1"}))] == [1, 2]
+    assert hits(EntryFilter(session_ids={"S1", "S2"}))[0][1:3] == ("u1", "S1")  # the canonical when it passes too
+    assert index.shown(1, EntryFilter(session_ids={"S2"})).text == "my dog Rex loves the beach"
+    assert index.shown(1) == index.entry(1) and index.entry(1).turn_id == "u1"  # the index itself is unchanged
     # an alias folded without facts is filtered by its canonical turn alone
     index.add_aliases(2, ["u10"])
     assert [e for e, *_ in hits(EntryFilter(as_of=T0 + timedelta(days=1)))] == [1]

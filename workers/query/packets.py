@@ -117,5 +117,5 @@ def build_packet(index: TenantIndex, request: schemas.RetrievalRequest, allowed:
     hidden = hidden_candidates(index, core.unfiltered, allowed, depth=settings.n_candidates,
                                limit=config.hidden_reported, rrf_k=settings.rrf_k)
     packet = packet_from_index(index, core.ranking, request.budget_tokens, count_tokens, config,
-                               as_of=request.as_of, hidden=hidden)
+                               as_of=request.as_of, hidden=hidden, allowed=allowed)
     return packet_message(packet)
