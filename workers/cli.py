@@ -209,7 +209,8 @@ def publish(ctx: click.Context, source: TextIO, tenant: str | None, readd: bool)
     except InvalidInputError as exc:
         raise CommandFailed(f"nothing published: {exc}", EXIT_MISCONFIGURED) from exc
     streams = sorted({client.turns_stream_of(str(t.get("tenant_id", ""))) for t in turns})
-    click.echo(f"published {len(ids)} turns to {', '.join(streams)}")
+    click.echo(f"published {len(ids)} turn{'' if len(ids) == 1 else 's'} to {', '.join(streams)}"
+               + ("" if readd else "; a turn id a forget erased is dropped by the ingest worker unless sent with --readd"))
 
 
 @cli.command()

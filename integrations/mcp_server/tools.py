@@ -212,7 +212,8 @@ class MemoryTools:
                 stream_id = self.client.forget(tenant_id, session_id=session_id)
             applied = self.ingest_wait_s > 0 and self.client.wait_acknowledged(tenant_id, stream_id,
                                                                                self.ingest_wait_s)
-        what = f"turn {turn_id}" if turn_id is not None else f"session {session_id} ({removed} turns)"
+        what = (f"turn {turn_id}" if turn_id is not None
+                else f"session {session_id} ({removed} turn{'' if removed == 1 else 's'})")
         note = (f"Forgot {what}: it is erased everywhere and no recall returns it." if applied else
                 f"The forget of {what} is queued: an ingest worker has not applied it yet.")
         return ForgetResult(scope="turn" if turn_id is not None else "session", session_id=session_id,
