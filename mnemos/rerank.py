@@ -264,15 +264,19 @@ def _text_digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=_DIGEST_BYTES).digest()
 
 
+def _scope_digest(scope: str) -> bytes:
+    return hashlib.blake2b(scope.encode("utf-8"), digest_size=_DIGEST_BYTES, person=b"mnemos-scope").digest()
+
+
 class CachedReranker:
     """Wraps a reranker and caches its scores in a size-bounded LRU keyed by
-    ``(model version, query hash, text hash)``.
+    ``(scope hash, model version and query hash, text hash)``.
 
     The model version is the inner reranker's ``model_version`` attribute, read on every call
     (``""`` when it has none, e.g. a fake): a cache never answers for another model, ``max_length``
-    or precision. Keys are two 16-byte BLAKE2b digests, of (model version, query) and of the text,
-    so an entry costs the same whatever the lengths of the query and the text, and the pairs of
-    one text can be dropped (:meth:`discard`). Only pairs missing from the cache reach the inner
+    or precision. Keys are three 16-byte BLAKE2b digests, of the scope (:meth:`scoped`; ``""``
+    unscoped), of (model version, query) and of the text, so an entry costs the same whatever the
+    lengths, and the pairs of one text can be dropped, in one scope or all (:meth:`discard`). Only pairs missing from the cache reach the inner
     reranker, in one call per :meth:`score` (texts repeated within a call are scored once).
     Counters:
 
@@ -307,13 +311,12 @@ class CachedReranker:
         return str(getattr(self.inner, "model_version", ""))
 
     def _keys(self, query: str, texts: Sequence[str], scope: str) -> list[bytes]:
-        """One key per text: the digest of (model version, scope, query) followed by the text's digest."""
-        parts = (self.model_version.encode("utf-8"), scope.encode("utf-8"), query.encode("utf-8"))
-        prefix = hashlib.blake2b(digest_size=16)
-        for part in parts:  # length-prefixed: no two (version, scope, query) triples share bytes
+        """One key per text: the scope's digest, the digest of (model version, query), the text's digest."""
+        prefix = hashlib.blake2b(digest_size=_DIGEST_BYTES)
+        for part in (self.model_version.encode("utf-8"), query.encode("utf-8")):  # length-prefixed
             prefix.update(len(part).to_bytes(8, "little"))
             prefix.update(part)
-        head = prefix.digest()
+        head = _scope_digest(scope) + prefix.digest()
         return [head + _text_digest(text) for text in texts]
 
     def score(self, query: str, texts: Sequence[str], scope: str = "") -> np.ndarray:
@@ -345,14 +348,20 @@ class CachedReranker:
         """A reranker whose pairs live under ``scope`` in this cache (shared LRU, separate keys)."""
         return ScopedReranker(self, scope)
 
-    def discard(self, texts: Iterable[str]) -> int:
-        """Drop every cached pair whose text is one of ``texts`` (a forgotten turn's score must not
-        outlive it, docs/architecture.md "Forget"); returns how many pairs were dropped. One pass
-        over the cache."""
+    def discard(self, texts: Iterable[str], scope: str | None = None) -> int:
+        """Drop every cached pair of ``scope`` (None: of every scope) whose text is one of ``texts``
+        (a forgotten turn's score must not outlive it, docs/architecture.md "Forget"); returns how
+        many pairs were dropped. One pass over the cache.
+
+        The query worker discards in the dropped tenant's scope only: dropping the same text from
+        another tenant's scope would show that tenant, through its next cache counts and latency,
+        that someone else held the text and was forgotten or evicted."""
         doomed = {_text_digest(text) for text in texts}
         if not doomed:
             return 0
-        keys = [key for key in self._cache if key[_DIGEST_BYTES:] in doomed]
+        wanted = None if scope is None else _scope_digest(scope)
+        keys = [key for key in self._cache
+                if key[-_DIGEST_BYTES:] in doomed and (wanted is None or key[:_DIGEST_BYTES] == wanted)]
         for key in keys:
             del self._cache[key]
         return len(keys)
@@ -360,7 +369,7 @@ class CachedReranker:
     def pairs_of(self, text: str) -> int:
         """How many cached pairs (of any query) score ``text``."""
         digest = _text_digest(text)
-        return sum(1 for key in self._cache if key[_DIGEST_BYTES:] == digest)
+        return sum(1 for key in self._cache if key[-_DIGEST_BYTES:] == digest)
 
     def _evict(self) -> None:
         if self.max_entries is None:

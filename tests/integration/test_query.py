@@ -237,6 +237,9 @@ def test_a_cached_pair_never_answers_for_another_tenant(settings: Settings, redi
     assert [h.text for h in other.hits] == [h.text for h in first.hits]  # the same model, the same ranking
     again = service.answer(RetrievalRequest("bob", "grey cat Pixel", k=5))
     assert (again.rerank_pairs_scored, again.rerank_pairs_cached) == (0, first.pool_size)  # its own scope
+    service.cache.evict("bob")  # bob's state dropped (LRU, forget): his pairs go, alice's stay ...
+    repeat = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5))
+    assert (repeat.rerank_pairs_scored, repeat.rerank_pairs_cached) == (0, first.pool_size)  # ... unseen by her
 
 
 CALLBACKS: list[str] = []

@@ -53,7 +53,9 @@ def test_a_scope_reads_and_fills_only_its_own_pairs():
     cached.score("dog", ["b"])  # the unscoped cache is a third scope
     assert cached.cache_hits == 1 and cached.pairs_scored == 5
     assert alice.model_version == cached.model_version and isinstance(alice, Reranker)
-    assert cached.discard(["b"]) == 3 and cached.pairs_of("dog a") == 2  # a forget reaches every scope
+    assert cached.discard(["b"], scope="alice") == 1 and cached.pairs_of("b") == 2  # one tenant's pairs only
+    assert bob.score("dog", ["b"]) is not None and cached.cache_hits == 2  # bob cannot tell alice was dropped
+    assert cached.discard(["b"]) == 2 and cached.pairs_of("dog a") == 2  # unscoped: every scope
 
 
 def test_cache_evicts_oldest_beyond_max_entries():

@@ -252,7 +252,7 @@ class QueryService:
         (a forgotten turn's rendering must not outlive it, docs/architecture.md "Forget")."""
         if self.rerank_cache is not None:
             gone = old.rendered_texts() - (new.rendered_texts() if new is not None else set())
-            self.rerank_cache.discard(gone)
+            self.rerank_cache.discard(gone, scope=old.index.tenant_id)  # never another tenant's pairs
         self.packets.discard_tenant(old.index.tenant_id)  # cached packets hold texts too
 
     def _empty(self, request: schemas.RetrievalRequest, started: float) -> schemas.RetrievalResult:
