@@ -182,3 +182,30 @@ def test_each_applied_outcome_bumps_the_suppression_version_once(settings: Setti
     assert ledger == [("o1", 1), ("o2", 2), ("o3", 3)]
     # the query worker reads the version in the snapshot it reads the scores from
     assert service.answer(RetrievalRequest("alice", "grey cat")).suppression_version == 3
+
+
+def test_an_outcome_read_before_a_forget_never_buffers_its_query(settings: Settings, redis_client: redis.Redis,
+                                                                store: PostgresStore) -> None:
+    """A break-it session (round 2): a tenant forget, a turn published after it that another consumer
+    stored first, a retrieval pooling it: one surviving entry let the forgotten tenant's query back
+    into the bootstrap buffer. Now a stale outcome updates the survivors and buffers nothing."""
+    settings = settings.replace(clusters_k=4)
+    ids = _entry_ids(settings, redis_client, store)
+    worker = suppression_worker(settings, redis_client, store)
+    with store.tenant("alice") as tx:
+        dim = tx.tenant().embedding_dim
+    embedding = tuple(float(x) for x in np.linspace(-1.0, 1.0, dim))
+    with store.tenant("alice") as tx:
+        tx.bump_forget_version()  # a forget committed after both retrievals below read version 0
+        tx.delete_entries(ids[:3])
+    survivor = Outcome("o-stale", "alice", None, 4, _outcome("x", ids[:4], None).pool, embedding, forget_version=0)
+    assert worker.apply(survivor) is True  # ids[3] survives: its delta is learnt ...
+    gone = Outcome("o-gone", "alice", None, 3, _outcome("x", ids[:3], None).pool, embedding, forget_version=0)
+    assert worker.apply(gone) is False and worker.metrics.suppression_outdated._value.get() == 1
+    fresh = Outcome("o-fresh", "alice", None, 2, _outcome("x", ids[3:5], None).pool, embedding, forget_version=1)
+    assert worker.apply(fresh) is True
+    with store.tenant_tx("alice") as conn:
+        ledger = [r[0] for r in conn.execute("SELECT outcome_id FROM applied_outcomes ORDER BY outcome_id")]
+        buffered = [r[0] for r in conn.execute("SELECT outcome_id FROM query_buffer")]
+    assert ledger == ["o-fresh", "o-stale"]
+    assert buffered == ["o-fresh"]  # ... but only a question asked after the forget is buffered

@@ -99,17 +99,19 @@ class SuppressionWorker:
 
     def apply(self, message: OutcomeMessage, stream_id: str | None = None) -> bool:
         """Apply one outcome in one transaction; False when the ledger says it was applied before, or
-        when a forget made it moot (:func:`_outdated`: acknowledged with no effect, no ledger row)."""
+        when a forget made it moot (:func:`_forgotten_since`: acknowledged with no effect, no ledger row)."""
         started = time.perf_counter()
         outcome = outcome_record(message)
         deltas = outcome_deltas(outcome, self.rule, self.settings.eta)
         tenant_id = outcome.tenant_id
         froze = False
         with self.store.tenant(tenant_id) as tx:
-            if _outdated(tx, message):
-                self.metrics.suppression_outdated.inc()
+            stale = _forgotten_since(tx, message)
+            if stale and not tx.own_entry_ids(sorted({p.entry_id for p in message.pool})):
+                self.metrics.suppression_outdated.inc()  # nothing of its pool is left to learn about
                 return False
-            clustered = message.query_embedding is not None and self.settings.clusters_k > 1
+            # a query asked before a forget is not buffered: a tenant forget erases the tenant's queries
+            clustered = message.query_embedding is not None and self.settings.clusters_k > 1 and not stale
             if clustered:
                 _check_embedding(tx, len(message.query_embedding or ()))
             if deltas:  # isolation: only this tenant's entries can be suppressed under its id
@@ -182,16 +184,15 @@ class SuppressionWorker:
                      trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat)
 
 
-def _outdated(tx: TenantSession, message: OutcomeMessage) -> bool:
-    """True when a forget committed after the retrieval read the tenant and erased every entry of its
-    pool: the outcome then has nothing left to teach, and its query (a tenant forget erases the
-    tenant's queries too) must not reach the bootstrap buffer or the ledger. Takes the tenant row's
-    lock, so a forget commits wholly before or after this outcome (docs/architecture.md "Forget").
-    An outcome without ``forget_version`` (an older query worker) is never outdated."""
+def _forgotten_since(tx: TenantSession, message: OutcomeMessage) -> bool:
+    """True when a forget committed after the outcome's retrieval read the tenant. Such an outcome
+    updates only the pooled entries that survive and never buffers its query embedding (a tenant
+    forget erases the tenant's queries; the turns around a turn forget need no old query), and one
+    whose whole pool is gone is skipped (no ledger row, no version). Takes the tenant row's lock, so
+    a forget commits wholly before or after this outcome (docs/architecture.md "Forget"). An outcome
+    without ``forget_version`` (an older query worker) is never stale."""
     row = tx.tenant(lock=True)
-    if message.forget_version is None or row is None or message.forget_version >= row.forget_version:
-        return False
-    return not tx.own_entry_ids(sorted({p.entry_id for p in message.pool}))
+    return message.forget_version is not None and row is not None and message.forget_version < row.forget_version
 
 
 def _check_embedding(tx: TenantSession, floats: int) -> None:
