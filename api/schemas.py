@@ -161,8 +161,8 @@ class RetrievalFilters:
 
     The conditions hold on one turn together (and with ``as_of``). A deduplicated memory passes
     when its canonical turn or any of its aliases does: dedupe loses nothing. When only an alias
-    passes, the hit shows that alias's turn id, session, role and time, with the canonical turn id
-    first in ``aliases`` (the text stays the canonical's).
+    passes, the hit shows that alias's turn id, session, role and time, and ``aliases`` names only
+    turns the request admits (the text stays the canonical's).
     """
 
     session_ids: tuple[str, ...] | None = None

@@ -333,7 +333,7 @@ def retrieve(
     outcome, final_order = _outcome(index, reranked, cluster, outcome_id, q_vec)
     ranked = _features(index, query, q_vec, final_order, reranked.scores, config.features, reference_time, watch,
                        {entry.entry_id: entry.initial_rank for entry in outcome.pool}, rrf_k=config.rrf_k,
-                       bm25=lists.bm25, depth=config.n_candidates)
+                       bm25=lists.bm25, depth=config.n_candidates, allowed=allowed)
     hits = _hits(index, ranked[:k], allowed)
     return _result(watch, cluster, hits, outcome, len(reranked.pool), reranked.deep, reranked.top, ranked, everything,
                    candidates=lists)
@@ -495,19 +495,22 @@ def _features(
     rrf_k: int,
     bm25: Sequence[tuple[int, float]],
     depth: int,
+    allowed: EntryFilter | None = None,
 ) -> list[tuple[int, float]]:
     """Stage 6, features: ``(entry_id, score)`` of the reranked pool ``order``, best first: the
     logits as they are without ``settings``, else adjusted by them and stably re-sorted.
     ``initial_ranks`` (entry id -> 1-based suppressed fused rank, the outcome's ``initial_rank``)
     feed the first-stage feature; each turn's rank and score in the first ``depth`` of the BM25 list
     ``bm25`` (the shallow pool's candidates, also after a deep pass) feed the bm25 features; the
-    session ranking fuses with the retrieval's ``rrf_k``."""
+    session ranking fuses with the retrieval's ``rrf_k``. Each turn's session is the one the hit will
+    show under ``allowed`` (:meth:`TenantIndex.shown`), so the session and temporal features score
+    the turn the request admitted, not a refused canonical turn."""
     initial_ranks = initial_ranks or {}
     if not settings:
         return [(eid, scores[eid]) for eid in order]
     watch.start("features")
     wanted = {s.feature for s in settings}
-    sessions = tuple(index.entry(eid).session_id for eid in order)
+    sessions = tuple(index.shown(eid, allowed).session_id for eid in order)
     context = QueryContext(
         session_ranking=index.sessions.rank(query, q_vec, rrf_k=rrf_k) if Feature.SESSION in wanted else (),
         time_spans=parse_time_expressions(query, reference_time) if Feature.TEMPORAL in wanted else (),

@@ -263,26 +263,33 @@ class TenantIndex:
     def shown(self, entry_id: int, entry_filter: EntryFilter | None = None) -> Entry:
         """The entry as a retrieval under ``entry_filter`` shows it (a hit, a packet item).
 
-        Itself when there is no filter or the filter admits its canonical turn. Otherwise the entry
-        passed through an alias (:meth:`allowed_entries`), and it is shown as the first admitted alias
-        (in the order dedupe folded them): that turn's id, session, role and time, with the canonical
-        turn id first in ``aliases``. So a retrieval ``as_of`` February never shows a May turn that
-        repeats a January one, and a session filter never shows another session's turn. The text and
-        entry id stay the canonical's (dedupe folds only near-identical texts; suppression is per
-        entry). An alias recorded without facts never replaces the canonical turn.
+        Without a filter, the entry itself. Under one, only the entry's turns the filter admits are
+        shown: its ``aliases`` keep the admitted ones, and when the canonical turn is refused the
+        entry (which passed through an alias, :meth:`allowed_entries`) is shown as its first admitted
+        alias, in the order dedupe folded them: that turn's id, session, role and time. So a
+        retrieval ``as_of`` February never shows, nor names, a May turn that repeats a January one,
+        and a session filter never shows another session's turn. The text and entry id stay the
+        canonical's (dedupe folds only near-identical texts; suppression is per entry). An alias
+        recorded without facts is admitted with its canonical turn.
 
         Raises:
             UnknownEntryError: if the tenant has no such entry.
         """
         entry = self.entry(entry_id)
-        if entry_filter is None or entry_filter.is_open or entry_filter.admits(entry.facts):
+        if entry_filter is None or entry_filter.is_open:
             return entry
-        for turn_id, facts in self._alias_facts.get(entry_id, ()):
-            if entry_filter.admits(facts):
-                others = tuple(t for t in entry.turn_ids if t != turn_id)
-                return dataclasses.replace(entry, turn_id=turn_id, session_id=facts.session_id, role=facts.role,
-                                           occurred_at=facts.occurred_at, aliases=others)
-        return entry
+        facts = dict(self._alias_facts.get(entry_id, ()))
+        canonical = entry_filter.admits(entry.facts)
+        admitted = tuple(t for t in entry.aliases
+                         if (entry_filter.admits(facts[t]) if t in facts else canonical))
+        if canonical:
+            return entry if admitted == entry.aliases else dataclasses.replace(entry, aliases=admitted)
+        first = next((t for t in admitted if t in facts), None)
+        if first is None:  # not an allowed entry: shown as stored
+            return entry
+        turn = facts[first]
+        return dataclasses.replace(entry, turn_id=first, session_id=turn.session_id, role=turn.role,
+                                   occurred_at=turn.occurred_at, aliases=tuple(t for t in admitted if t != first))
 
     def allowed_entries(self, entry_filter: EntryFilter) -> np.ndarray:
         """Sorted ``(n_allowed,)`` int64 ids of the entries with a turn (canonical or alias) the filter admits.

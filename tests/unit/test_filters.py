@@ -18,6 +18,7 @@ import pytest
 from mnemos.bm25_index import BM25Index
 from mnemos.dense_index import DenseIndex
 from mnemos.errors import InvalidParameterError
+from mnemos.features import Feature, FeatureSetting
 from mnemos.filters import EntryFilter, TurnTable
 from mnemos.pipeline import RetrievalConfig, retrieve
 from mnemos.records import Entry, TurnFacts
@@ -278,21 +279,45 @@ def test_a_canonical_entry_passes_when_one_of_its_aliases_does(encoder):
         result = retrieve(index, "dog beach", q, k=5, reranker=FakeReranker(), outcome_id="o", allowed=entry_filter)
         return [(h.entry_id, h.turn_id, h.session_id, h.role, h.occurred_at, h.aliases) for h in result.hits]
 
-    # the hit is shown as the alias that let it through (its id, session, speaker and time), never as a
-    # turn the filter refuses (a break-it session: as_of February showed a May turn), and lists the
-    # canonical turn first among its aliases; the entry id and the text stay the canonical's
-    through_alias = [(1, "u9", "S2", "assistant", T0, ("u1",))]
+    # the hit is shown as the alias that let it through (its id, session, speaker and time), never as
+    # nor naming a turn the filter refuses (break-it sessions: as_of February showed a May turn, then
+    # listed it in aliases); the entry id and the text stay the canonical's
+    through_alias = [(1, "u9", "S2", "assistant", T0, ())]
     assert hits(EntryFilter(session_ids={"S2"})) == through_alias
     assert hits(EntryFilter(as_of=T0 + timedelta(days=1))) == through_alias
     assert hits(EntryFilter(roles={"assistant"})) == through_alias
     assert hits(EntryFilter(session_ids={"S2"}, roles={"user"})) == []  # conditions hold on ONE turn
     assert [e for e, *_ in hits(EntryFilter(session_ids={"S1"}))] == [1, 2]
     assert hits(EntryFilter(session_ids={"S1", "S2"}))[0][1:3] == ("u1", "S1")  # the canonical when it passes too
+    assert hits(EntryFilter(session_ids={"S1", "S2"}))[0][5] == ("u9",)
+    assert hits(EntryFilter(session_ids={"S1"}))[0][5] == ()  # u9 is S2's: not named under an S1 filter
     assert index.shown(1, EntryFilter(session_ids={"S2"})).text == "my dog Rex loves the beach"
     assert index.shown(1) == index.entry(1) and index.entry(1).turn_id == "u1"  # the index itself is unchanged
     # an alias folded without facts is filtered by its canonical turn alone
     index.add_aliases(2, ["u10"])
     assert [e for e, *_ in hits(EntryFilter(as_of=T0 + timedelta(days=1)))] == [1]
+
+
+def test_features_score_the_turn_a_filter_admitted(encoder):
+    """A break-it session (round 2): under as_of, the temporal feature scored a hit shown as its
+    January alias by its canonical May session, so it lost the bonus its shown date earns."""
+    jan, may = datetime(2024, 1, 10, tzinfo=UTC), datetime(2024, 5, 10, tzinfo=UTC)
+    entries = [Entry(1, "t1", "bike-may", "s-may", "user", "I bought a red bike", may),
+               Entry(2, "t1", "rain-jan", "s-jan", "user", "it rained all week", jan),
+               Entry(3, "t1", "shop-feb", "s-feb", "user", "I did not buy anything", jan + timedelta(days=31))]
+    index = _index(entries, encoder)
+    index.add_aliases(1, ["bike-jan"], [TurnFacts("s-jan", "user", jan + timedelta(hours=1))])
+    config = RetrievalConfig(features=[FeatureSetting(Feature.TEMPORAL, {"slack_days": 3, "weight": 2.0})])
+    query = "what did I buy in January"
+    as_of = datetime(2024, 3, 1, tzinfo=UTC)
+    result = retrieve(index, query, encoder.encode([query])[0], k=3, config=config, reranker=FakeReranker(),
+                      outcome_id="o", reference_time=as_of, allowed=EntryFilter(as_of=as_of))
+    bike = next(h for h in result.hits if h.entry_id == 1)
+    assert (bike.turn_id, bike.session_id) == ("bike-jan", "s-jan")
+    plain = retrieve(index, query, encoder.encode([query])[0], k=3, config=RetrievalConfig(), reranker=FakeReranker(),
+                     outcome_id="o", reference_time=as_of, allowed=EntryFilter(as_of=as_of))
+    logit = next(h.score for h in plain.hits if h.entry_id == 1)
+    assert bike.score == pytest.approx(logit + 2.0)  # January's session earns the temporal bonus
 
 
 def test_alias_facts_must_match_turn_ids(encoder):
