@@ -151,6 +151,22 @@ def check_id(value: Any, field: str, limits: Limits) -> str:
     return value
 
 
+_DEFAULT_IGNORABLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+                      (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+                      (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+                      (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
+"""Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt): code points a renderer
+shows as nothing (zero-width and format characters, variation selectors, Hangul fillers, tags)."""
+
+_BLANK_SYMBOLS = frozenset("\u2800")  # braille pattern blank: a symbol that renders as a space
+
+
+def _looks_like_nothing(ch: str) -> bool:
+    code = ord(ch)
+    return (ch in _BLANK_SYMBOLS or unicodedata.category(ch) == "Cf"
+            or any(low <= code <= high for low, high in _DEFAULT_IGNORABLE))
+
+
 def check_tenant_id(value: Any, field: str, limits: Limits) -> str:
     """A tenant id: :func:`check_id`, and one that cannot render like another tenant's id.
 
@@ -158,22 +174,31 @@ def check_tenant_id(value: Any, field: str, limits: Limits) -> str:
     two ids that look the same must not name two tenants. Besides :func:`check_id`'s rules it refuses,
     as ``bad_id``:
 
-    - an id that is not in Unicode normalisation form NFC (``"e"`` + U+0301 where ``"é"`` is meant):
-      send ``unicodedata.normalize("NFC", tenant_id)``;
-    - an invisible format character (category Cf: zero-width space or joiner, soft hyphen, word
-      joiner, BOM) anywhere in the id, with its code points in the detail.
+    - whitespace at either end (``"alice "``, ``"alice\u00a0"``);
+    - an id that Unicode's compatibility normalisation NFKC changes: a decomposed accent
+      (``"e"`` + U+0301 for ``"é"``), fullwidth letters, ligatures (``"\ufb01"`` for ``"fi"``),
+      superscripts; send ``unicodedata.normalize("NFKC", tenant_id)``;
+    - a character that renders as nothing or as a blank, anywhere: Unicode's default-ignorable code
+      points (zero-width space, joiner and non-joiner, soft hyphen, word joiner, BOM, combining
+      grapheme joiner, variation selectors, Hangul fillers, tags) and the braille blank, with the
+      code points in the detail. This also refuses names that need a joiner to be spelt (Persian
+      with U+200C, emoji sequences): a tenant id is an identifier, not a display name.
 
     Turns (new memory) and the MCP server's tenants use it; retrievals, catalog reads and forgets
     keep :func:`check_id`, so a tenant stored before this rule stays readable and erasable.
     Confusable letters of other scripts (a Cyrillic "а" for a Latin "a") are not detected: pick
-    tenant ids from a known alphabet (docs/architecture.md "Contracts").
+    tenant ids from a known alphabet, such as account numbers or UUIDs (docs/architecture.md
+    "Contracts").
     """
     tenant_id = check_id(value, field, limits)
-    if unicodedata.normalize("NFC", tenant_id) != tenant_id:
-        raise InvalidInputError(Reason.BAD_ID, field, "is not in Unicode NFC form (normalise it before sending)")
-    hidden = sorted({f"U+{ord(ch):04X}" for ch in tenant_id if unicodedata.category(ch) == "Cf"})
+    if tenant_id != tenant_id.strip():
+        raise InvalidInputError(Reason.BAD_ID, field, "starts or ends with whitespace")
+    hidden = sorted({f"U+{ord(ch):04X}" for ch in tenant_id if _looks_like_nothing(ch)})
     if hidden:
-        raise InvalidInputError(Reason.BAD_ID, field, f"contains invisible format characters ({', '.join(hidden)})")
+        raise InvalidInputError(Reason.BAD_ID, field, f"contains characters that render as nothing ({', '.join(hidden)})")
+    if unicodedata.normalize("NFKC", tenant_id) != tenant_id:
+        raise InvalidInputError(Reason.BAD_ID, field,
+                                "is not in Unicode NFKC form (normalise it before sending: it may look like another id)")
     return tenant_id
 
 

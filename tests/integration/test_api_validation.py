@@ -187,10 +187,18 @@ def test_nanoseconds_are_truncated_to_microseconds_as_documented() -> None:
 
 
 @pytest.mark.parametrize(("tenant_id", "detail"), [
-    ("jose\u0301", "NFC"),                    # "josé" decomposed: renders as the NFC "jos\u00e9"
+    ("jose\u0301", "NFKC"),                   # "josé" decomposed: renders as the composed "jos\u00e9"
+    ("\uff41lice", "NFKC"),                   # a fullwidth "a"
+    ("\ufb01ona", "NFKC"),                    # the "fi" ligature
     ("al\u200bice", "U+200B"),               # a zero-width space inside
     ("alice\u00ad", "U+00AD"),               # a soft hyphen at the end
     ("\ufeffalice\u2060", "U+2060, U+FEFF"),  # BOM and word joiner, every code point named
+    ("ali\u034fce", "U+034F"),               # combining grapheme joiner (break-it session, round 2)
+    ("alice\ufe00", "U+FE00"),               # a variation selector
+    ("alice\u3164", "U+3164"),               # a Hangul filler
+    ("alice\u2800", "U+2800"),               # the braille blank
+    ("alice ", "whitespace"),                # a trailing space
+    ("alice\u00a0", "whitespace"),           # a trailing no-break space
 ])
 def test_a_turn_under_a_tenant_id_that_renders_like_another_is_refused(tenant_id: str, detail: str) -> None:
     """The tenant id is the isolation boundary: two ids that look the same never name two tenants.
