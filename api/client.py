@@ -57,7 +57,7 @@ from api.errors import (
     ServiceUnavailable,
     ShardUnavailable,
 )
-from api.forget import READD_FIELD, ForgetRequest, ForgetScope
+from api.forget import READD_FIELD, REPLACE_VALUE, ForgetRequest, ForgetScope
 from api.heartbeats import WorkerBeat, worker_beats
 from api.schemas import RetrievalRequest, RetrievalResult, Turn
 from api.validation import Limits
@@ -208,24 +208,22 @@ class MnemosClient:
         return ids
 
     def replace_turn(self, turn: Turn | Mapping[str, Any]) -> str:
-        """Forget ``turn``'s turn id and re-add ``turn`` under it, as two adjacent messages of the
-        turns stream (one MULTI, or one script call while tenants move); returns the re-add's
-        stream id. Two concurrent replacements of one id therefore end with the one published last
-        in stream order, never with a forget of one between the other's forget and re-add (the
-        LangGraph store's ``put``). Raises InvalidInputError before anything is sent, or
+        """Forget ``turn``'s turn id and re-add ``turn`` under it, in ONE message of the turns stream
+        (``readd`` = ``"replace"``, :func:`api.forget.is_replace`); returns its stream id. One ingest
+        consumer applies the forget and the re-add in order, so two concurrent replacements of one id
+        end with the one published last, also with several ingest workers (the LangGraph store's
+        ``put``; two messages could reach two consumers, and the re-add was then refused as a
+        conflict before the forget erased the old value). Upgrade the ingest workers first: an older
+        one stores the turn as a plain one. Raises InvalidInputError before anything is sent, or
         ServiceUnavailable."""
         checked = self.make_turn(turn)
-        forget = ForgetRequest.parse({"v": 1, "tenant_id": checked.tenant_id, "scope": ForgetScope.TURNS.value,
-                                      "turn_ids": [checked.turn_id]}, self.limits)
-        messages = [forget.to_stream_fields(), self._fields(checked, True)]
+        fields = self._fields(checked, True)
+        fields[READD_FIELD] = REPLACE_VALUE
         if self.directory is not None:
-            return self.directory.publish([(checked.tenant_id, m) for m in messages], self.home_shard)[1]
+            return self.directory.publish([(checked.tenant_id, fields)], self.home_shard)[0]
         stream = self.turns_stream_of(checked.tenant_id)
         try:
-            pipe = self.connection_of(checked.tenant_id).pipeline(transaction=True)
-            for message in messages:
-                pipe.xadd(stream, message)  # type: ignore[arg-type]
-            return _sid(pipe.execute()[1])
+            return _sid(self.connection_of(checked.tenant_id).xadd(stream, fields))  # type: ignore[arg-type]
         except redis.RedisError as exc:
             raise self._unavailable(self.shard_of(checked.tenant_id), f"cannot publish to {stream}: {exc}") from exc
 

@@ -10,7 +10,8 @@ one (docs/architecture.md "Forget"). Its flat string fields:
 
 A turn message may carry ``readd`` = ``"1"``: the client re-adds a turn it forgot before. Without
 it, a turn whose id a forget covered is dropped when it arrives again (a redelivery, or a
-publish after the forget).
+publish after the forget). ``readd`` = ``"replace"`` is a forget of the turn's id and its re-add in
+one message (:meth:`api.client.MnemosClient.replace_turn`): one ingest consumer applies both, in order.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from api.validation import SCHEMA_VERSION, Limits, check_id, check_id_list, chec
 KIND_FIELD = "kind"
 FORGET_KIND = "forget"
 READD_FIELD = "readd"
+REPLACE_VALUE = "replace"  # READD_FIELD's value for a forget of the turn's id and its re-add in one message
 
 
 class ForgetScope(StrEnum):
@@ -43,8 +45,15 @@ def is_forget_message(raw: Mapping[bytes, bytes]) -> bool:
 
 
 def is_readd(raw: Mapping[bytes, bytes]) -> bool:
-    """True when a turn message asks to re-add a turn a forget covered (``readd`` = ``"1"``)."""
-    return raw.get(READD_FIELD.encode()) in (b"1", b"true")
+    """True when a turn message asks to re-add a turn a forget covered (``readd`` = ``"1"``, or
+    ``"replace"``: see :func:`is_replace`)."""
+    return raw.get(READD_FIELD.encode()) in (b"1", b"true", REPLACE_VALUE.encode())
+
+
+def is_replace(raw: Mapping[bytes, bytes]) -> bool:
+    """True when a turn message replaces its turn id: a forget of that id at the message's own
+    stream position, then the turn re-added (``readd`` = ``"replace"``)."""
+    return raw.get(READD_FIELD.encode()) == REPLACE_VALUE.encode()
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from tests.integration.factories import (
     turn,
 )
 from tests.support import wait_for
-from workers.runtime.streams import run_consumer
+from workers.runtime.streams import StreamMessage, run_consumer
 from workers.settings import Settings
 from workers.store import PostgresStore
 
@@ -182,24 +182,39 @@ def test_outcomes_of_retrievals_before_a_tenant_forget_leave_nothing_after_it(
     assert worker.metrics.suppression_outdated._value.get() == 3
 
 
-def test_replace_turn_publishes_its_forget_and_readd_side_by_side(settings: Settings, redis_client: redis.Redis,
-                                                                 store: PostgresStore) -> None:
-    """Two writers replacing one turn id (the LangGraph store's put) must not interleave as forget A,
-    forget B, re-add A, re-add B: that kept A and dead-lettered B (a break-it session, 2026-12-07)."""
+def _stored_texts(store: PostgresStore, tenant: str) -> list[tuple[str, str]]:
+    with store.tenant(tenant) as tx:
+        return [(r.turn_id, r.text) for r in tx.entries_after(0)]
+
+
+def test_replace_turn_is_one_message_that_forgets_then_re_adds(settings: Settings, redis_client: redis.Redis,
+                                                              store: PostgresStore) -> None:
+    """Break-it sessions (2026-12-07): a put as a forget and a re-add in two messages lost the later
+    of two concurrent puts, and, with two ingest consumers, could erase the value altogether (the
+    re-add refused as a conflict by one consumer before the other applied the forget)."""
     client = client_for(settings, redis_client)
     client.publish_turns([turn("alice", "k", "the first value")])
+    drain(ingest_worker(settings, redis_client, store))
     before = redis_client.xlen(settings.turns_stream)
     with pytest.raises(InvalidInputError):
         client.replace_turn(turn("alice", "k", "  "))  # refused before anything is sent
-    stream_id = client.replace_turn(turn("alice", "k", "the second value"))
-    assert redis_client.xlen(settings.turns_stream) == before + 2
-    (_, forget), (readd_id, readd) = redis_client.xrevrange(settings.turns_stream, count=2)[::-1]
-    assert readd_id.decode() == stream_id
-    assert (forget[b"kind"], forget[b"scope"], json.loads(forget[b"turn_ids"])) == (b"forget", b"turns", ["k"])
-    assert (readd[b"turn_id"], readd[b"readd"], readd[b"text"]) == (b"k", b"1", b"the second value")
+    second = client.replace_turn(turn("alice", "k", "the second value"))
+    third = client.replace_turn(turn("alice", "k", "the third value"))
+    assert redis_client.xlen(settings.turns_stream) == before + 2  # one message per replacement
+    fields = dict(redis_client.xrange(settings.turns_stream, min=second, max=second))[second.encode()]
+    assert (fields[b"turn_id"], fields[b"readd"], fields[b"text"]) == (b"k", b"replace", b"the second value")
+    messages = {sid.decode(): StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)}
+    # two consumers, the later replacement applied first: the one published last still wins
+    ingest_worker(settings, redis_client, store).handle([messages[third]])
+    assert _stored_texts(store, "alice") == [("k", "the third value")]
+    ingest_worker(settings, redis_client, store).handle([messages[second]])
+    assert _stored_texts(store, "alice") == [("k", "the third value")]
+    ingest_worker(settings, redis_client, store).handle([messages[third]])  # a redelivery changes nothing
+    assert _stored_texts(store, "alice") == [("k", "the third value")]
+    fourth = client.replace_turn(turn("bob", "k", "a key of another tenant"))  # never touches alice's
     drain(ingest_worker(settings, redis_client, store))
-    with store.tenant("alice") as tx:
-        assert [(r.turn_id, r.text) for r in tx.entries_after(0)] == [("k", "the second value")]
+    assert _stored_texts(store, "alice") == [("k", "the third value")] and fourth
+    assert _stored_texts(store, "bob") == [("k", "a key of another tenant")]
 
 
 def test_a_forget_racing_with_two_ingest_workers_loses_nothing_else(settings: Settings, redis_client: redis.Redis,

@@ -40,7 +40,7 @@ import redis
 
 from api.directory import marked
 from api.errors import InvalidInputError, Reason
-from api.forget import ForgetRequest, is_forget_message, is_readd
+from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
 from api.validation import limits_of
 from mnemos.canonical_set import CanonicalSet
@@ -197,8 +197,11 @@ class IngestWorker:
 
         by_tenant: dict[str, list[_Pending | _Forget]] = {}
         for message, item in parsed:
-            by_tenant.setdefault(item.tenant_id, []).append(
-                _Pending(message, item, next(vectors), next(cuts)) if isinstance(item, Turn) else _Forget(message, item))
+            queue = by_tenant.setdefault(item.tenant_id, [])
+            if isinstance(item, Turn) and is_replace(message.fields):  # its turn id forgotten first, here
+                queue.append(_Forget(message, ForgetRequest(item.tenant_id, ForgetScope.TURNS, turn_ids=(item.turn_id,))))
+            queue.append(_Pending(message, item, next(vectors), next(cuts)) if isinstance(item, Turn)
+                         else _Forget(message, item))
         started = time.perf_counter()
         totals = _BatchTotals()
         for tenant_id, items in by_tenant.items():
