@@ -106,6 +106,10 @@ class SuppressionWorker:
         tenant_id = outcome.tenant_id
         froze = False
         with self.store.tenant(tenant_id) as tx:
+            if message.query_embedding is not None and self.settings.clusters_k > 1:
+                # the bootstrap lock before the tenant row's, in the order a tenant move and a reindex
+                # take them (a break-it session found the reverse order deadlocking with a move)
+                tx.lock(TenantLock.SUPPRESSION)
             stale = _forgotten_since(tx, message)
             if stale and not tx.own_entry_ids(sorted({p.entry_id for p in message.pool})):
                 self.metrics.suppression_outdated.inc()  # nothing of its pool is left to learn about
