@@ -94,9 +94,15 @@ class _OneSentenceServer(MCPServer):
     """The SDK's server, whose argument-schema refusals read as one sentence per wrong argument
     (``Invalid k: Input should be a valid integer.``) like the tools' own errors, instead of
     pydantic's multi-line report with a documentation link (a break-it session, 2026-12-07). The
-    ``ValidationError`` stays the cause, so the SDK still logs the argument names only."""
+    ``ValidationError`` stays the cause, so the SDK still logs the argument names only. An argument
+    the tool does not take is refused by name, with the ones it takes."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        schema = self._tool_input_schema(name)
+        known = set((schema or {}).get("properties", {}))
+        unknown = sorted(set(arguments) - known) if schema is not None else []
+        if unknown:  # a typo ("top_k") would otherwise be ignored and the default used silently
+            raise ToolError(f"Unknown argument {', '.join(unknown)}: {name} takes {', '.join(sorted(known)) or 'none'}.")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
