@@ -9,9 +9,11 @@ The mapping (the tenant is the constructor's, never an operation's):
 * ``put`` publishes the item as a turn: ``value[text_key]`` (a string) is the text, ``value["speaker"]``
   the speaker (default ``user``), ``value["timestamp"]`` (ISO 8601 with a zone) when it was said
   (default now), every other field its metadata (a JSON object of at most ``MNEMOS_MAX_METADATA_BYTES``).
-  Every put publishes a forget of the key and then the new turn as a re-add (Mnemos never edits a
-  stored turn in place, and an earlier put or delete of the key may still be in the stream, so
-  whether it exists is not asked); ``put(..., None)`` and ``delete`` forget it. Each waits up to
+  Every put publishes one replace message (:meth:`api.client.MnemosClient.replace_turn`): the ingest
+  worker forgets the key's turn and re-adds it with the new value (Mnemos never edits a stored turn
+  in place, and an earlier put or delete of the key may still be in the stream, so whether it exists
+  is not asked). Copies of the old value in the stream and in stored results age out with the
+  stream's trim and the result TTL; ``put(..., None)`` and ``delete`` forget the key for good. Each waits up to
   ``ingest_wait_s`` for the ingest worker's commit, so the next ``get`` or ``search`` sees it;
 * ``get`` reads the stored turn back (catalog read through the queue) as the value it was put with;
 * ``search(prefix, query=...)`` is a Mnemos retrieval limited to the sessions under the prefix (at most
@@ -126,9 +128,9 @@ class MnemosStore(BaseStore):
                     updated_at=turns[0].occurred_at)
 
     def _put(self, op: PutOp) -> None:
-        # Always forget, then re-add: whether the key exists cannot be read reliably (an earlier put
-        # or delete of it may still be in the stream), and the stream applies a tenant's events in
-        # order. A forget of a key never stored is a no-op tombstone that the re-add lifts.
+        # Always replace (forget, then re-add, in one message): whether the key exists cannot be read
+        # reliably (an earlier put or delete of it may still be in the stream), and the stream applies
+        # a tenant's events in order. A forget of a key never stored is a no-op the re-add lifts.
         turn_id = turn_id_of(op.namespace, op.key)
         if op.value is None:
             self._wait(self.client.forget(self.tenant_id, turn_ids=[turn_id]))
@@ -144,8 +146,8 @@ class MnemosStore(BaseStore):
                                 "occurred_at": op.value.get("timestamp", datetime.now(UTC).isoformat())}
         if metadata:
             turn["metadata"] = metadata
-        # refused before anything is forgotten; the forget and the re-add are adjacent on the stream,
-        # so of two concurrent puts of one key the later one wins (a break-it session, 2026-12-07)
+        # refused before anything is sent; one message, so of two concurrent puts of one key the one
+        # published later wins, whichever ingest consumers read them (break-it sessions, 2026-12-07)
         self._wait(self.client.replace_turn(turn))
 
     def _search(self, op: SearchOp) -> list[SearchItem]:

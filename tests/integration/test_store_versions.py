@@ -140,6 +140,20 @@ def test_ingest_refuses_to_write_into_a_tenant_of_another_version(settings: Sett
         assert conn.execute("SELECT count(*) FROM dead_letters").fetchone() == (0,)
 
 
+def test_a_worker_of_another_version_applies_no_half_of_a_replace(settings: Settings, redis_client: redis.Redis,
+                                                                   store: PostgresStore) -> None:
+    """Break-it session, round 3: such a worker applied the forget half, then refused the re-add, so
+    the key read empty until a fitting worker came."""
+    ingest_turns(settings, redis_client, store, [turn("bob", "k", "the first value")])
+    _set_version(settings, "bob", 0, 64)
+    client_for(settings, redis_client).replace_turn(turn("bob", "k", "the second value"))
+    worker = ingest_worker(settings, redis_client, store)
+    assert drain(worker) == 1
+    with store.tenant("bob") as tx:
+        assert [r.text for r in tx.entries_after(0)] == ["the first value"]  # nothing forgotten
+    assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 1  # left whole for a fitting worker
+
+
 def test_a_tenant_without_embeddings_takes_the_version_of_its_first_writer(settings: Settings,
                                                                            redis_client: redis.Redis,
                                                                            store: PostgresStore) -> None:

@@ -67,9 +67,12 @@ def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]
     return changes
 
 
-def apply_forget(tx: TenantSession, request: ForgetRequest, stream_id: str) -> ForgetReport:
+def apply_forget(tx: TenantSession, request: ForgetRequest, stream_id: str, *,
+                 keep_dead_letters: bool = False) -> ForgetReport:
     """Apply ``request`` (carried by stream entry ``stream_id``) in ``tx``, which holds the tenant's
     ingest lock; returns what was deleted. Raises StoreError when the store fails.
+    ``keep_dead_letters``: a replace's forget half leaves the turn id's dead letters alone (it
+    updates a turn; letters of messages published after it are not its to delete).
 
     Only turns carried by messages before the forget are erased: another consumer may have stored a
     later turn of the scope first (consumers of one group run side by side), and it stays.
@@ -91,7 +94,7 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream_id: str) -> F
     elif request.scope is ForgetScope.SESSION:
         letters = tx.delete_dead_letters(session_id=request.session_id)
     else:
-        letters = tx.delete_dead_letters(turn_ids=request.turn_ids)
+        letters = 0 if keep_dead_letters else tx.delete_dead_letters(turn_ids=request.turn_ids)
     tx.delete_entries([link.entry_id for link in links])
     tx.add_tombstones(_tombstones(request, links, at))
     promoted = sum(1 for canonical in changes.values() if canonical is None)

@@ -105,10 +105,13 @@ class _Canonicals:
 
 @dataclass
 class _Forget:
-    """A forget event of the batch (:mod:`api.forget`)."""
+    """A forget event of the batch (:mod:`api.forget`); ``replace``: the forget half of a replace
+    message (:func:`api.forget.is_replace`), applied only where the re-add can be too, and without
+    the erasure of copies (stream, dead letters, stored results) that a forget by request does."""
 
     message: StreamMessage
     request: ForgetRequest
+    replace: bool = False
 
 
 @dataclass
@@ -199,7 +202,8 @@ class IngestWorker:
         for message, item in parsed:
             queue = by_tenant.setdefault(item.tenant_id, [])
             if isinstance(item, Turn) and is_replace(message.fields):  # its turn id forgotten first, here
-                queue.append(_Forget(message, ForgetRequest(item.tenant_id, ForgetScope.TURNS, turn_ids=(item.turn_id,))))
+                queue.append(_Forget(message, ForgetRequest(item.tenant_id, ForgetScope.TURNS, turn_ids=(item.turn_id,)),
+                                     replace=True))
             queue.append(_Pending(message, item, next(vectors), next(cuts)) if isinstance(item, Turn)
                          else _Forget(message, item))
         started = time.perf_counter()
@@ -232,7 +236,8 @@ class IngestWorker:
                     totals.add(self._write_tenant(tenant_id, run))
                 if isinstance(item, _Forget):
                     self._forget(tenant_id, item)
-                    totals.forgets.append(item)
+                    if not item.replace:  # a replace updates a turn; copies of the old value age out
+                        totals.forgets.append(item)
             except EmbeddingVersionError as exc:  # left pending for a worker of the tenant's version
                 log.error("ingest worker refuses %d turns: %s", len(items) - start, exc)
                 self.metrics.version_refusal("ingest", len(run))
@@ -250,7 +255,9 @@ class IngestWorker:
         with self.store.tenant(tenant_id) as tx:
             tx.lock(TenantLock.INGEST)
             self._check_not_moved(tenant_id)
-            report = apply_forget(tx, item.request, item.message.stream_id)
+            if item.replace:  # a worker that cannot store the re-add must not apply the forget half
+                require_tenant_version(tx, self.version)
+            report = apply_forget(tx, item.request, item.message.stream_id, keep_dead_letters=item.replace)
         self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
         log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",
