@@ -219,13 +219,18 @@ class MnemosClient:
         checked = self.make_turn(turn)
         fields = self._fields(checked, True)
         fields[READD_FIELD] = REPLACE_VALUE
+        return self._publish_one(checked.tenant_id, fields)
+
+    def _publish_one(self, tenant_id: str, fields: dict[str, str]) -> str:
+        """XADD one message to the turns stream of ``tenant_id``'s shard (through the directory while
+        tenants move); returns its stream id. Raises ServiceUnavailable."""
         if self.directory is not None:
-            return self.directory.publish([(checked.tenant_id, fields)], self.home_shard)[0]
-        stream = self.turns_stream_of(checked.tenant_id)
+            return self.directory.publish([(tenant_id, fields)], self.home_shard)[0]
+        stream = self.turns_stream_of(tenant_id)
         try:
-            return _sid(self.connection_of(checked.tenant_id).xadd(stream, fields))  # type: ignore[arg-type]
+            return _sid(self.connection_of(tenant_id).xadd(stream, fields))  # type: ignore[arg-type]
         except redis.RedisError as exc:
-            raise self._unavailable(self.shard_of(checked.tenant_id), f"cannot publish to {stream}: {exc}") from exc
+            raise self._unavailable(self.shard_of(tenant_id), f"cannot publish to {stream}: {exc}") from exc
 
     @staticmethod
     def _fields(turn: Turn, readd: bool) -> dict[str, str]:
@@ -255,14 +260,7 @@ class MnemosClient:
         elif turn_ids is not None:
             values.update(scope=ForgetScope.TURNS.value, turn_ids=list(turn_ids))
         request = ForgetRequest.parse(values, self.limits)
-        if self.directory is not None:
-            return self.directory.publish([(request.tenant_id, request.to_stream_fields())], self.home_shard)[0]
-        stream = self.turns_stream_of(request.tenant_id)
-        try:
-            stream_id = self.connection_of(request.tenant_id).xadd(stream, request.to_stream_fields())  # type: ignore[arg-type]
-        except redis.RedisError as exc:
-            raise self._unavailable(self.shard_of(request.tenant_id), f"cannot publish to {stream}: {exc}") from exc
-        return _sid(stream_id)
+        return self._publish_one(request.tenant_id, request.to_stream_fields())
 
     # retrieval ------------------------------------------------------------------------------
 

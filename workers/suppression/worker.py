@@ -106,7 +106,8 @@ class SuppressionWorker:
         tenant_id = outcome.tenant_id
         froze = False
         with self.store.tenant(tenant_id) as tx:
-            if message.query_embedding is not None and self.settings.clusters_k > 1:
+            bootstraps = message.query_embedding is not None and self.settings.clusters_k > 1
+            if bootstraps:
                 # the bootstrap lock before the tenant row's, in the order a tenant move and a reindex
                 # take them (a break-it session found the reverse order deadlocking with a move)
                 tx.lock(TenantLock.SUPPRESSION)
@@ -115,7 +116,7 @@ class SuppressionWorker:
                 self.metrics.suppression_outdated.inc()  # nothing of its pool is left to learn about
                 return False
             # a query asked before a forget is not buffered: a tenant forget erases the tenant's queries
-            clustered = message.query_embedding is not None and self.settings.clusters_k > 1 and not stale
+            clustered = bootstraps and not stale
             if clustered:
                 _check_embedding(tx, len(message.query_embedding or ()))
             if deltas:  # isolation: only this tenant's entries can be suppressed under its id
