@@ -124,6 +124,24 @@ def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Setti
     assert worker.metrics.forget_turns._value.get() == 2
 
 
+def test_a_refused_message_published_after_a_forget_keeps_its_dead_letter(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    """The forget and a later malformed message of the same turn id arrive in one batch (letters are
+    recorded before forgets are applied): the later message's letter is not the forget's to delete."""
+    client = client_for(settings, redis_client)
+    bad = {**turn("alice", "a1", "my new number", session="s1"), "v": "1", "occurred_at": "2024-03-01T09:00:00"}
+    redis_client.xadd(settings.turns_stream, bad)  # refused before the forget: the forget erases its letter
+    client.forget("alice", turn_ids=["a1"])
+    later = redis_client.xadd(settings.turns_stream, {**bad, "text": "my newer number"}).decode()
+    worker = ingest_worker(settings, redis_client, store)
+    assert drain(worker) == 3
+    with psycopg.connect(store.database_url) as conn:
+        rows = conn.execute("SELECT stream_id FROM dead_letters WHERE tenant_id = 'alice'").fetchall()
+    assert rows == [(later,)]
+    letters = [f[b"stream_id"].decode() for _id, f in redis_client.xrange(settings.dead_letter_stream)]
+    assert letters == [later]
+
+
 def test_a_tenant_forget_empties_every_table_of_the_tenant(settings: Settings, redis_client: redis.Redis,
                                                           store: PostgresStore) -> None:
     client = client_for(settings, redis_client)

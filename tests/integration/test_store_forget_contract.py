@@ -81,10 +81,29 @@ def test_dead_letters_and_tenant_state(any_store: Store) -> None:
         assert tx.delete_dead_letters(turn_ids=["t1"]) == 0
         tx.delete_tenant_state()
         assert tx.suppression_scores() == {} and tx.centroids() is None and tx.buffered_count() == 0
-        assert tx.ledger() == [] and tx.delete_dead_letters() == 0  # t5's letter went with the tenant state
+        assert tx.ledger() == []
+        assert tx.delete_dead_letters() == 1  # t5's letter: dead letters are not tenant state
         assert len(tx.entries_after(0)) == 4  # entries are deleted by delete_entries only
     with any_store.tenant("bob") as tx:
         assert tx.delete_dead_letters() == 1
+
+
+def test_dead_letters_of_messages_after_the_forget_are_kept(any_store: Store) -> None:
+    """A forget at 10-5 deletes the letters of its stream's messages up to it (and every letter of
+    another stream), never those published after it."""
+    any_store.record_dead_letters([
+        _letter("10-4", "alice", "t1", "s1"), _letter("10-5", "alice", "t1", "s1"),
+        _letter("10-6", "alice", "t1", "s1"), _letter("9-0", "alice", "t1", "s2"),
+        _letter("11-0", "alice", "t2", "s1"), _letter("12-0", "alice", "t3", "s3")])
+    any_store.record_dead_letters([DeadLetter("other:turns", "99-0", "turn_id_conflict", "conflict", "alice",
+                                              "t1", {"tenant_id": "alice", "turn_id": "t1", "session_id": "s1"})])
+    with any_store.tenant("alice") as tx:
+        assert tx.delete_dead_letters(turn_ids=["t1"], through=("unit:turns", "10-5")) == 4  # 10-4, 10-5, 9-0, other
+        assert tx.delete_dead_letters(turn_ids=["t1"], through=("unit:turns", "10-5")) == 0  # 10-6 stays
+        assert tx.delete_dead_letters(session_id="s1", through=("unit:turns", "10-9")) == 1  # 10-6; 11-0 is later
+        assert tx.delete_dead_letters(session_id="s1", through=("unit:turns", "11-0")) == 1
+        assert tx.delete_dead_letters(through=("unit:turns", "11-9")) == 0  # 12-0 came after a tenant forget
+        assert tx.delete_dead_letters(through=("unit:turns", "12-0")) == 1
 
 
 def test_tombstones_keep_the_later_position(any_store: Store) -> None:

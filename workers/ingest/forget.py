@@ -11,7 +11,8 @@ lock (so no turn of the tenant is written meanwhile), and:
    (:func:`plan_promotions`), an alias forgotten alone leaves its canonical entry as it was; a
    tenant forget also deletes the tenant's rows in every other table but its ``tenants`` row (ids
    and counters) and its tombstones;
-3. deletes the tenant's dead letters of its scope (their payloads hold the text);
+3. deletes the tenant's dead letters of its scope (their payloads hold the text) but those of
+   messages published after it;
 4. records tombstones: one for the scope (tenant or session) and one per forgotten turn id,
    each with the forget's stream position.
 
@@ -27,14 +28,9 @@ from enum import Enum
 
 from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Turn
+from workers.runtime.streams import stream_position
 from workers.store import TenantSession
 from workers.store.rows import EntryLink, Tombstone
-
-
-def stream_position(stream_id: str) -> tuple[int, int]:
-    """A Redis stream id ``"<ms>-<seq>"`` as ``(ms, seq)``, the order of the stream."""
-    ms, _, seq = stream_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 @dataclass(frozen=True)
@@ -67,12 +63,12 @@ def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]
     return changes
 
 
-def apply_forget(tx: TenantSession, request: ForgetRequest, stream_id: str, *,
+def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_id: str, *,
                  keep_dead_letters: bool = False) -> ForgetReport:
-    """Apply ``request`` (carried by stream entry ``stream_id``) in ``tx``, which holds the tenant's
-    ingest lock; returns what was deleted. Raises StoreError when the store fails.
-    ``keep_dead_letters``: a replace's forget half leaves the turn id's dead letters alone (it
-    updates a turn; letters of messages published after it are not its to delete).
+    """Apply ``request`` (carried by entry ``stream_id`` of the turns stream ``stream``) in ``tx``,
+    which holds the tenant's ingest lock; returns what was deleted. Raises StoreError when the store
+    fails. ``keep_dead_letters``: a replace's forget half leaves the turn id's dead letters alone (it
+    updates a turn). Dead letters of messages published after the forget are kept in any case.
 
     Only turns carried by messages before the forget are erased: another consumer may have stored a
     later turn of the scope first (consumers of one group run side by side), and it stays.
@@ -88,13 +84,14 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream_id: str, *,
     links = [link for link in links if _before(link, at)]
     changes = plan_promotions(links, tx.aliases_of([link.entry_id for link in links]))
     tx.set_canonical(changes)
+    through = (stream, stream_id)
     if request.scope is ForgetScope.TENANT:
-        letters = tx.delete_dead_letters()
+        letters = tx.delete_dead_letters(through=through)
         tx.delete_tenant_state()  # suppression scores first: they reference the entries
     elif request.scope is ForgetScope.SESSION:
-        letters = tx.delete_dead_letters(session_id=request.session_id)
+        letters = tx.delete_dead_letters(session_id=request.session_id, through=through)
     else:
-        letters = 0 if keep_dead_letters else tx.delete_dead_letters(turn_ids=request.turn_ids)
+        letters = 0 if keep_dead_letters else tx.delete_dead_letters(turn_ids=request.turn_ids, through=through)
     tx.delete_entries([link.entry_id for link in links])
     tx.add_tombstones(_tombstones(request, links, at))
     promoted = sum(1 for canonical in changes.values() if canonical is None)

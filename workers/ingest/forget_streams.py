@@ -33,7 +33,7 @@ from rq.serializers import JSONSerializer
 
 from api.client import JOB_ID_PREFIX
 from api.forget import ForgetRequest, is_forget_message
-from workers.ingest.forget import stream_position
+from workers.runtime.streams import stream_position
 
 log = logging.getLogger(__name__)
 

@@ -257,7 +257,8 @@ class IngestWorker:
             self._check_not_moved(tenant_id)
             if item.replace:  # a worker that cannot store the re-add must not apply the forget half
                 require_tenant_version(tx, self.version)
-            report = apply_forget(tx, item.request, item.message.stream_id, keep_dead_letters=item.replace)
+            report = apply_forget(tx, item.request, self.settings.turns_stream, item.message.stream_id,
+                                  keep_dead_letters=item.replace)
         self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
         log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",

@@ -39,7 +39,8 @@ from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import Limits
-from workers.ingest.forget import Verdict, stream_position, tombstone_verdict
+from workers.ingest.forget import Verdict, tombstone_verdict
+from workers.runtime.streams import stream_position
 from workers.store.rows import Tombstone
 
 SCAN_COUNT = 500

@@ -188,7 +188,7 @@ class StreamConsumer:
         return messages
 
     def _saw(self, stream_id: str) -> None:
-        if self._last_read is None or _parse_id(stream_id) > _parse_id(self._last_read):
+        if self._last_read is None or stream_position(stream_id) > stream_position(self._last_read):
             self._last_read = stream_id
 
     def _lost(self, stream_ids: list[str]) -> None:
@@ -216,14 +216,16 @@ def safe_trim(connection: redis.Redis, stream: str) -> int:
         name = group["name"]
         summary = connection.xpending(stream, name)
         floor = summary["min"] if summary["pending"] else group["last-delivered-id"]
-        floors.append(_parse_id(_sid(floor)))
+        floors.append(stream_position(_sid(floor)))
     low = min(floors)
     if low == (0, 0):
         return 0
     return int(connection.xtrim(stream, minid=f"{low[0]}-{low[1]}", approximate=False))
 
 
-def _parse_id(stream_id: str) -> tuple[int, int]:
+def stream_position(stream_id: str) -> tuple[int, int]:
+    """A Redis stream id ``"<ms>-<seq>"`` as ``(ms, seq)``, the order of the stream; raises
+    ValueError when it is not one."""
     ms, _, seq = stream_id.partition("-")
     return int(ms), int(seq or 0)
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from workers.runtime.errors import StoreError
+from workers.runtime.streams import stream_position
 from workers.store.rows import EntryLink, Tombstone
 
 if TYPE_CHECKING:
@@ -64,12 +65,21 @@ class FakeForget:
         for entry_id in doomed:
             del tables.entries[entry_id]
 
-    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None) -> int:
+    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None,
+                            through: tuple[str, str] | None = None) -> int:
         tables = self._write()
         wanted = None if turn_ids is None else set(turn_ids)
 
+        def later(letter: Any) -> bool:
+            if through is None or letter.stream != through[0]:
+                return False
+            try:
+                return stream_position(letter.stream_id) > stream_position(through[1])
+            except ValueError:
+                return False
+
         def doomed(letter: Any) -> bool:
-            if letter.tenant_id != self._tenant_id:
+            if letter.tenant_id != self._tenant_id or later(letter):
                 return False
             if wanted is not None:
                 return letter.turn_id in wanted or letter.payload.get("turn_id") in wanted
@@ -87,7 +97,6 @@ class FakeForget:
         tables.ledger = {k: v for k, v in tables.ledger.items() if k[0] != tenant}
         tables.buffer.pop(tenant, None)
         tables.centroids.pop(tenant, None)
-        tables.dead_letters = {k: v for k, v in tables.dead_letters.items() if v.tenant_id != tenant}
 
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
         keys = {("tenant", "")} | {("session", s) for s in session_ids} | {("turn", t) for t in turn_ids}

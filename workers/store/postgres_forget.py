@@ -14,12 +14,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import class_row
 
+from workers.runtime.streams import stream_position
 from workers.store.rows import EntryLink, Tombstone
 
 R = TypeVar("R")
 
 _LINK = "SELECT entry_id, turn_id, session_id, canonical_entry_id, stream_id FROM entries"
-_TENANT_TABLES = ("suppression", "centroids", "query_buffer", "applied_outcomes", "dead_letters")
+_TENANT_TABLES = ("suppression", "centroids", "query_buffer", "applied_outcomes")
 
 
 class PostgresForget:
@@ -67,16 +68,22 @@ class PostgresForget:
         self._conn.execute("DELETE FROM suppression WHERE tenant_id = %s AND entry_id = ANY(%s)", (self._tenant_id, ids))
         self._conn.execute("DELETE FROM entries WHERE tenant_id = %s AND entry_id = ANY(%s)", (self._tenant_id, ids))
 
-    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None) -> int:
+    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None,
+                            through: tuple[str, str] | None = None) -> int:
+        where, params = ["tenant_id = %s"], list[Any]([self._tenant_id])
         if turn_ids is not None:
-            cur = self._conn.execute("DELETE FROM dead_letters WHERE tenant_id = %s"
-                                     " AND (turn_id = ANY(%s) OR payload->>'turn_id' = ANY(%s))",
-                                     (self._tenant_id, list(turn_ids), list(turn_ids)))
+            where.append("(turn_id = ANY(%s) OR payload->>'turn_id' = ANY(%s))")
+            params += [list(turn_ids), list(turn_ids)]
         elif session_id is not None:
-            cur = self._conn.execute("DELETE FROM dead_letters WHERE tenant_id = %s AND payload->>'session_id' = %s",
-                                     (self._tenant_id, session_id))
-        else:
-            cur = self._conn.execute("DELETE FROM dead_letters WHERE tenant_id = %s", (self._tenant_id,))
+            where.append("payload->>'session_id' = %s")
+            params.append(session_id)
+        if through is not None:  # keep the letters of messages published after the forget
+            stream, (ms, seq) = through[0], stream_position(through[1])
+            where.append("NOT (stream = %s AND (CASE WHEN stream_id ~ '^[0-9]{1,18}-[0-9]{1,18}$' THEN"
+                         " (split_part(stream_id, '-', 1)::bigint, split_part(stream_id, '-', 2)::bigint)"
+                         " > (%s::bigint, %s::bigint) ELSE false END))")
+            params += [stream, ms, seq]
+        cur = self._conn.execute(f"DELETE FROM dead_letters WHERE {' AND '.join(where)}", params)
         return max(0, cur.rowcount)
 
     def delete_tenant_state(self) -> None:

@@ -204,15 +204,18 @@ class TenantSession(Protocol):
         scores; no other entry may still name one of them as its canonical entry."""
         ...
 
-    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None) -> int:
+    def delete_dead_letters(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None,
+                            through: tuple[str, str] | None = None) -> int:
         """Delete the tenant's dead letters of ``turn_ids``, of ``session_id`` (the session id in
-        their payload) or (neither given) all of them; returns how many."""
+        their payload) or (neither given) all of them; returns how many. ``through`` =
+        ``(stream, stream_id)``: a letter of a message of ``stream`` after ``stream_id`` is kept (it
+        was published after the forget at ``stream_id``; letters of other streams are deleted)."""
         ...
 
     def delete_tenant_state(self) -> None:
         """Delete the tenant's rows of every table but ``tenants``, ``entries`` (see
-        :meth:`delete_entries`) and ``tombstones``: suppression scores, centroids, the bootstrap
-        buffer, the ledger and its dead letters."""
+        :meth:`delete_entries`), ``tombstones`` and ``dead_letters`` (see
+        :meth:`delete_dead_letters`): suppression scores, centroids, the bootstrap buffer, the ledger."""
         ...
 
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
