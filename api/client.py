@@ -453,15 +453,23 @@ class MnemosClient:
         raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._named(shard))
 
 
+def tenant_job_prefix(tenant_id: str) -> str:
+    """The start of every rq job id of ``tenant_id``'s requests: ``mnemos-`` + a 16-hex-digit hash of
+    the tenant + ``-``. A forget finds the tenant's stored results by it (one SCAN MATCH) instead of
+    reading every tenant's."""
+    return f"{JOB_ID_PREFIX}{hashlib.blake2b(tenant_id.encode(), digest_size=8).hexdigest()}-"
+
+
 def job_id_for(tenant_id: str, request_id: str) -> str:
-    """The rq job id of a request: ``mnemos-`` + a hash of the tenant and the request id.
+    """The rq job id of a request: :func:`tenant_job_prefix` + a hash of the tenant and the request id.
 
     rq job ids are one namespace per Redis and allow only ``[A-Za-z0-9_-]``, while request ids
     are chosen by clients (any id text) and only unique within a tenant: hashing both keeps two
-    tenants' ``"req-1"`` apart and lets any valid request id through.
+    tenants' ``"req-1"`` apart and lets any valid request id through. (Until 2026-12-07 the id was
+    ``mnemos-`` + the second hash alone.)
     """
     digest = hashlib.blake2b(f"{tenant_id}\x00{request_id}".encode(), digest_size=16).hexdigest()
-    return f"{JOB_ID_PREFIX}{digest}"
+    return f"{tenant_job_prefix(tenant_id)}{digest}"
 
 
 def request_digest(request: RetrievalRequest) -> str:

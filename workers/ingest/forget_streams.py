@@ -15,7 +15,8 @@ is committed, the ingest worker deletes (XDEL):
 * every entry of the dead-letter stream ``<prefix>:turns:dead`` that copies a covered message;
 * every stored rq result (a result stream ``rq:results:mnemos-*``) of a retrieval of the tenant
   that returned a covered hit or evidence-packet item (a packet may carry turns of the reranked
-  pool below the top ``k`` hits; :func:`erase_results`; a scan of the keyspace, once per forget).
+  pool below the top ``k`` hits; :func:`erase_results`; a SCAN MATCH of the tenant's job ids, once
+  per forget).
 
 The forget event itself holds ids only and is acknowledged and trimmed like any entry.
 """
@@ -31,7 +32,7 @@ import redis
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from api.client import JOB_ID_PREFIX
+from api.client import JOB_ID_PREFIX, tenant_job_prefix
 from api.forget import ForgetRequest, is_forget_message
 from workers.runtime.streams import stream_position
 
@@ -170,28 +171,38 @@ def _turns_with_text(value: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
             yield str(session), str(item.get("turn_id", ""))
 
 
+# job ids before 2026-12-07 had no tenant part (``mnemos-`` + 32 hex digits); their results are gone
+# MNEMOS_RESULT_TTL_S after an upgrade, and until then a forget reads them all
+_UNSCOPED_JOB_IDS = JOB_ID_PREFIX + "[0-9a-f]" * 32
+
+
 def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
     """Delete the stored results of the tenant's retrievals and catalog reads that returned a hit,
-    packet item, turn or session ``request`` covers (a client waiting for one of them right now times out); returns how many
-    were deleted."""
+    packet item, turn or session ``request`` covers (a client waiting for one of them right now times
+    out); returns how many were deleted. Only the tenant's job ids are read
+    (:func:`api.client.tenant_job_prefix`, a SCAN MATCH of the keyspace)."""
     deleted = 0
-    for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
-        job_id = _text(key).removeprefix(Result.get_key(""))
-        doomed = []
-        for raw_id, fields in connection.xrange(key):
-            try:
-                result = Result.restore(job_id, _text(raw_id), fields, connection, serializer=JSONSerializer)
-            except (ValueError, TypeError):
-                continue
-            value = result.return_value
-            if (isinstance(value, dict) and value.get("tenant_id") == request.tenant_id
-                    and any(request.covers(*turn) for turn in _turns_with_text(value))):
-                doomed.append(_text(raw_id))
-        if doomed:
-            deleted += int(connection.xdel(key, *doomed))
+    for pattern in (f"{tenant_job_prefix(request.tenant_id)}*", _UNSCOPED_JOB_IDS):
+        for key in connection.scan_iter(match=Result.get_key(pattern), count=SCAN_COUNT):
+            deleted += _erase_result(connection, _text(key).removeprefix(Result.get_key("")), request)
     if deleted:
         log.info("deleted %d stored retrieval results holding forgotten turns", deleted)
     return deleted
+
+
+def _erase_result(connection: redis.Redis, job_id: str, request: ForgetRequest) -> int:
+    """XDEL the results of job ``job_id`` that ``request`` covers; returns how many."""
+    doomed = []
+    for raw_id, fields in connection.xrange(Result.get_key(job_id)):
+        try:
+            result = Result.restore(job_id, _text(raw_id), fields, connection, serializer=JSONSerializer)
+        except (ValueError, TypeError):
+            continue
+        value = result.return_value
+        if (isinstance(value, dict) and value.get("tenant_id") == request.tenant_id
+                and any(request.covers(*turn) for turn in _turns_with_text(value))):
+            doomed.append(_text(raw_id))
+    return int(connection.xdel(Result.get_key(job_id), *doomed)) if doomed else 0
 
 
 def delete_entries(connection: redis.Redis, stream: str, group: str, ack: Iterable[str],

@@ -1,0 +1,68 @@
+"""A forget reads only its own tenant's stored rq results (docs/architecture.md "Forget", "The streams").
+
+Results are written here with rq's own ``Result.create`` under the ids the client gives jobs
+(``api.client.job_id_for``); the connection is wrapped to record which result streams the forget read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from rq.job import Job
+from rq.results import Result
+from rq.serializers import JSONSerializer
+
+from api.client import JOB_ID_PREFIX, job_id_for, tenant_job_prefix
+from api.forget import ForgetRequest, ForgetScope
+from workers.ingest.forget_streams import erase_results
+
+pytestmark = pytest.mark.integration
+
+
+class _Reads(redis.Redis):
+    """A client that records the keys XRANGE read."""
+
+    read: list[str]
+
+    def xrange(self, name: Any, *args: Any, **kwargs: Any) -> Any:
+        self.read.append(name.decode() if isinstance(name, bytes) else str(name))
+        return super().xrange(name, *args, **kwargs)
+
+
+@pytest.fixture
+def reads(redis_client: redis.Redis) -> Iterator[_Reads]:
+    connection = _Reads(connection_pool=redis_client.connection_pool)
+    connection.read = []
+    yield connection
+
+
+def _store(connection: redis.Redis, job_id: str, value: dict[str, Any]) -> str:
+    job = Job.create("workers.query.jobs.retrieve", id=job_id, connection=connection, serializer=JSONSerializer)
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=60, return_value=value)
+    return Result.get_key(job_id)
+
+
+def _answer(tenant: str, turn_id: str) -> dict[str, Any]:
+    return {"tenant_id": tenant, "hits": [{"session_id": "s1", "turn_id": turn_id, "text": "secret"}]}
+
+
+def test_a_forget_reads_its_own_tenant_s_results_only(reads: _Reads) -> None:
+    alice, bob = f"alice-{uuid.uuid4().hex}", f"bob-{uuid.uuid4().hex}"
+    keys = {name: _store(reads, job_id_for(tenant, name), _answer(tenant, turn))
+            for name, tenant, turn in (("a-covered", alice, "t1"), ("a-other", alice, "t2"),
+                                       ("b-same-ids", bob, "t1"), ("b-more", bob, "t1"))}
+    legacy_id = JOB_ID_PREFIX + uuid.uuid4().hex  # a result stored before job ids named their tenant
+    keys["legacy"] = _store(reads, legacy_id, _answer(alice, "t1"))
+    try:
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t1",))) == 2
+        lengths = {name: reads.xlen(key) for name, key in keys.items()}
+        assert lengths == {"a-covered": 0, "a-other": 1, "b-same-ids": 1, "b-more": 1, "legacy": 0}
+        assert not {keys["b-same-ids"], keys["b-more"]} & set(reads.read)  # bob's were never read
+        assert job_id_for(alice, "x").startswith(tenant_job_prefix(alice))
+        assert not job_id_for(bob, "x").startswith(tenant_job_prefix(alice))
+    finally:
+        reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
