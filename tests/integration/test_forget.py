@@ -249,6 +249,33 @@ def test_replace_turn_is_one_message_that_forgets_then_re_adds(settings: Setting
     assert _stored_texts(store, "bob") == [("k", "a key of another tenant")]
 
 
+def test_a_put_of_a_new_key_keeps_the_forget_version(settings: Settings, redis_client: redis.Redis,
+                                                    store: PostgresStore) -> None:
+    """Break-it session (2026-12-07): every replace bumped the forget version, so a put of a new key
+    made the next retrieval rebuild the tenant's index and turned earlier outcomes stale."""
+    client = client_for(settings, redis_client)
+    worker = ingest_worker(settings, redis_client, store)
+    client.publish_turns([turn("alice", "k1", "the first value")])
+    drain(worker)
+
+    def versions() -> tuple[int, int]:
+        with store.tenant("alice") as tx:
+            row = tx.tenant()
+            assert row is not None
+            return row.memory_version, row.forget_version
+
+    memory, forgets = versions()
+    client.replace_turn(turn("alice", "k2", "a new key"))
+    client.forget("alice", turn_ids=["never-stored"])
+    drain(worker)
+    assert versions() == (memory + 1, forgets)  # the new turn moved the memory version only
+    assert _stored_texts(store, "alice") == [("k1", "the first value"), ("k2", "a new key")]
+    client.replace_turn(turn("alice", "k1", "an update"))  # erases the old value: caches must see it
+    drain(worker)
+    assert versions()[1] == forgets + 1
+    assert sorted(_stored_texts(store, "alice")) == [("k1", "an update"), ("k2", "a new key")]
+
+
 def test_a_forget_racing_with_two_ingest_workers_loses_nothing_else(settings: Settings, redis_client: redis.Redis,
                                                                     store: PostgresStore) -> None:
     settings = settings.replace(ingest_batch_size=3)

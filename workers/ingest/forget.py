@@ -4,8 +4,10 @@ that keep forgotten turns out (docs/architecture.md "Forget").
 :func:`apply_forget` runs inside the ingest worker's transaction of the tenant, under its ingest
 lock (so no turn of the tenant is written meanwhile), and:
 
-1. bumps the tenant's memory and forget versions first (the row lock also orders it with the
-   suppression worker's transaction of the tenant);
+1. takes the tenant row's lock first (it orders the forget with the suppression worker's
+   transaction of the tenant) and bumps the tenant's memory and forget versions, unless the forget
+   erases no turn (a turn-id or session forget of turns never stored, such as the forget half of a
+   put of a new key: query workers and the suppression worker then keep what they hold);
 2. deletes the entries of its scope carried by messages before it, with their embeddings and
    suppression scores; an alias whose canonical entry is forgotten while it is not is promoted
    (:func:`plan_promotions`), an alias forgotten alone leaves its canonical entry as it was; a
@@ -36,11 +38,12 @@ from workers.store.rows import EntryLink, Tombstone
 @dataclass(frozen=True)
 class ForgetReport:
     """What one applied forget deleted: turns (canonical entries and aliases), aliases promoted to
-    canonical entries, dead letters."""
+    canonical entries, dead letters; ``bumped``: whether it moved the tenant's forget version."""
 
     turns: int = 0
     promoted: int = 0
     dead_letters: int = 0
+    bumped: bool = False
 
 
 def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]) -> dict[int, int | None]:
@@ -74,7 +77,7 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     later turn of the scope first (consumers of one group run side by side), and it stays.
     """
     at = stream_position(stream_id)
-    tx.bump_forget_version()
+    tx.tenant(lock=True)  # the row lock first: it orders the forget with the suppression worker's transaction
     if request.scope is ForgetScope.TENANT:
         links = tx.entry_links()
     elif request.scope is ForgetScope.SESSION:
@@ -82,6 +85,9 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     else:
         links = tx.entry_links(turn_ids=request.turn_ids)
     links = [link for link in links if _before(link, at)]
+    bumped = bool(links) or request.scope is ForgetScope.TENANT
+    if bumped:  # a forget that erases no turn leaves every cache of the tenant valid (a put of a new key)
+        tx.bump_forget_version()
     changes = plan_promotions(links, tx.aliases_of([link.entry_id for link in links]))
     tx.set_canonical(changes)
     through = (stream, stream_id)
@@ -95,7 +101,7 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     tx.delete_entries([link.entry_id for link in links])
     tx.add_tombstones(_tombstones(request, links, at))
     promoted = sum(1 for canonical in changes.values() if canonical is None)
-    return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters)
+    return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped)
 
 
 def _before(link: EntryLink, at: tuple[int, int]) -> bool:

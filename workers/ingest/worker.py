@@ -259,7 +259,8 @@ class IngestWorker:
                 require_tenant_version(tx, self.version)
             report = apply_forget(tx, item.request, self.settings.turns_stream, item.message.stream_id,
                                   keep_dead_letters=item.replace)
-        self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
+        if report.bumped:
+            self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
         log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",
                  item.message.stream_id, item.request.scope.value, report.turns, report.promoted, report.dead_letters)
