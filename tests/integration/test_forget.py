@@ -142,6 +142,27 @@ def test_a_refused_message_published_after_a_forget_keeps_its_dead_letter(
     assert letters == [later]
 
 
+def test_a_refused_message_published_before_a_forget_and_read_after_it_leaves_no_letter(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    """Break-it session (2026-12-07): a malformed message a dead consumer left pending, refused after
+    the forget of its turn was applied, kept the forgotten text as a dead letter."""
+    client = client_for(settings, redis_client)
+    bad = {**turn("alice", "a1", SECRET, session="s1"), "v": "1", "occurred_at": "2024-03-01T09:00:00"}
+    stranded = redis_client.xadd(settings.turns_stream, bad).decode()
+    other = redis_client.xadd(settings.turns_stream, {**bad, "turn_id": "a2", "session_id": "s9"}).decode()
+    client.forget("alice", session_id="s1")
+    messages = {sid.decode(): StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)}
+    worker = ingest_worker(settings, redis_client, store)
+    forget = next(sid for sid in messages if sid not in {stranded, other})
+    worker.handle([messages[forget]])
+    worker.handle([messages[stranded], messages[other]])  # read after the forget was applied
+    with psycopg.connect(store.database_url) as conn:
+        rows = conn.execute("SELECT stream_id FROM dead_letters WHERE tenant_id = 'alice'").fetchall()
+    assert rows == [(other,)]  # another session's letter stays
+    assert [f[b"stream_id"].decode() for _id, f in redis_client.xrange(settings.dead_letter_stream)] == [other]
+    assert worker.metrics.ingest_tombstoned._value.get() == 1
+
+
 def test_a_tenant_forget_empties_every_table_of_the_tenant(settings: Settings, redis_client: redis.Redis,
                                                           store: PostgresStore) -> None:
     client = client_for(settings, redis_client)

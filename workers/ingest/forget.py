@@ -30,6 +30,7 @@ from enum import Enum
 
 from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Turn
+from workers.runtime.dead_letters import DeadLetter
 from workers.runtime.streams import stream_position
 from workers.store import TenantSession
 from workers.store.rows import EntryLink, Tombstone
@@ -152,3 +153,16 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     if position < own.stream_position or not readd:
         return Verdict.DROP
     return Verdict.READD
+
+
+def letter_forgotten(tombstones: Mapping[tuple[str, str], Tombstone], letter: DeadLetter) -> bool:
+    """Whether the refused message of ``letter`` was published before an applied forget of its
+    tenant, its session or its turn id (``tombstones`` keyed by ``(scope, key)``): its letter would
+    keep text that forget erased (a message left pending by a dead consumer, refused after the
+    forget was applied). Letters of messages published after every such forget are kept."""
+    try:
+        position = stream_position(letter.stream_id)
+    except ValueError:
+        return False
+    keys = (("tenant", ""), ("session", str(letter.payload.get("session_id") or "")), ("turn", letter.turn_id or ""))
+    return any(stone is not None and position < stone.stream_position for stone in map(tombstones.get, keys))

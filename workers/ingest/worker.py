@@ -42,12 +42,12 @@ from api.directory import marked
 from api.errors import InvalidInputError, Reason
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
-from api.validation import limits_of
+from api.validation import check_id, limits_of
 from mnemos.canonical_set import CanonicalSet
 from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.ingest.forget import Verdict, apply_forget, tombstone_verdict
+from workers.ingest.forget import Verdict, apply_forget, letter_forgotten, tombstone_verdict
 from workers.ingest.forget_streams import (
     covered_dead_letters,
     covered_entries,
@@ -64,7 +64,7 @@ from workers.runtime.models import TruncationCounter
 from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.settings import Settings
 from workers.store import Store, TenantSession
-from workers.store.rows import EntryRow, TenantLock, vector_to_bytes, vectors_from_bytes
+from workers.store.rows import EntryRow, TenantLock, Tombstone, vector_to_bytes, vectors_from_bytes
 from workers.store.state import current_version, require_tenant_version
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,7 @@ class IngestWorker:
                                else Turn.from_stream_fields(message.fields, self.limits, now)))
             except InvalidInputError as exc:
                 rejected.append(self._dead_letter(message, exc.reason.value, str(exc)))
+        rejected = self._not_forgotten(rejected)
         if rejected:  # before the tenants' forgets, which delete the letters of what they cover
             self.store.record_dead_letters(rejected)
         started = time.perf_counter()
@@ -281,6 +282,26 @@ class IngestWorker:
                 self.connection.xdel(self.settings.dead_letter_stream, *letters)
             erase_results(self.connection, item.request)
         delete_entries(self.connection, stream, GROUP, ack=doomed & own, delete=doomed)
+
+    def _not_forgotten(self, letters: list[DeadLetter]) -> list[DeadLetter]:
+        """``letters`` but those of messages an applied forget covers (:func:`letter_forgotten`):
+        such a message is dropped like a forgotten turn (counted as tombstoned), never kept as text."""
+        tenants = {letter.tenant_id for letter in letters if letter.tenant_id}
+        stones: dict[str, dict[tuple[str, str], Tombstone]] = {}
+        for tenant_id in sorted(tenants):
+            try:
+                check_id(tenant_id, "tenant_id", self.limits)
+            except InvalidInputError:
+                continue  # no tenant could have forgotten it
+            with self.store.tenant(tenant_id) as tx:
+                mine = [letter for letter in letters if letter.tenant_id == tenant_id]
+                rows = tx.tombstones(session_ids=sorted({str(x.payload.get("session_id") or "") for x in mine}),
+                                     turn_ids=sorted({x.turn_id or "" for x in mine}))
+            stones[tenant_id] = {(row.scope, row.key): row for row in rows}
+        kept = [x for x in letters if not (x.tenant_id in stones and letter_forgotten(stones[x.tenant_id], x))]
+        if len(kept) < len(letters):
+            self.metrics.tombstoned(len(letters) - len(kept))
+        return kept
 
     def _dead_letter(self, message: StreamMessage, reason: str, detail: str, turn: Turn | None = None
                      ) -> DeadLetter:
