@@ -258,7 +258,7 @@ class MnemosClient:
         if session_id is not None:
             values.update(scope=ForgetScope.SESSION.value, session_id=session_id)
         elif turn_ids is not None:
-            values.update(scope=ForgetScope.TURNS.value, turn_ids=list(turn_ids))
+            values.update(scope=ForgetScope.TURNS.value, turn_ids=_id_list(turn_ids, Reason.BAD_FORGET))
         request = ForgetRequest.parse(values, self.limits)
         return self._publish_one(request.tenant_id, request.to_stream_fields())
 
@@ -333,7 +333,7 @@ class MnemosClient:
               timeout_s: float | None = None) -> tuple[TurnRecord, ...]:
         """The stored turns of ``tenant_id`` among ``turn_ids`` (unknown or forgotten ids are absent), in
         the order asked. Raises as :meth:`retrieve` (InvalidInputError ``bad_id`` for an empty list)."""
-        values = {"v": 1, "tenant_id": tenant_id, "kind": "turns", "turn_ids": list(turn_ids)}
+        values = {"v": 1, "tenant_id": tenant_id, "kind": "turns", "turn_ids": _id_list(turn_ids, Reason.BAD_ID)}
         return self._catalog(values, timeout_s).turns
 
     def _catalog(self, values: Mapping[str, Any], timeout_s: float | None) -> CatalogResult:
@@ -451,6 +451,15 @@ class MnemosClient:
             return answer
         detail = result.exc_string or result.type.name
         raise RetrievalFailed(request.request_id, result.type.name.lower(), _last_line(detail), self._named(shard))
+
+
+def _id_list(turn_ids: Iterable[str], reason: Reason) -> list[str]:
+    """``turn_ids`` as a list; raises InvalidInputError for a lone string (it is iterable, and would
+    name one turn per character)."""
+    if isinstance(turn_ids, str | bytes):
+        raise InvalidInputError(reason, "turn_ids", f"must be a list of turn ids, not a string: [{turn_ids!r}] names "
+                                "that one turn")
+    return list(turn_ids)
 
 
 def tenant_job_prefix(tenant_id: str) -> str:

@@ -14,7 +14,8 @@ The mapping (the tenant is the constructor's, never an operation's):
   in place, and an earlier put or delete of the key may still be in the stream, so whether it exists
   is not asked). Copies of the old value in the stream and in stored results age out with the
   stream's trim and the result TTL; ``put(..., None)`` and ``delete`` forget the key for good. Each waits up to
-  ``ingest_wait_s`` for the ingest worker's commit, so the next ``get`` or ``search`` sees it;
+  ``ingest_wait_s`` for the ingest worker's commit, so the next ``get`` or ``search`` sees it (past
+  the wait it logs a warning and returns: the write stays on the stream and is applied later);
 * ``get`` reads the stored turn back (catalog read through the queue) as the value it was put with;
 * ``search(prefix, query=...)`` is a Mnemos retrieval limited to the sessions under the prefix (at most
   1,024 of them, a request's filter limit), best first, with the reranker's score; its items carry text,
@@ -34,6 +35,7 @@ text is indexed, for BM25 and dense retrieval alike.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -48,11 +50,14 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    validate_op_namespace,
 )
 
 from api.catalog import TurnRecord
 from api.client import MnemosClient
 from api.schemas import Hit
+
+log = logging.getLogger(__name__)
 
 KEY_SEPARATOR = ".."
 _RESERVED = ("speaker", "timestamp")
@@ -97,7 +102,13 @@ class MnemosStore(BaseStore):
         self.ingest_wait_s = ingest_wait_s
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """Run ``ops`` in order (each its own call through the client)."""
+        """Run ``ops`` in order (each its own call through the client). Raises InvalidNamespaceError,
+        before any op runs, for a namespace label that is empty or holds ``.`` (LangGraph's
+        ``validate_op_namespace``: ops passed here skip the checks of ``put``/``get``, and a label
+        ``"a.b"`` would otherwise address the namespace ``("a", "b")``)."""
+        ops = list(ops)
+        for op in ops:
+            validate_op_namespace(op)
         results: list[Result] = []
         for op in ops:
             if isinstance(op, GetOp):
@@ -133,7 +144,7 @@ class MnemosStore(BaseStore):
         # a tenant's events in order. A forget of a key never stored is a no-op the re-add lifts.
         turn_id = turn_id_of(op.namespace, op.key)
         if op.value is None:
-            self._wait(self.client.forget(self.tenant_id, turn_ids=[turn_id]))
+            self._wait(self.client.forget(self.tenant_id, turn_ids=[turn_id]), f"delete of {turn_id!r}")
             return
         text = op.value.get(self.text_key)
         if not isinstance(text, str):
@@ -148,7 +159,7 @@ class MnemosStore(BaseStore):
             turn["metadata"] = metadata
         # refused before anything is sent; one message, so of two concurrent puts of one key the one
         # published later wins, whichever ingest consumers read them (break-it sessions, 2026-12-07)
-        self._wait(self.client.replace_turn(turn))
+        self._wait(self.client.replace_turn(turn), f"put of {turn_id!r}")
 
     def _search(self, op: SearchOp) -> list[SearchItem]:
         if op.query is None:
@@ -209,6 +220,11 @@ class MnemosStore(BaseStore):
         return {**dict(turn.metadata), self.text_key: turn.text, "speaker": turn.role,
                 "timestamp": turn.occurred_at.astimezone(UTC).isoformat()}
 
-    def _wait(self, stream_id: str) -> None:
-        if self.ingest_wait_s > 0:
-            self.client.wait_acknowledged(self.tenant_id, stream_id, self.ingest_wait_s)
+    def _wait(self, stream_id: str, what: str) -> None:
+        """Wait up to ``ingest_wait_s`` for the ingest worker's commit of ``stream_id``; past it, log a
+        warning naming ``what`` (the write stays on the stream and is applied when a worker reads
+        it, but a ``get`` or ``search`` before then does not see it)."""
+        if self.ingest_wait_s > 0 and not self.client.wait_acknowledged(self.tenant_id, stream_id, self.ingest_wait_s):
+            log.warning("MnemosStore %s of tenant %r: published (stream id %s) but no ingest worker committed it "
+                        "within %.1f s; it is applied when one reads it, and reads until then do not see it",
+                        what, self.tenant_id, stream_id, self.ingest_wait_s)

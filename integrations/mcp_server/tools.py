@@ -96,9 +96,10 @@ class SessionsResult(BaseModel):
 
 
 def argument_of(field: str) -> str:
-    """The tool argument a wire field came from (``occurred_at`` -> ``timestamp``, ``turns[0].text`` -> ``text``)."""
-    name = field.split("].", 1)[-1]
-    return _ARGUMENTS.get(name, name.split("[", 1)[0])
+    """The tool argument a wire field came from (``occurred_at`` -> ``timestamp``, ``turns[0].text`` -> ``text``,
+    ``turn_ids[0]`` -> ``turn_id``)."""
+    name = field.split("].", 1)[-1].split("[", 1)[0]
+    return _ARGUMENTS.get(name, name)
 
 
 def sentence(exc: Exception) -> str | None:

@@ -353,3 +353,16 @@ def test_bad_request_ids(client: MnemosClient, request_id: str, reason: Reason) 
     with pytest.raises(InvalidInputError) as info:
         client.retrieve("t1", "where is Pixel", k=5, timeout_s=0.5, request_id=request_id)
     assert info.value.reason is reason and info.value.field == "request_id"
+
+
+# --- forget and catalog reads: ids -----------------------------------------------------------------
+
+@pytest.mark.parametrize("call", [lambda c: c.forget("t1", turn_ids="u1"), lambda c: c.turns("t1", "u1"),
+                                  lambda c: c.forget("t1", turn_ids=b"u1")])
+def test_a_lone_string_of_turn_ids_is_refused_not_split_into_characters(client: MnemosClient, call: Any) -> None:
+    # found by a break-it session: forget(turn_ids="t1") erased turns "t" and "1" and kept "t1"
+    with pytest.raises(InvalidInputError, match=r"not a string: \[") as info:
+        call(client)
+    assert info.value.field == "turn_ids"
+    with pytest.raises(ServiceUnavailable):  # the control: a list of the same id would be sent
+        client.forget("t1", turn_ids=["u1"])

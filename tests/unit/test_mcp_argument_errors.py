@@ -30,3 +30,12 @@ def test_each_wrong_argument_is_one_sentence_without_its_value() -> None:
     both = _refusal(query=7, metadata="secret-value")
     assert both.startswith("Invalid query: ") and "Invalid metadata: " in both
     assert "\n" not in both and "secret-value" not in both and "pydantic.dev" not in both
+
+
+def test_a_wire_field_is_named_by_the_tool_argument_it_came_from() -> None:
+    from integrations.mcp_server.tools import argument_of
+
+    # found by a break-it session: forget with a 300-character turn_id answered "Invalid turn_ids"
+    assert [argument_of(f) for f in ("turn_ids[0]", "turns[0].occurred_at", "filters.session_ids[2]", "text",
+                                     "filters.roles", "query")] == [
+        "turn_id", "timestamp", "session_id", "text", "speaker", "query"]
