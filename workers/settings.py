@@ -141,6 +141,7 @@ class Settings:
     query_metrics_port: int = 9102
     suppression_metrics_port: int = 9103
     metrics_enabled: bool = True
+    metrics_host: str = "0.0.0.0"  # every worker's /metrics address; Prometheus in Kubernetes scrapes the pod IP
     sample_interval_s: float = 5.0
     # query worker caches
     max_cached_tenants: int = 256

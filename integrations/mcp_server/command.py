@@ -74,7 +74,7 @@ def run_mcp(settings: Settings, *, transport: str) -> int:
             raise SettingsError(f"--tenant / MNEMOS_MCP_TENANT: {exc}") from None
         server = build_server(tools, fixed_tenant(tenant), metrics=metrics, max_k=settings.max_k)
         if settings.metrics_enabled:
-            serve(metrics, settings.mcp_metrics_port, MCP)
+            serve(metrics, settings.mcp_metrics_port, MCP, host=settings.metrics_host)
         log.info("MCP server on stdio for tenant %r", tenant)
         server.run("stdio")
         return 0
@@ -84,7 +84,7 @@ def run_mcp(settings: Settings, *, transport: str) -> int:
     server = build_server(tools, token_tenant, metrics=metrics, token_verifier=TenantTokenVerifier(table),
                           server_url=url, max_k=settings.max_k)
     if settings.metrics_enabled:
-        serve(metrics, settings.mcp_metrics_port, MCP)
+        serve(metrics, settings.mcp_metrics_port, MCP, host=settings.metrics_host)
     if not _loopback(host):
         log.warning("the MCP server listens on %s, beyond loopback: put TLS in front of it (tokens travel in "
                     "every request)", host)

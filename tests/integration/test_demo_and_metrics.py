@@ -10,7 +10,7 @@ import pytest
 
 from api.schemas import Hit, RetrievalResult
 from workers.ops.demo import format_result
-from workers.runtime.metrics import MCP, WORKERS, ServiceMetrics, serve
+from workers.runtime.metrics import MCP, WORKERS, ServiceMetrics, serve, start_server
 
 WHEN = datetime(2024, 4, 2, 18, 0, tzinfo=UTC)
 
@@ -42,6 +42,21 @@ def test_a_taken_metrics_port_is_a_warning_and_the_worker_goes_on(caplog: pytest
             assert serve(metrics, port, "suppression") is False
     assert f"port {port}" in caplog.text and "MNEMOS_SUPPRESSION_METRICS_PORT" in caplog.text
     assert metrics.worker_up.labels(worker="suppression")._value.get() == 1
+
+
+def test_the_metrics_listen_on_the_configured_host() -> None:
+    server = start_server(ServiceMetrics(), 0, host="127.0.0.1")  # MNEMOS_METRICS_HOST=127.0.0.1
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+    server = start_server(ServiceMetrics(), 0)  # the default: every interface (Prometheus scrapes the pod IP)
+    try:
+        assert server.server_address[0] == "0.0.0.0"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _families(metrics: ServiceMetrics) -> set[str]:

@@ -68,7 +68,7 @@ def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis
              liveness: Liveness) -> tuple[ServiceMetrics, StreamSampler]:
     metrics = ServiceMetrics(worker=worker)
     if settings.metrics_enabled:
-        serve(metrics, port, worker, liveness)
+        serve(metrics, port, worker, liveness, settings.metrics_host)
     streams = [(settings.turns_stream, ingest.GROUP), (settings.outcomes_stream, suppression.GROUP)]
     sampler = StreamSampler(connection, metrics, streams, [settings.retrieval_queue],
                            settings.sample_interval_s)

@@ -349,9 +349,10 @@ class ServiceMetrics:
                 self.stream_lag.remove(stream, group)
 
 
-def serve(metrics: ServiceMetrics, port: int, worker: str, liveness: Liveness | None = None) -> bool:
-    """Serve ``/metrics`` (and :data:`LIVENESS_PATH`) on ``port`` (all interfaces) and mark ``worker``
-    up; True when serving.
+def serve(metrics: ServiceMetrics, port: int, worker: str, liveness: Liveness | None = None,
+          host: str = "0.0.0.0") -> bool:
+    """Serve ``/metrics`` (and :data:`LIVENESS_PATH`) on ``host:port`` (``MNEMOS_METRICS_HOST``; all
+    interfaces by default, as Prometheus scrapes the pod IP) and mark ``worker`` up; True when serving.
 
     A port already in use (another worker of the same kind on this host, e.g. ``mnemos demo``
     next to ``mnemos up``) is logged as a warning and the worker runs on without a metrics
@@ -359,25 +360,27 @@ def serve(metrics: ServiceMetrics, port: int, worker: str, liveness: Liveness | 
     """
     metrics.worker_up.labels(worker=worker).set(1)
     try:
-        start_server(metrics, port, liveness)
+        start_server(metrics, port, liveness, host)
     except OSError as exc:
         log.warning("the %s worker serves no metrics: cannot listen on port %d (%s); set "
                     "MNEMOS_%s_METRICS_PORT to a free port or MNEMOS_METRICS_ENABLED=false", worker, port,
                     exc.strerror or exc, worker.upper())
         return False
-    log.info("metrics of the %s worker on :%d/metrics, liveness on :%d%s", worker, port, port, LIVENESS_PATH)
+    log.info("metrics of the %s worker on %s:%d/metrics, liveness on %s:%d%s", worker, host, port, host, port,
+             LIVENESS_PATH)
     return True
 
 
-def start_server(metrics: ServiceMetrics, port: int, liveness: Liveness | None = None) -> WSGIServer:
-    """Start the HTTP server of ``metrics`` on ``port`` in a daemon thread and return it (``shutdown()``
+def start_server(metrics: ServiceMetrics, port: int, liveness: Liveness | None = None,
+                 host: str = "0.0.0.0") -> WSGIServer:
+    """Start the HTTP server of ``metrics`` on ``host:port`` in a daemon thread and return it (``shutdown()``
     stops it). ``GET /livez`` answers 200 while ``liveness`` says the work loop advances and 503 once
     it is overdue (always 200 without one); every other path serves the metrics.
 
     Raises OSError when the port cannot be bound.
     """
     app = _app(make_wsgi_app(metrics.registry), liveness)
-    server = make_server("0.0.0.0", port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="mnemos-metrics", daemon=True).start()
     return server
 
