@@ -93,7 +93,9 @@ def tool_metrics(metrics: ServiceMetrics) -> ServerMiddleware[Any]:
 class _OneSentenceServer(MCPServer):
     """The SDK's server, whose argument-schema refusals read as one sentence per wrong argument
     (``Invalid k: Input should be a valid integer.``) like the tools' own errors, instead of
-    pydantic's multi-line report with a documentation link (a break-it session, 2026-12-07). The
+    pydantic's multi-line report with a documentation link (a break-it session, 2026-12-07); the
+    tools' own errors lose the SDK's ``Error executing tool <name>:`` prefix, so every refusal reads
+    alike. The
     ``ValidationError`` stays the cause, so the SDK still logs the argument names only. An argument
     the tool does not take is refused by name, with the ones it takes."""
 
@@ -107,6 +109,8 @@ class _OneSentenceServer(MCPServer):
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
             cause = exc.__cause__
+            if isinstance(cause, ToolError):  # the tools' own sentences, without the SDK's "Error executing tool"
+                raise ToolError(str(cause)) from cause
             if not isinstance(cause, ValidationError):
                 raise
             raise ToolError(argument_errors(cause)) from cause
