@@ -15,6 +15,7 @@ from tests.integration.factories import (
     query_service,
     suppression_worker,
 )
+from workers.runtime.models import load_encoder
 from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store import PostgresStore
@@ -145,6 +146,18 @@ def test_outcomes_never_touch_another_tenants_entries(settings: Settings, redis_
     worker.apply(_outcome("mixed", ids[:2] + bob_ids[:2], 0))
     assert {e for e, _ in _scores(store)} <= set(ids[:2])
     assert _scores(store, "bob") == {}
+
+
+def test_an_outcome_of_a_tenant_with_no_stored_turns_writes_nothing(settings: Settings, redis_client: redis.Redis,
+                                                                    store: PostgresStore) -> None:
+    worker = suppression_worker(settings, redis_client, store)  # clusters_k > 1: the embedding would be buffered
+    message = _outcome("ghost", [1, 2, 3], None, tuple(np.ones(load_encoder(settings).dim).tolist()))
+    assert worker.apply(message) is False
+    with psycopg.connect(store.database_url) as conn:
+        counts = [conn.execute(f"SELECT count(*) FROM {t} WHERE tenant_id = 'alice'").fetchone()
+                  for t in ("applied_outcomes", "query_buffer", "suppression", "tenants")]
+    assert counts == [(0,), (0,), (0,), (0,)]
+    assert worker.metrics.suppression_outdated._value.get() == 1
 
 
 def test_query_outcomes_become_suppression_rows(settings: Settings, redis_client: redis.Redis,

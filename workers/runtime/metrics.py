@@ -145,7 +145,8 @@ class ServiceMetrics:
             "mnemos_suppression_duplicates_skipped_total", "Redelivered outcomes skipped by the ledger", registry=r)
         self.suppression_outdated = Counter(
             "mnemos_suppression_outcomes_outdated_total",
-            "Outcomes skipped because a forget after their retrieval erased their whole pool", registry=r)
+            "Outcomes skipped with no effect: a forget after their retrieval erased their whole pool, or their "
+            "tenant has no stored turns", registry=r)
         self.suppression_entries_updated = Counter(
             "mnemos_suppression_entries_updated_total", "(entry, cluster) scores changed", registry=r)
         self.suppression_bootstrapped = Gauge(

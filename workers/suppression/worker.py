@@ -42,7 +42,7 @@ from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name
 from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store import Store, TenantSession
-from workers.store.rows import VECTOR_DTYPE, TenantLock, vectors_from_bytes
+from workers.store.rows import VECTOR_DTYPE, TenantLock, TenantRow, vectors_from_bytes
 from workers.store.state import read_tenant
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,13 @@ class SuppressionWorker:
                 # the bootstrap lock before the tenant row's, in the order a tenant move and a reindex
                 # take them (a break-it session found the reverse order deadlocking with a move)
                 tx.lock(TenantLock.SUPPRESSION)
-            stale = _forgotten_since(tx, message)
+            row = tx.tenant(lock=True)  # the row lock: a forget commits wholly before or after this outcome
+            if row is None:  # no turn of the tenant was ever stored here: nothing to learn, nothing to record
+                log.warning("outcome %s names tenant %r, which has no stored turns here; skipped",
+                            outcome.outcome_id, tenant_id)
+                self.metrics.suppression_outdated.inc()
+                return False
+            stale = _forgotten_since(row, message)
             if stale and not tx.own_entry_ids(sorted({p.entry_id for p in message.pool})):
                 self.metrics.suppression_outdated.inc()  # nothing of its pool is left to learn about
                 return False
@@ -189,15 +195,14 @@ class SuppressionWorker:
                      trim_interval_s=self.settings.trim_interval_s, heartbeat=heartbeat)
 
 
-def _forgotten_since(tx: TenantSession, message: OutcomeMessage) -> bool:
-    """True when a forget committed after the outcome's retrieval read the tenant. Such an outcome
-    updates only the pooled entries that survive and never buffers its query embedding (a tenant
-    forget erases the tenant's queries; the turns around a turn forget need no old query), and one
-    whose whole pool is gone is skipped (no ledger row, no version). Takes the tenant row's lock, so
-    a forget commits wholly before or after this outcome (docs/architecture.md "Forget"). An outcome
-    without ``forget_version`` (an older query worker) is never stale."""
-    row = tx.tenant(lock=True)
-    return message.forget_version is not None and row is not None and message.forget_version < row.forget_version
+def _forgotten_since(row: TenantRow, message: OutcomeMessage) -> bool:
+    """True when a forget committed after the outcome's retrieval read the tenant (``row``, read
+    under its lock, so a forget commits wholly before or after this outcome; docs/architecture.md
+    "Forget"). Such an outcome updates only the pooled entries that survive and never buffers its
+    query embedding (a tenant forget erases the tenant's queries; the turns around a turn forget
+    need no old query), and one whose whole pool is gone is skipped (no ledger row, no version). An
+    outcome without ``forget_version`` (an older query worker) is never stale."""
+    return message.forget_version is not None and message.forget_version < row.forget_version
 
 
 def _check_embedding(tx: TenantSession, floats: int) -> None:
