@@ -15,7 +15,9 @@ from tests.integration.factories import (
     query_service,
     suppression_worker,
 )
+from api.sharding import directory_key
 from workers.runtime.models import load_encoder
+from workers.runtime.streams import StreamMessage
 from workers.runtime.wire import outcome_record
 from workers.settings import Settings
 from workers.store import PostgresStore
@@ -158,6 +160,19 @@ def test_an_outcome_of_a_tenant_with_no_stored_turns_writes_nothing(settings: Se
                   for t in ("applied_outcomes", "query_buffer", "suppression", "tenants")]
     assert counts == [(0,), (0,), (0,), (0,)]
     assert worker.metrics.suppression_outdated._value.get() == 1
+
+
+def test_an_outcome_of_a_tenant_moved_away_is_left_pending_not_skipped(settings: Settings, redis_client: redis.Redis,
+                                                                       store: PostgresStore) -> None:
+    """After a move the source shard has no tenants row of the tenant, but its directory marks it:
+    the outcome is left pending for the move to carry, never acknowledged as having no turns."""
+    settings = settings.replace(shards=2, shard=0)
+    redis_client.hset(directory_key(settings.stream_prefix, 0, 2), "alice", "1")
+    worker = suppression_worker(settings, redis_client, store)
+    fields = _outcome("moved", [1, 2], 0).to_stream_fields()
+    sid = redis_client.xadd(settings.outcomes_stream, fields).decode()
+    assert worker.handle([StreamMessage(sid, {k.encode(): v.encode() for k, v in fields.items()})]) == []
+    assert worker.metrics.suppression_outdated._value.get() == 0
 
 
 def test_query_outcomes_become_suppression_rows(settings: Settings, redis_client: redis.Redis,

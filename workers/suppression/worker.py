@@ -112,6 +112,9 @@ class SuppressionWorker:
                 # take them (a break-it session found the reverse order deadlocking with a move)
                 tx.lock(TenantLock.SUPPRESSION)
             row = tx.tenant(lock=True)  # the row lock: a forget commits wholly before or after this outcome
+            s = self.settings
+            if row is None and marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant_id):
+                raise _MovedAway(tenant_id)  # moved away: its rows left with it, the outcome follows them
             if row is None:  # no turn of the tenant was ever stored here: nothing to learn, nothing to record
                 log.warning("outcome %s names tenant %r, which has no stored turns here; skipped",
                             outcome.outcome_id, tenant_id)
@@ -138,7 +141,7 @@ class SuppressionWorker:
                 return False
             # the tenant row's lock serialises this tenant's writers: versions follow commit order
             tx.bump_suppression_version(outcome.outcome_id)
-            s = self.settings  # after the tenant row's lock, which a move holds: its marker is set by then
+            # after the tenant row's lock, which a move holds: its marker is set by then
             if marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant_id):
                 raise _MovedAway(tenant_id)  # rolls back, left pending: docs/scaling.md "Moving a tenant between shards"
             tx.add_suppression(deltas)
