@@ -143,8 +143,7 @@ class Settings:
     metrics_enabled: bool = True
     metrics_host: str = "0.0.0.0"  # every worker's /metrics address; Prometheus in Kubernetes scrapes the pod IP
     sample_interval_s: float = 5.0
-    # query worker caches
-    max_cached_tenants: int = 256
+    max_cached_tenants: int = 256  # query worker caches: tenant indexes
     # estimated bytes of every cached tenant index together (embeddings, BM25, texts; TenantIndex.memory_bytes):
     # least recently used indexes are evicted above it and reloaded from Postgres on their next request
     index_memory_mb: int = 2048
@@ -432,6 +431,6 @@ ENV_VARS: dict[str, str] = {
 }
 ENV_VARS.update({"redis_url": "MNEMOS_REDIS_URL", "database_url": "MNEMOS_DATABASE_URL"})
 
-__all__ = ["BUNDLED_BI_ENCODER", "ENCODER_FP16_ON_CPU", "ENV_VARS", "FAKE_MODEL", "FP16_ON_CPU", "FUSIONS", "RERANK_PRECISIONS", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
-           "quiet_model_loading",
-           "to_environment"]
+__all__ = ["BUNDLED_BI_ENCODER", "ENCODER_FP16_ON_CPU", "ENV_VARS", "FAKE_MODEL", "FP16_ON_CPU", "FUSIONS",
+           "RERANK_PRECISIONS", "SHIPPED_RERANKER", "Settings", "child_environment", "prepare_offline_models",
+           "quiet_model_loading", "to_environment"]

@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from api.schemas import Outcome, PoolRow, RetrievalRequest
+from api.sharding import directory_key
 from mnemos.suppression import UpdateRule, outcome_deltas
 from tests.integration.factories import (
     conversation_turns,
@@ -15,7 +16,6 @@ from tests.integration.factories import (
     query_service,
     suppression_worker,
 )
-from api.sharding import directory_key
 from workers.runtime.models import load_encoder
 from workers.runtime.streams import StreamMessage
 from workers.runtime.wire import outcome_record
