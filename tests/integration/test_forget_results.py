@@ -1,4 +1,4 @@
-"""A forget reads only its own tenant's stored rq results (docs/architecture.md "Forget", "The streams").
+"""A forget reads none of another tenant's stored rq results (docs/architecture.md "Forget", "The streams").
 
 Results are written here with rq's own ``Result.create`` under the ids the client gives jobs
 (``api.client.job_id_for``); the connection is wrapped to record which result streams the forget read.
@@ -57,10 +57,12 @@ def test_a_forget_reads_its_own_tenant_s_results_only(reads: _Reads) -> None:
                                        ("b-same-ids", bob, "t1"), ("b-more", bob, "t1"))}
     legacy_id = JOB_ID_PREFIX + uuid.uuid4().hex  # a result stored before job ids named their tenant
     keys["legacy"] = _store(reads, legacy_id, _answer(alice, "t1"))
+    # break-it session: a client of another language hashing the tenant and request id its own way
+    keys["foreign"] = _store(reads, JOB_ID_PREFIX + uuid.uuid4().hex.upper() + "-x", _answer(alice, "t1"))
     try:
-        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t1",))) == 2
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t1",))) == 3
         lengths = {name: reads.xlen(key) for name, key in keys.items()}
-        assert lengths == {"a-covered": 0, "a-other": 1, "b-same-ids": 1, "b-more": 1, "legacy": 0}
+        assert lengths == {"a-covered": 0, "a-other": 1, "b-same-ids": 1, "b-more": 1, "legacy": 0, "foreign": 0}
         assert not {keys["b-same-ids"], keys["b-more"]} & set(reads.read)  # bob's were never read
         assert job_id_for(alice, "x").startswith(tenant_job_prefix(alice))
         assert not job_id_for(bob, "x").startswith(tenant_job_prefix(alice))

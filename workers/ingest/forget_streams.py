@@ -15,8 +15,8 @@ is committed, the ingest worker deletes (XDEL):
 * every entry of the dead-letter stream ``<prefix>:turns:dead`` that copies a covered message;
 * every stored rq result (a result stream ``rq:results:mnemos-*``) of a retrieval of the tenant
   that returned a covered hit or evidence-packet item (a packet may carry turns of the reranked
-  pool below the top ``k`` hits; :func:`erase_results`; a SCAN MATCH of the tenant's job ids, once
-  per forget).
+  pool below the top ``k`` hits; :func:`erase_results`; one SCAN of the results' keys per forget,
+  reading only those whose job id does not name another tenant).
 
 The forget event itself holds ids only and is acknowledged and trimmed like any entry.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -171,20 +172,25 @@ def _turns_with_text(value: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
             yield str(session), str(item.get("turn_id", ""))
 
 
-# job ids before 2026-12-07 had no tenant part (``mnemos-`` + 32 hex digits); their results are gone
-# MNEMOS_RESULT_TTL_S after an upgrade, and until then a forget reads them all
-_UNSCOPED_JOB_IDS = JOB_ID_PREFIX + "[0-9a-f]" * 32
+# a job id of api.client.job_id_for: the tenant's prefix (16 hex digits), then 32 more
+_SCOPED_JOB_ID = re.compile(re.escape(JOB_ID_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]{32}")
 
 
 def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
     """Delete the stored results of the tenant's retrievals and catalog reads that returned a hit,
     packet item, turn or session ``request`` covers (a client waiting for one of them right now times
-    out); returns how many were deleted. Only the tenant's job ids are read
-    (:func:`api.client.tenant_job_prefix`, a SCAN MATCH of the keyspace)."""
-    deleted = 0
-    for pattern in (f"{tenant_job_prefix(request.tenant_id)}*", _UNSCOPED_JOB_IDS):
-        for key in connection.scan_iter(match=Result.get_key(pattern), count=SCAN_COUNT):
-            deleted += _erase_result(connection, _text(key).removeprefix(Result.get_key("")), request)
+    out); returns how many were deleted.
+
+    One SCAN MATCH of ``rq:results:mnemos-*``; a result whose job id has another tenant's prefix
+    (:func:`api.client.tenant_job_prefix`) is skipped by its name, unread, and every other one is
+    read: this tenant's, and those of job ids of any other form (enqueued before 2026-12-07, or by a
+    client that hashes the tenant and request id its own way), whose tenant only the result says.
+    """
+    mine, deleted = tenant_job_prefix(request.tenant_id), 0
+    for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
+        job_id = _text(key).removeprefix(Result.get_key(""))
+        if job_id.startswith(mine) or not _SCOPED_JOB_ID.fullmatch(job_id):
+            deleted += _erase_result(connection, job_id, request)
     if deleted:
         log.info("deleted %d stored retrieval results holding forgotten turns", deleted)
     return deleted
