@@ -28,12 +28,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+import redis
+
+from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Turn
-from workers.runtime.dead_letters import DeadLetter
+from api.validation import Limits, check_id
+from workers.runtime.dead_letters import DeadLetter, publish_dead_letters
 from workers.runtime.streams import stream_position
-from workers.store import TenantSession
-from workers.store.rows import EntryLink, Tombstone
+from workers.store import Store, TenantSession
+from workers.store.rows import EntryLink, TenantLock, Tombstone
 
 
 @dataclass(frozen=True)
@@ -166,3 +170,38 @@ def letter_forgotten(tombstones: Mapping[tuple[str, str], Tombstone], letter: De
         return False
     keys = (("tenant", ""), ("session", str(letter.payload.get("session_id") or "")), ("turn", letter.turn_id or ""))
     return any(stone is not None and position < stone.stream_position for stone in map(tombstones.get, keys))
+
+
+def record_letters(store: Store, connection: redis.Redis, dead_stream: str, limits: Limits,
+                   letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+    """Record refused messages' ``letters`` (the ``dead_letters`` table and ``dead_stream``) but those
+    an applied forget covers (:func:`letter_forgotten`: dropped like a forgotten turn); returns the
+    recorded ones. Raises StoreError when the store fails.
+
+    A tenant's letters are checked and written under its ingest lock, which a forget also takes: the
+    forget commits either before the check, which then sees its tombstones, or after both copies
+    exist, which it then deletes (a break-it session found a batch's copies, read before a forget,
+    written after it). Letters without a valid tenant id are recorded as they are (no forget can name it).
+    """
+    by_tenant: dict[str | None, list[DeadLetter]] = {}
+    for letter in letters:
+        try:
+            tenant_id: str | None = check_id(letter.tenant_id, "tenant_id", limits)
+        except InvalidInputError:
+            tenant_id = None
+        by_tenant.setdefault(tenant_id, []).append(letter)
+    kept = by_tenant.pop(None, [])
+    if kept:
+        store.record_dead_letters(kept)
+        publish_dead_letters(connection, dead_stream, kept)
+    for tenant_id, mine in sorted(by_tenant.items()):
+        with store.tenant(tenant_id) as tx:
+            tx.lock(TenantLock.INGEST)
+            rows = tx.tombstones(session_ids=sorted({str(x.payload.get("session_id") or "") for x in mine}),
+                                 turn_ids=sorted({x.turn_id or "" for x in mine}))
+            stones = {(row.scope, row.key): row for row in rows}
+            alive = [x for x in mine if not letter_forgotten(stones, x)]
+            tx.record_dead_letters(alive)
+            publish_dead_letters(connection, dead_stream, alive)  # before the commit, under the lock
+        kept += alive
+    return kept

@@ -42,12 +42,12 @@ from api.directory import marked
 from api.errors import InvalidInputError, Reason
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
-from api.validation import check_id, limits_of
+from api.validation import limits_of
 from mnemos.canonical_set import CanonicalSet
 from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.ingest.forget import Verdict, apply_forget, letter_forgotten, tombstone_verdict
+from workers.ingest.forget import Verdict, apply_forget, record_letters, tombstone_verdict
 from workers.ingest.forget_streams import (
     covered_dead_letters,
     covered_entries,
@@ -64,7 +64,7 @@ from workers.runtime.models import TruncationCounter
 from workers.runtime.streams import StreamConsumer, StreamMessage, consumer_name, run_consumer
 from workers.settings import Settings
 from workers.store import Store, TenantSession
-from workers.store.rows import EntryRow, TenantLock, Tombstone, vector_to_bytes, vectors_from_bytes
+from workers.store.rows import EntryRow, TenantLock, vector_to_bytes, vectors_from_bytes
 from workers.store.state import current_version, require_tenant_version
 
 log = logging.getLogger(__name__)
@@ -188,9 +188,7 @@ class IngestWorker:
                                else Turn.from_stream_fields(message.fields, self.limits, now)))
             except InvalidInputError as exc:
                 rejected.append(self._dead_letter(message, exc.reason.value, str(exc)))
-        rejected = self._not_forgotten(rejected)
-        if rejected:  # before the tenants' forgets, which delete the letters of what they cover
-            self.store.record_dead_letters(rejected)
+        rejected = self._record_refused(rejected)  # before the tenants' forgets, which delete what they cover
         started = time.perf_counter()
         turns = [t for _, t in parsed if isinstance(t, Turn)]
         rendered = [render_turn(t.role, t.text, t.image_caption) for t in turns]
@@ -213,9 +211,7 @@ class IngestWorker:
             self._handle_tenant(tenant_id, items, totals)
         commit_s = time.perf_counter() - started
 
-        letters = rejected + totals.conflicts
-        publish_dead_letters(self.connection, self.settings.dead_letter_stream, letters)
-        for letter in letters:
+        for letter in rejected + totals.conflicts:  # recorded and copied to the dead stream by now
             log.info("dead letter %s %s: %s", self.settings.turns_stream, letter.stream_id, letter.detail)
             self.metrics.rejected(letter.reason)
         self._erase(batch, totals)
@@ -283,22 +279,9 @@ class IngestWorker:
             erase_results(self.connection, item.request)
         delete_entries(self.connection, stream, GROUP, ack=doomed & own, delete=doomed)
 
-    def _not_forgotten(self, letters: list[DeadLetter]) -> list[DeadLetter]:
-        """``letters`` but those of messages an applied forget covers (:func:`letter_forgotten`):
-        such a message is dropped like a forgotten turn (counted as tombstoned), never kept as text."""
-        tenants = {letter.tenant_id for letter in letters if letter.tenant_id}
-        stones: dict[str, dict[tuple[str, str], Tombstone]] = {}
-        for tenant_id in sorted(tenants):
-            try:
-                check_id(tenant_id, "tenant_id", self.limits)
-            except InvalidInputError:
-                continue  # no tenant could have forgotten it
-            with self.store.tenant(tenant_id) as tx:
-                mine = [letter for letter in letters if letter.tenant_id == tenant_id]
-                rows = tx.tombstones(session_ids=sorted({str(x.payload.get("session_id") or "") for x in mine}),
-                                     turn_ids=sorted({x.turn_id or "" for x in mine}))
-            stones[tenant_id] = {(row.scope, row.key): row for row in rows}
-        kept = [x for x in letters if not (x.tenant_id in stones and letter_forgotten(stones[x.tenant_id], x))]
+    def _record_refused(self, letters: list[DeadLetter]) -> list[DeadLetter]:
+        """:func:`workers.ingest.forget.record_letters` of the refused messages; returns the recorded."""
+        kept = record_letters(self.store, self.connection, self.settings.dead_letter_stream, self.limits, letters)
         if len(kept) < len(letters):
             self.metrics.tombstoned(len(letters) - len(kept))
         return kept
@@ -357,6 +340,8 @@ class IngestWorker:
                 if outcome.indexed or outcome.duplicates:
                     tx.bump_memory_version()
             tx.record_dead_letters(outcome.conflicts or [])
+            # the stream copies before the commit, under the lock: a forget that waits for it finds them
+            publish_dead_letters(self.connection, self.settings.dead_letter_stream, outcome.conflicts or [])
         self._remember(tenant_id, canon, new_ids, new_vectors, new_signatures)  # only after the commit
         return outcome
 

@@ -1,0 +1,63 @@
+"""A forget racing with another ingest consumer's refused message of the same turn
+(docs/architecture.md "Forget"): no copy of the forgotten text survives, whichever commits first.
+
+A break-it session forced the interleaving: consumer 1 read a malformed message published before
+the forget and checked the tombstones; consumer 2 applied the forget and scanned the dead stream;
+then consumer 1 wrote the letter (table and stream), which kept the text. The check and the writes
+now happen under the tenant's ingest lock, so the forget waits for them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+import workers.ingest.forget as forget_module
+from tests.integration.factories import client_for, ingest_worker, turn
+from workers.runtime.streams import StreamMessage
+from workers.settings import Settings
+from workers.store import PostgresStore
+
+pytestmark = pytest.mark.integration
+
+SECRET = "my door code is 4471"
+FORGET_WAIT_S = 2.0  # how long consumer 1 gives the forget to finish first (it cannot, under the lock)
+
+
+def test_a_forget_applied_while_another_consumer_letters_the_turn_leaves_no_copy(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = client_for(settings, redis_client)
+    bad = {**turn("alice", "a1", SECRET), "v": "1", "occurred_at": "2024-03-01T09:00:00"}
+    refused = redis_client.xadd(settings.turns_stream, bad).decode()
+    forget = client.forget("alice", turn_ids=["a1"])
+    messages = {sid.decode(): StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)}
+    first, second = ingest_worker(settings, redis_client, store), ingest_worker(settings, redis_client, store)
+    errors: list[BaseException] = []
+
+    def apply_forget() -> None:
+        try:
+            second.handle([messages[forget]])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    racer = threading.Thread(target=apply_forget)
+    checked = forget_module.letter_forgotten
+
+    def forget_in_between(*args: Any) -> bool:
+        if not racer.is_alive() and racer.ident is None:  # once: after consumer 1 read the tombstones
+            racer.start()
+            racer.join(FORGET_WAIT_S)
+        return checked(*args)
+
+    monkeypatch.setattr(forget_module, "letter_forgotten", forget_in_between)
+    first.handle([messages[refused]])
+    racer.join(60)
+    assert not racer.is_alive() and errors == []
+    with psycopg.connect(store.database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM dead_letters WHERE tenant_id = 'alice'").fetchone() == (0,)
+    assert not any(SECRET.encode() in value for _id, fields in redis_client.xrange(settings.dead_letter_stream)
+                   for value in fields.values())
