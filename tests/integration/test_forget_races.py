@@ -61,3 +61,28 @@ def test_a_forget_applied_while_another_consumer_letters_the_turn_leaves_no_copy
         assert conn.execute("SELECT count(*) FROM dead_letters WHERE tenant_id = 'alice'").fetchone() == (0,)
     assert not any(SECRET.encode() in value for _id, fields in redis_client.xrange(settings.dead_letter_stream)
                    for value in fields.values())
+
+
+def test_messages_published_before_a_forget_stay_dropped_after_a_re_add(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    """Break-it session (2026-12-07): a re-add deleted the turn id's tombstone, so a message of the
+    turn published before the forget and read after the re-add (a dead consumer left it pending)
+    came back as a conflict or dead letter holding the forgotten text."""
+    client = client_for(settings, redis_client)
+    stale = [redis_client.xadd(settings.turns_stream, {**turn("alice", "t1", SECRET), "v": "1",
+                                                       "occurred_at": "2024-03-01T09:00:00"}).decode(),
+             client.publish_turns([turn("alice", "t2", SECRET + " and more")])[0]]
+    client.forget("alice", turn_ids=["t1", "t2"])
+    client.publish_turns([turn("alice", "t1", "a fresh one"), turn("alice", "t2", "a fresh two")], readd=True)
+    messages = {sid.decode(): StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)}
+    worker = ingest_worker(settings, redis_client, store)
+    worker.handle([m for sid, m in messages.items() if sid not in stale])  # the forget, then the re-adds
+    worker.handle([messages[sid] for sid in stale])  # claimed from the dead consumer afterwards
+    worker.handle([StreamMessage("9999999999999-0", messages[stale[1]].fields)])  # one published after all
+    with store.tenant("alice") as tx:
+        assert sorted((r.turn_id, r.text) for r in tx.entries_after(0)) == [("t1", "a fresh one"),
+                                                                            ("t2", "a fresh two")]
+    with psycopg.connect(store.database_url) as conn:
+        letters = conn.execute("SELECT stream_id, reason FROM dead_letters WHERE tenant_id = 'alice'").fetchall()
+    assert letters == [("9999999999999-0", "turn_id_conflict")]  # published after the re-add: kept as usual
+    assert worker.metrics.ingest_tombstoned._value.get() == 2

@@ -118,7 +118,12 @@ def test_tombstones_keep_the_later_position(any_store: Store) -> None:
         assert tx.tombstones(session_ids=["s1", "s9"], turn_ids=["t1", "t2"]) == [
             Tombstone("session", "s1", 5, 0), Tombstone("tenant", "", 3, 1), Tombstone("turn", "t1", 9, 2)]
         assert tx.tombstones(session_ids=[], turn_ids=[]) == [Tombstone("tenant", "", 3, 1)]
-        tx.remove_turn_tombstones(["t1"])
-        assert tx.tombstones(session_ids=[], turn_ids=["t1"]) == [Tombstone("tenant", "", 3, 1)]
+        tx.mark_readded(["t1", "never-forgotten"])  # a re-add keeps the tombstone, marked
+        assert tx.tombstones(session_ids=[], turn_ids=["t1", "never-forgotten"]) == [
+            Tombstone("tenant", "", 3, 1), Tombstone("turn", "t1", 9, 2, readded=True)]
+        tx.add_tombstones([Tombstone("turn", "t1", 8, 0)])  # an earlier forget redelivered: nothing changes
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 9, 2, readded=True)
+        tx.add_tombstones([Tombstone("turn", "t1", 10, 0)])  # a later forget: forgotten again
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 10, 0)
     with any_store.tenant("bob") as tx:
         assert tx.tombstones(session_ids=[], turn_ids=["t1"]) == [Tombstone("turn", "t1", 1, 0)]

@@ -120,7 +120,10 @@ def test_a_forgotten_turn_id_comes_back_only_when_re_added_after_the_forget() ->
     worker.handle([turn_message("4-0", "alice", "t", "my pin is 4321", readd=True)])  # its redelivery
     with store.tenant("alice") as tx:
         assert [r.text for r in tx.entries_after(0)] == ["my pin is 4321"]
-        assert tx.tombstones(session_ids=[], turn_ids=["t"]) == []
+        assert [s.readded for s in tx.tombstones(session_ids=[], turn_ids=["t"])] == [True]  # kept, marked
+    worker.handle([turn_message("3-0", "alice", "t", "my pin is 1234")])  # the retry, read only now
+    with store.tenant("alice") as tx:
+        assert [r.text for r in tx.entries_after(0)] == ["my pin is 4321"]  # after the forget: a conflict, as before
 
 
 def test_a_tenant_forget_leaves_only_its_tenant_row_and_tombstones() -> None:

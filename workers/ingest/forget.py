@@ -144,7 +144,8 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
 
     A message published before a forget of its tenant, its session or its turn id is dropped. A
     message published after a forget of its turn id is dropped too (a replay or a retry must not
-    bring it back), unless it is an explicit re-add (``readd``).
+    bring it back), unless it is an explicit re-add (``readd``) or one came before it (the
+    tombstone is then ``readded``, and kept for the messages published before the forget).
     """
     position = stream_position(stream_id)
     for key in (("tenant", ""), ("session", turn.session_id)):
@@ -154,9 +155,11 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     own = tombstones.get(("turn", turn.turn_id))
     if own is None:
         return Verdict.KEEP
-    if position < own.stream_position or not readd:
+    if position < own.stream_position:
         return Verdict.DROP
-    return Verdict.READD
+    if own.readded:  # stored again since: later messages are ordinary ones
+        return Verdict.KEEP
+    return Verdict.READD if readd else Verdict.DROP
 
 
 def letter_forgotten(tombstones: Mapping[tuple[str, str], Tombstone], letter: DeadLetter) -> bool:

@@ -27,6 +27,7 @@ so two long turns that differ only past the window stay two entries.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -369,9 +370,10 @@ class IngestWorker:
                 outcome.dropped.append(item.message.stream_id)
                 self.metrics.tombstoned()
                 continue
-            if verdict is Verdict.READD:
-                del stones[("turn", item.turn.turn_id)]
-                tx.remove_turn_tombstones([item.turn.turn_id])
+            if verdict is Verdict.READD:  # the tombstone stays for messages published before the forget
+                stones[("turn", item.turn.turn_id)] = dataclasses.replace(stones[("turn", item.turn.turn_id)],
+                                                                         readded=True)
+                tx.mark_readded([item.turn.turn_id])
             first = known.get(item.turn.turn_id)
             if first is None:
                 known[item.turn.turn_id] = item.turn

@@ -109,9 +109,11 @@ class FakeForget:
             key = (self._tenant_id, row.scope, row.key)
             old = tables.tombstones.get(key)
             if old is None or old.stream_position < row.stream_position:
-                tables.tombstones[key] = row
+                tables.tombstones[key] = replace(row, readded=False)
 
-    def remove_turn_tombstones(self, turn_ids: Sequence[str]) -> None:
+    def mark_readded(self, turn_ids: Sequence[str]) -> None:
         tables = self._write()
         for turn_id in turn_ids:
-            tables.tombstones.pop((self._tenant_id, "turn", turn_id), None)
+            key = (self._tenant_id, "turn", turn_id)
+            if key in tables.tombstones:
+                tables.tombstones[key] = replace(tables.tombstones[key], readded=True)

@@ -223,13 +223,14 @@ class TenantSession(Protocol):
         ...
 
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
-        """Record tombstones; one that exists keeps the later of the two stream positions."""
+        """Record tombstones; one that exists keeps the later of the two stream positions (a later one
+        clears its ``readded`` mark)."""
         ...
 
-    def remove_turn_tombstones(self, turn_ids: Sequence[str]) -> None:
-        """Drop the tombstones of ``turn_ids`` (the turns were re-added)."""
+    def mark_readded(self, turn_ids: Sequence[str]) -> None:
+        """Mark the tombstones of ``turn_ids`` readded (the turn ids were stored again by an explicit
+        re-add): messages published before their forget stay dropped, later ones are kept."""
         ...
-
 
 class Store(Protocol):
     """The workers' database (see the module docstring)."""

@@ -146,12 +146,14 @@ class EntryLink:
 class Tombstone:
     """What a forget leaves behind (ids only): its ``scope`` (``tenant``, ``session`` or ``turn``),
     the ``key`` within it ('' for the tenant, else the session or turn id) and the stream id of the
-    latest forget of that scope as ``(ms, seq)``."""
+    latest forget of that scope as ``(ms, seq)``; ``readded``: a turn id stored again by an explicit
+    re-add since (migration 0008)."""
 
     scope: str
     key: str
     stream_ms: int
     stream_seq: int
+    readded: bool = False
 
     @property
     def stream_position(self) -> tuple[int, int]:
