@@ -7,6 +7,8 @@ also scans every table and stream for the forgotten text.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -106,13 +108,15 @@ def test_a_session_forget_is_ordered_with_the_turns_around_it() -> None:
     assert "1-0" in redis.deleted["unit:turns"] and worker.metrics.ingest_tombstoned._value.get() == 1
 
 
-def test_a_forgotten_turn_id_comes_back_only_when_re_added_after_the_forget() -> None:
+def test_a_forgotten_turn_id_comes_back_only_when_re_added_after_the_forget(caplog: pytest.LogCaptureFixture) -> None:
     store, redis = FakeStore(), RecordingRedis()
     worker = ingest_worker(store, redis)
     worker.handle([turn_message("1-0", "alice", "t", "my pin is 1234")])
     worker.handle([forget_message("2-0", "alice", turn_ids=("t",))])
-    worker.handle([turn_message("3-0", "alice", "t", "my pin is 1234")])  # a retry, not a re-add
+    with caplog.at_level(logging.INFO, logger="workers.ingest.worker"):
+        worker.handle([turn_message("3-0", "alice", "t", "my pin is 1234")])  # a retry, not a re-add
     assert _turns(store, "alice") == {}
+    assert any("dropped turn 't' of tenant 'alice' (3-0)" in m and "readd" in m for m in caplog.messages)
     worker.handle([turn_message("1-0", "alice", "t", "my pin is 1234", readd=True)])  # a re-add before the forget
     assert _turns(store, "alice") == {}
     worker.handle([turn_message("4-0", "alice", "t", "my pin is 4321", readd=True)])

@@ -369,6 +369,8 @@ class IngestWorker:
             if verdict is Verdict.DROP:
                 outcome.dropped.append(item.message.stream_id)
                 self.metrics.tombstoned()
+                log.info("dropped turn %r of tenant %r (%s): a forget covers it (publish it with readd to store "
+                         "it again)", item.turn.turn_id, tx.tenant_id, item.message.stream_id)
                 continue
             if verdict is Verdict.READD:  # the tombstone stays for messages published before the forget
                 stones[("turn", item.turn.turn_id)] = dataclasses.replace(stones[("turn", item.turn.turn_id)],
