@@ -1,10 +1,12 @@
 -- A re-added turn id keeps its tombstone (docs/architecture.md "Forget", "Tombstones").
 --
 -- Until now an explicit re-add (readd) deleted the turn id's tombstone. A message of that turn id
--- published before the forget but read after the re-add (a dead consumer left it pending) then met
--- no tombstone: it was stored as a conflict, or a malformed one kept as a dead letter, with the text
--- the forget erased. The tombstone now stays, marked readded: messages published before the forget
--- are still dropped, later ones are kept as if there were no tombstone. A later forget of the turn
--- id moves the position forward and clears the mark.
+-- published before the forget, or between the forget and the re-add (a retry), but read after the
+-- re-add (a dead consumer left it pending) then met no tombstone: it was stored as a conflict, or
+-- a malformed one kept as a dead letter, with the text the forget erased. The tombstone now stays
+-- and records the stream id of the earliest re-add applied since its forget (readd_ms, readd_seq):
+-- messages published before the re-add stay dropped, the re-add and later ones are ordinary. A
+-- later forget of the turn id moves the tombstone forward and drops a re-add position before it.
 
-ALTER TABLE tombstones ADD COLUMN readded boolean NOT NULL DEFAULT false;
+ALTER TABLE tombstones ADD COLUMN readd_ms bigint, ADD COLUMN readd_seq bigint,
+    ADD CONSTRAINT tombstones_readd_position CHECK ((readd_ms IS NULL) = (readd_seq IS NULL));

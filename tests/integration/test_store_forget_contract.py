@@ -118,12 +118,18 @@ def test_tombstones_keep_the_later_position(any_store: Store) -> None:
         assert tx.tombstones(session_ids=["s1", "s9"], turn_ids=["t1", "t2"]) == [
             Tombstone("session", "s1", 5, 0), Tombstone("tenant", "", 3, 1), Tombstone("turn", "t1", 9, 2)]
         assert tx.tombstones(session_ids=[], turn_ids=[]) == [Tombstone("tenant", "", 3, 1)]
-        tx.mark_readded(["t1", "never-forgotten"])  # a re-add keeps the tombstone, marked
+        tx.mark_readded(["t1", "never-forgotten"], (12, 0))  # a re-add keeps the tombstone, with its position
         assert tx.tombstones(session_ids=[], turn_ids=["t1", "never-forgotten"]) == [
-            Tombstone("tenant", "", 3, 1), Tombstone("turn", "t1", 9, 2, readded=True)]
+            Tombstone("tenant", "", 3, 1), Tombstone("turn", "t1", 9, 2, 12, 0)]
+        tx.mark_readded(["t1"], (15, 0))  # a later re-add: the earliest one counts
+        tx.mark_readded(["t1"], (9, 1))  # one before the forget is no re-add of it
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 9, 2, 12, 0)
+        tx.mark_readded(["t1"], (11, 0))  # an earlier re-add applied late
         tx.add_tombstones([Tombstone("turn", "t1", 8, 0)])  # an earlier forget redelivered: nothing changes
-        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 9, 2, readded=True)
-        tx.add_tombstones([Tombstone("turn", "t1", 10, 0)])  # a later forget: forgotten again
-        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 10, 0)
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 9, 2, 11, 0)
+        tx.add_tombstones([Tombstone("turn", "t1", 10, 0)])  # a later forget before the re-add: it stays
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 10, 0, 11, 0)
+        tx.add_tombstones([Tombstone("turn", "t1", 13, 0)])  # a forget after it: forgotten again
+        assert tx.tombstones(session_ids=[], turn_ids=["t1"])[-1] == Tombstone("turn", "t1", 13, 0)
     with any_store.tenant("bob") as tx:
         assert tx.tombstones(session_ids=[], turn_ids=["t1"]) == [Tombstone("turn", "t1", 1, 0)]

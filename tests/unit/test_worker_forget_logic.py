@@ -124,10 +124,13 @@ def test_a_forgotten_turn_id_comes_back_only_when_re_added_after_the_forget(capl
     worker.handle([turn_message("4-0", "alice", "t", "my pin is 4321", readd=True)])  # its redelivery
     with store.tenant("alice") as tx:
         assert [r.text for r in tx.entries_after(0)] == ["my pin is 4321"]
-        assert [s.readded for s in tx.tombstones(session_ids=[], turn_ids=["t"])] == [True]  # kept, marked
-    worker.handle([turn_message("3-0", "alice", "t", "my pin is 1234")])  # the retry, read only now
+        assert [s.readd_position for s in tx.tombstones(session_ids=[], turn_ids=["t"])] == [(4, 0)]  # kept
+    worker.handle([turn_message("3-0", "alice", "t", "my pin is 1234")])  # the retry, read only now: dropped
+    worker.handle([turn_message("5-0", "alice", "t", "my pin is 4321")])  # after the re-add: a redelivery
+    worker.handle([turn_message("6-0", "alice", "t", "my pin is 9999")])  # after the re-add: a conflict
     with store.tenant("alice") as tx:
-        assert [r.text for r in tx.entries_after(0)] == ["my pin is 4321"]  # after the forget: a conflict, as before
+        assert [r.text for r in tx.entries_after(0)] == ["my pin is 4321"]
+    assert [letter.stream_id for letter in store.tables.dead_letters.values()] == ["6-0"]
 
 
 def test_a_tenant_forget_leaves_only_its_tenant_row_and_tombstones() -> None:

@@ -24,7 +24,8 @@ tombstone keeps it out. Both are idempotent: a redelivered forget deletes nothin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -72,11 +73,13 @@ def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]
 
 
 def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_id: str, *,
-                 keep_dead_letters: bool = False) -> ForgetReport:
+                 replace: bool = False) -> ForgetReport:
     """Apply ``request`` (carried by entry ``stream_id`` of the turns stream ``stream``) in ``tx``,
     which holds the tenant's ingest lock; returns what was deleted. Raises StoreError when the store
-    fails. ``keep_dead_letters``: a replace's forget half leaves the turn id's dead letters alone (it
-    updates a turn). Dead letters of messages published after the forget are kept in any case.
+    fails. ``replace``: the forget half of a replacement, which updates a turn: it erases the stored
+    value but leaves the turn id's dead letters alone and records no tombstone (older messages of
+    the key then meet the new value: a redelivery or a conflict letter, never a silent drop). Dead
+    letters of messages published after the forget are kept in any case.
 
     Only turns carried by messages before the forget are erased: another consumer may have stored a
     later turn of the scope first (consumers of one group run side by side), and it stays.
@@ -102,9 +105,10 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     elif request.scope is ForgetScope.SESSION:
         letters = tx.delete_dead_letters(session_id=request.session_id, through=through)
     else:
-        letters = 0 if keep_dead_letters else tx.delete_dead_letters(turn_ids=request.turn_ids, through=through)
+        letters = 0 if replace else tx.delete_dead_letters(turn_ids=request.turn_ids, through=through)
     tx.delete_entries([link.entry_id for link in links])
-    tx.add_tombstones(_tombstones(request, links, at))
+    if not replace:
+        tx.add_tombstones(_tombstones(request, links, at))
     promoted = sum(1 for canonical in changes.values() if canonical is None)
     return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped)
 
@@ -129,12 +133,21 @@ def _tombstones(request: ForgetRequest, links: Sequence[EntryLink], at: tuple[in
     return rows
 
 
+def readded(stone: Tombstone, stream_id: str) -> Tombstone:
+    """``stone`` after an explicit re-add of its turn id at entry ``stream_id``, applied (the earliest
+    re-add position since the forget is kept)."""
+    at = stream_position(stream_id)
+    if stone.readd_position is not None and stone.readd_position <= at:
+        return stone
+    return dataclasses.replace(stone, readd_ms=at[0], readd_seq=at[1])
+
+
 class Verdict(Enum):
     """What a tombstone check says about one turn message."""
 
     KEEP = "keep"  # no tombstone covers it
     DROP = "drop"  # a forget covers it: never stored
-    READD = "readd"  # an explicit re-add after the forget: stored, its tombstone removed
+    READD = "readd"  # an explicit re-add after the forget: stored, its position kept on the tombstone
 
 
 def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Turn, stream_id: str,
@@ -144,8 +157,8 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
 
     A message published before a forget of its tenant, its session or its turn id is dropped. A
     message published after a forget of its turn id is dropped too (a replay or a retry must not
-    bring it back), unless it is an explicit re-add (``readd``) or one came before it (the
-    tombstone is then ``readded``, and kept for the messages published before the forget).
+    bring it back), unless it is an explicit re-add (``readd``), or published at or after the
+    earliest re-add applied since (the tombstone's ``readd_position``): those are ordinary again.
     """
     position = stream_position(stream_id)
     for key in (("tenant", ""), ("session", turn.session_id)):
@@ -157,7 +170,7 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
         return Verdict.KEEP
     if position < own.stream_position:
         return Verdict.DROP
-    if own.readded:  # stored again since: later messages are ordinary ones
+    if own.readd_position is not None and position >= own.readd_position:  # the re-add and what came after it
         return Verdict.KEEP
     return Verdict.READD if readd else Verdict.DROP
 
@@ -176,10 +189,13 @@ def letter_forgotten(tombstones: Mapping[tuple[str, str], Tombstone], letter: De
 
 
 def record_letters(store: Store, connection: redis.Redis, dead_stream: str, limits: Limits,
-                   letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+                   letters: Sequence[DeadLetter], moved: Callable[[str], bool] = lambda _tenant: False,
+                   ) -> tuple[list[DeadLetter], list[DeadLetter]]:
     """Record refused messages' ``letters`` (the ``dead_letters`` table and ``dead_stream``) but those
-    an applied forget covers (:func:`letter_forgotten`: dropped like a forgotten turn); returns the
-    recorded ones. Raises StoreError when the store fails.
+    an applied forget covers (:func:`letter_forgotten`: dropped like a forgotten turn) and those of a
+    tenant ``moved`` says this shard no longer writes (read under the tenant's lock, as for its turns:
+    their messages stay pending, and the move carries them to the tenant's new shard). Returns
+    ``(recorded, left)``. Raises StoreError when the store fails.
 
     A tenant's letters are checked and written under its ingest lock, which a forget also takes: the
     forget commits either before the check, which then sees its tombstones, or after both copies
@@ -193,18 +209,19 @@ def record_letters(store: Store, connection: redis.Redis, dead_stream: str, limi
         except InvalidInputError:
             tenant_id = None
         by_tenant.setdefault(tenant_id, []).append(letter)
-    kept = by_tenant.pop(None, [])
-    if kept:
-        store.record_dead_letters(kept)
-        publish_dead_letters(connection, dead_stream, kept)
+    kept, left = by_tenant.pop(None, []), []
+    if kept:  # the stream copy of a letter recorded now only: a retried batch's are there already
+        publish_dead_letters(connection, dead_stream, store.record_dead_letters(kept))
     for tenant_id, mine in sorted(by_tenant.items()):
         with store.tenant(tenant_id) as tx:
             tx.lock(TenantLock.INGEST)
+            if moved(tenant_id):
+                left += mine
+                continue
             rows = tx.tombstones(session_ids=sorted({str(x.payload.get("session_id") or "") for x in mine}),
                                  turn_ids=sorted({x.turn_id or "" for x in mine}))
             stones = {(row.scope, row.key): row for row in rows}
             alive = [x for x in mine if not letter_forgotten(stones, x)]
-            tx.record_dead_letters(alive)
-            publish_dead_letters(connection, dead_stream, alive)  # before the commit, under the lock
+            publish_dead_letters(connection, dead_stream, tx.record_dead_letters(alive))  # under the lock
         kept += alive
-    return kept
+    return kept, left

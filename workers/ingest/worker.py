@@ -27,7 +27,6 @@ so two long turns that differ only past the window stay two entries.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -48,7 +47,7 @@ from mnemos.canonical_set import CanonicalSet
 from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.ingest.forget import Verdict, apply_forget, record_letters, tombstone_verdict
+from workers.ingest.forget import Verdict, apply_forget, readded, record_letters, tombstone_verdict
 from workers.ingest.forget_streams import (
     covered_dead_letters,
     covered_entries,
@@ -189,7 +188,7 @@ class IngestWorker:
                                else Turn.from_stream_fields(message.fields, self.limits, now)))
             except InvalidInputError as exc:
                 rejected.append(self._dead_letter(message, exc.reason.value, str(exc)))
-        rejected = self._record_refused(rejected)  # before the tenants' forgets, which delete what they cover
+        rejected, moved = self._record_refused(rejected)  # before the tenants' forgets, which delete what they cover
         started = time.perf_counter()
         turns = [t for _, t in parsed if isinstance(t, Turn)]
         rendered = [render_turn(t.role, t.text, t.image_caption) for t in turns]
@@ -208,6 +207,7 @@ class IngestWorker:
                          else _Forget(message, item))
         started = time.perf_counter()
         totals = _BatchTotals()
+        totals.refused.update(letter.stream_id for letter in moved)  # left pending: the move carries them
         for tenant_id, items in by_tenant.items():
             self._handle_tenant(tenant_id, items, totals)
         commit_s = time.perf_counter() - started
@@ -256,7 +256,7 @@ class IngestWorker:
             if item.replace:  # a worker that cannot store the re-add must not apply the forget half
                 require_tenant_version(tx, self.version)
             report = apply_forget(tx, item.request, self.settings.turns_stream, item.message.stream_id,
-                                  keep_dead_letters=item.replace)
+                                  replace=item.replace)
         if report.bumped:
             self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
@@ -280,12 +280,14 @@ class IngestWorker:
             erase_results(self.connection, item.request)
         delete_entries(self.connection, stream, GROUP, ack=doomed & own, delete=doomed)
 
-    def _record_refused(self, letters: list[DeadLetter]) -> list[DeadLetter]:
-        """:func:`workers.ingest.forget.record_letters` of the refused messages; returns the recorded."""
-        kept = record_letters(self.store, self.connection, self.settings.dead_letter_stream, self.limits, letters)
-        if len(kept) < len(letters):
-            self.metrics.tombstoned(len(letters) - len(kept))
-        return kept
+    def _record_refused(self, letters: list[DeadLetter]) -> tuple[list[DeadLetter], list[DeadLetter]]:
+        """:func:`workers.ingest.forget.record_letters` of the refused messages: ``(recorded, left)``."""
+        s = self.settings
+        kept, left = record_letters(self.store, self.connection, s.dead_letter_stream, self.limits, letters,
+                                    lambda tenant: marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant))
+        if len(kept) + len(left) < len(letters):
+            self.metrics.tombstoned(len(letters) - len(kept) - len(left))
+        return kept, left
 
     def _dead_letter(self, message: StreamMessage, reason: str, detail: str, turn: Turn | None = None
                      ) -> DeadLetter:
@@ -340,9 +342,10 @@ class IngestWorker:
                         outcome.duplicates += 1
                 if outcome.indexed or outcome.duplicates:
                     tx.bump_memory_version()
-            tx.record_dead_letters(outcome.conflicts or [])
-            # the stream copies before the commit, under the lock: a forget that waits for it finds them
-            publish_dead_letters(self.connection, self.settings.dead_letter_stream, outcome.conflicts or [])
+            # the stream copies of letters recorded now, before the commit, under the lock: a forget
+            # that waits for it finds them, and a retried batch does not copy them again
+            publish_dead_letters(self.connection, self.settings.dead_letter_stream,
+                                 tx.record_dead_letters(outcome.conflicts or []))
         self._remember(tenant_id, canon, new_ids, new_vectors, new_signatures)  # only after the commit
         return outcome
 
@@ -372,10 +375,10 @@ class IngestWorker:
                 log.info("dropped turn %r of tenant %r (%s): a forget covers it (publish it with readd to store "
                          "it again)", item.turn.turn_id, tx.tenant_id, item.message.stream_id)
                 continue
-            if verdict is Verdict.READD:  # the tombstone stays for messages published before the forget
-                stones[("turn", item.turn.turn_id)] = dataclasses.replace(stones[("turn", item.turn.turn_id)],
-                                                                         readded=True)
-                tx.mark_readded([item.turn.turn_id])
+            if verdict is Verdict.READD:  # the tombstone stays for messages published before the re-add
+                stone = stones[("turn", item.turn.turn_id)] = readded(stones[("turn", item.turn.turn_id)],
+                                                                      item.message.stream_id)
+                tx.mark_readded([item.turn.turn_id], stone.readd_position or stone.stream_position)
             first = known.get(item.turn.turn_id)
             if first is None:
                 known[item.turn.turn_id] = item.turn

@@ -81,9 +81,9 @@ class FakeStore:
         with self._transaction():
             yield FakeTenantSession(self, tenant_id, read_only=snapshot)
 
-    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
         with self._transaction():
-            _insert_letters(self.tables, letters)
+            return _insert_letters(self.tables, letters)
 
     def schema_state(self) -> SchemaState:
         if self._applied is None:
@@ -111,9 +111,14 @@ class FakeStore:
         return self._applied_count
 
 
-def _insert_letters(tables: _Tables, letters: Sequence[DeadLetter]) -> None:
-    for letter in (item.printable() for item in letters):
-        tables.dead_letters.setdefault((letter.stream, letter.stream_id), letter)
+def _insert_letters(tables: _Tables, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+    inserted = []
+    for item in letters:
+        letter = item.printable()
+        if (letter.stream, letter.stream_id) not in tables.dead_letters:
+            tables.dead_letters[(letter.stream, letter.stream_id)] = letter
+            inserted.append(item)
+    return inserted
 
 
 def _unstaged(entry: _Entry, rendering: int, dim: int) -> bool:
@@ -208,8 +213,8 @@ class FakeTenantSession(FakeForget):
             inserted.add(row.entry_id)
         return inserted
 
-    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
-        _insert_letters(self._write(), letters)
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+        return _insert_letters(self._write(), letters)
 
     # query ----------------------------------------------------------------------------------------
 

@@ -109,11 +109,15 @@ class FakeForget:
             key = (self._tenant_id, row.scope, row.key)
             old = tables.tombstones.get(key)
             if old is None or old.stream_position < row.stream_position:
-                tables.tombstones[key] = replace(row, readded=False)
+                readd = None if old is None else old.readd_position
+                kept = readd if readd is not None and readd > row.stream_position else None
+                tables.tombstones[key] = replace(row, readd_ms=kept and kept[0], readd_seq=kept and kept[1])
 
-    def mark_readded(self, turn_ids: Sequence[str]) -> None:
+    def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         tables = self._write()
         for turn_id in turn_ids:
             key = (self._tenant_id, "turn", turn_id)
-            if key in tables.tombstones:
-                tables.tombstones[key] = replace(tables.tombstones[key], readded=True)
+            stone = tables.tombstones.get(key)
+            if stone is not None and stone.stream_position < at and (
+                    stone.readd_position is None or at < stone.readd_position):
+                tables.tombstones[key] = replace(stone, readd_ms=at[0], readd_seq=at[1])

@@ -185,12 +185,13 @@ class PostgresStore:
         with self.tenant_tx(tenant_id, snapshot=snapshot) as conn:
             yield PostgresTenantSession(conn, tenant_id)
 
-    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
         """Insert ``letters`` in a transaction without tenant scope (the insert policy of migration
-        0003 lets any letter in; none can be read back there)."""
-        if letters:
-            with self.plain_tx() as conn:
-                insert_dead_letters(conn, letters)
+        0003 lets any letter in; none can be read back there); returns those inserted now."""
+        if not letters:
+            return []
+        with self.plain_tx() as conn:
+            return insert_dead_letters(conn, letters)
 
     def schema_state(self) -> SchemaState:
         with self.plain_tx() as conn, conn.cursor(row_factory=dict_row) as cur:

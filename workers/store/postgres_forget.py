@@ -92,7 +92,7 @@ class PostgresForget:
 
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
         return self._links(
-            Tombstone, "SELECT scope, key, stream_ms, stream_seq, readded FROM tombstones WHERE tenant_id = %s"
+            Tombstone, "SELECT scope, key, stream_ms, stream_seq, readd_ms, readd_seq FROM tombstones WHERE tenant_id = %s"
             " AND (scope = 'tenant' OR (scope = 'session' AND key = ANY(%s)) OR (scope = 'turn' AND key = ANY(%s)))"
             " ORDER BY scope, key", (self._tenant_id, list(session_ids), list(turn_ids)))
 
@@ -103,11 +103,17 @@ class PostgresForget:
             cur.executemany(
                 "INSERT INTO tombstones (tenant_id, scope, key, stream_ms, stream_seq) VALUES (%s, %s, %s, %s, %s)"
                 " ON CONFLICT (tenant_id, scope, key) DO UPDATE SET stream_ms = excluded.stream_ms,"
-                " stream_seq = excluded.stream_seq, forgotten_at = now(), readded = false"
+                " stream_seq = excluded.stream_seq, forgotten_at = now(),"
+                " readd_ms = CASE WHEN (tombstones.readd_ms, tombstones.readd_seq) > (excluded.stream_ms,"
+                " excluded.stream_seq) THEN tombstones.readd_ms END, readd_seq = CASE WHEN (tombstones.readd_ms,"
+                " tombstones.readd_seq) > (excluded.stream_ms, excluded.stream_seq) THEN tombstones.readd_seq END"
                 " WHERE (tombstones.stream_ms, tombstones.stream_seq) < (excluded.stream_ms, excluded.stream_seq)",
                 [(self._tenant_id, t.scope, t.key, t.stream_ms, t.stream_seq) for t in rows])
 
-    def mark_readded(self, turn_ids: Sequence[str]) -> None:
+    def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         if turn_ids:
-            self._conn.execute("UPDATE tombstones SET readded = true WHERE tenant_id = %s AND scope = 'turn'"
-                               " AND key = ANY(%s)", (self._tenant_id, list(turn_ids)))
+            self._conn.execute(
+                "UPDATE tombstones SET readd_ms = %s, readd_seq = %s WHERE tenant_id = %s AND scope = 'turn'"
+                " AND key = ANY(%s) AND (stream_ms, stream_seq) < (%s, %s)"
+                " AND (readd_ms IS NULL OR (readd_ms, readd_seq) > (%s, %s))",
+                (*at, self._tenant_id, list(turn_ids), *at, *at))

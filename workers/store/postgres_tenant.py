@@ -41,17 +41,23 @@ _UNSTAGED = ("(reindex_embedding IS NULL OR reindex_rendering IS DISTINCT FROM %
              " OR octet_length(reindex_embedding) <> %(bytes)s)")
 
 
-def insert_dead_letters(conn: psycopg.Connection, letters: Sequence[DeadLetter]) -> None:
+def insert_dead_letters(conn: psycopg.Connection, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
     """Insert ``letters`` inside the caller's transaction (idempotent per stream message: the
-    ``dead_letters_message`` unique constraint drops a second letter for the same message)."""
-    for letter in (item.printable() for item in letters):
-        conn.execute(
+    ``dead_letters_message`` unique constraint drops a second letter for the same message); returns
+    those inserted now."""
+    inserted = []
+    for item in letters:
+        letter = item.printable()
+        cur = conn.execute(
             "INSERT INTO dead_letters (stream, stream_id, reason, detail, tenant_id, turn_id, payload)"
             # no conflict target: naming the (stream, stream_id) arbiter would need SELECT on the row,
             # which row-level security (migration 0003) only grants for the scoped tenant's letters
             " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
             (letter.stream, letter.stream_id, letter.reason, letter.detail, letter.tenant_id, letter.turn_id,
              Jsonb(dict(letter.payload))))
+        if cur.rowcount:
+            inserted.append(item)
+    return inserted
 
 
 class PostgresTenantSession(PostgresForget):
@@ -142,8 +148,8 @@ class PostgresTenantSession(PostgresForget):
                     stored.add(int(row["entry_id"]))
         return stored
 
-    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
-        insert_dead_letters(self._conn, letters)
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+        return insert_dead_letters(self._conn, letters)
 
     # query ----------------------------------------------------------------------------------------
 

@@ -95,8 +95,9 @@ class TenantSession(Protocol):
         """Insert ``rows``; a turn id the tenant already has is skipped. Returns the ids inserted."""
         ...
 
-    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
-        """Record refused messages; a second letter for the same stream message is dropped."""
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+        """Record refused messages; a second letter for the same stream message is dropped. Returns
+        the letters recorded now (a retried batch's are there already)."""
         ...
 
     # query ----------------------------------------------------------------------------------------
@@ -223,13 +224,14 @@ class TenantSession(Protocol):
         ...
 
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
-        """Record tombstones; one that exists keeps the later of the two stream positions (a later one
-        clears its ``readded`` mark)."""
+        """Record tombstones; one that exists keeps the later of the two stream positions (moving
+        forward drops a re-add position before the new one)."""
         ...
 
-    def mark_readded(self, turn_ids: Sequence[str]) -> None:
-        """Mark the tombstones of ``turn_ids`` readded (the turn ids were stored again by an explicit
-        re-add): messages published before their forget stay dropped, later ones are kept."""
+    def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
+        """Record that an explicit re-add at stream position ``at`` stored ``turn_ids`` again: their
+        tombstones (those before ``at``) keep the earliest such position; messages published before
+        it stay dropped, it and later ones are ordinary."""
         ...
 
 class Store(Protocol):
@@ -242,8 +244,9 @@ class Store(Protocol):
         """
         ...
 
-    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
-        """Record refused messages of any tenant (or of none) in a transaction of their own."""
+    def record_dead_letters(self, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+        """Record refused messages of any tenant (or of none) in a transaction of their own; returns
+        those recorded now."""
         ...
 
     def schema_state(self) -> SchemaState:

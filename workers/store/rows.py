@@ -146,18 +146,23 @@ class EntryLink:
 class Tombstone:
     """What a forget leaves behind (ids only): its ``scope`` (``tenant``, ``session`` or ``turn``),
     the ``key`` within it ('' for the tenant, else the session or turn id) and the stream id of the
-    latest forget of that scope as ``(ms, seq)``; ``readded``: a turn id stored again by an explicit
-    re-add since (migration 0008)."""
+    latest forget of that scope as ``(ms, seq)``; ``readd_ms``/``readd_seq``: the stream id of the
+    earliest explicit re-add of the turn id applied since that forget, None before one (migration 0008)."""
 
     scope: str
     key: str
     stream_ms: int
     stream_seq: int
-    readded: bool = False
+    readd_ms: int | None = None
+    readd_seq: int | None = None
 
     @property
     def stream_position(self) -> tuple[int, int]:
         return self.stream_ms, self.stream_seq
+
+    @property
+    def readd_position(self) -> tuple[int, int] | None:
+        return None if self.readd_ms is None or self.readd_seq is None else (self.readd_ms, self.readd_seq)
 
 
 @dataclass(frozen=True)

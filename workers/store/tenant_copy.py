@@ -143,7 +143,7 @@ def _copy_small_tables(source: psycopg.Connection, target: psycopg.Connection, t
         (tenant_id,))]
     centroids = [(tenant_id, r["k"], r["dim"], r["vectors"], r["n_queries"], r["frozen_at"]) for r in _rows(
         source, "SELECT k, dim, vectors, n_queries, frozen_at FROM centroids WHERE tenant_id = %s", (tenant_id,))]
-    stones = _rows(source, "SELECT scope, key, stream_ms, stream_seq, forgotten_at, readded FROM tombstones"
+    stones = _rows(source, "SELECT scope, key, stream_ms, stream_seq, forgotten_at, readd_ms, readd_seq FROM tombstones"
                    " WHERE tenant_id = %s", (tenant_id,))
     letters = [(r["stream"], r["stream_id"], r["reason"], r["detail"], tenant_id, r["turn_id"], Jsonb(r["payload"]),
                 r["created_at"]) for r in _rows(
@@ -158,22 +158,27 @@ def _copy_small_tables(source: psycopg.Connection, target: psycopg.Connection, t
                         " VALUES (%s, %s, %s, %s)", buffered)
         cur.executemany("INSERT INTO centroids (tenant_id, k, dim, vectors, n_queries, frozen_at)"
                         " VALUES (%s, %s, %s, %s, %s, %s)", centroids)
-        cur.executemany("INSERT INTO tombstones (tenant_id, scope, key, stream_ms, stream_seq, forgotten_at, readded)"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        cur.executemany("INSERT INTO tombstones (tenant_id, scope, key, stream_ms, stream_seq, forgotten_at,"
+                        " readd_ms, readd_seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                         [(tenant_id, r["scope"], r["key"], r["stream_ms"], r["stream_seq"], r["forgotten_at"],
-                          r["readded"]) for r in stones])
+                          r["readd_ms"], r["readd_seq"]) for r in stones])
         cur.executemany("INSERT INTO dead_letters (stream, stream_id, reason, detail, tenant_id, turn_id, payload,"
                         " created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", letters)
     return {"suppression": len(scores), "ledger": len(ledger), "buffered": len(buffered), "centroids": bool(centroids),
-            "tombstones": tuple(Tombstone(r["scope"], r["key"], int(r["stream_ms"]), int(r["stream_seq"]),
-                                          bool(r["readded"])) for r in stones),
+            "tombstones": tuple(_tombstone(r) for r in stones),
             "dead_letters": len(letters)}
 
 
 def tenant_tombstones(conn: psycopg.Connection, tenant_id: str) -> tuple[Tombstone, ...]:
     """Every tombstone of the tenant."""
-    return tuple(Tombstone(r["scope"], r["key"], int(r["stream_ms"]), int(r["stream_seq"])) for r in _rows(
-        conn, "SELECT scope, key, stream_ms, stream_seq FROM tombstones WHERE tenant_id = %s", (tenant_id,)))
+    return tuple(_tombstone(r) for r in _rows(
+        conn, "SELECT scope, key, stream_ms, stream_seq, readd_ms, readd_seq FROM tombstones WHERE tenant_id = %s",
+        (tenant_id,)))
+
+
+def _tombstone(row: Mapping[str, Any]) -> Tombstone:
+    return Tombstone(row["scope"], row["key"], int(row["stream_ms"]), int(row["stream_seq"]), row["readd_ms"],
+                     row["readd_seq"])
 
 
 def entry_ids_by_turn(conn: psycopg.Connection, tenant_id: str) -> dict[str, int]:
