@@ -23,6 +23,7 @@ from workers.runtime.errors import StoreError
 from workers.runtime.streams import StreamMessage
 from workers.settings import Settings
 from workers.store import PostgresStore
+from workers.store.rows import Tombstone
 
 pytestmark = pytest.mark.integration
 
@@ -153,8 +154,13 @@ def test_a_refused_message_of_a_tenant_being_moved_stays_pending(
     bad = {**turn("alice", "a1", "x"), "v": "1", "occurred_at": "2024-03-01T09:00:00"}
     sid = redis_client.xadd(settings.turns_stream, bad).decode()
     other = redis_client.xadd(settings.turns_stream, {**bad, "tenant_id": "bob"}).decode()
+    forgotten = redis_client.xadd(settings.turns_stream, {**bad, "turn_id": "a0"}).decode()
+    with store.tenant("alice") as tx:  # a forget of a0 applied after that message, before the freeze
+        tx.add_tombstones([Tombstone("turn", "a0", 9_999_999_999_999, 0)])
     messages = {s.decode(): StreamMessage(s.decode(), f) for s, f in redis_client.xrange(settings.turns_stream)}
     worker = ingest_worker(settings, redis_client, store)
-    assert worker.handle([messages[sid], messages[other]]) == [other]  # alice's stays pending
+    # alice's stays pending for the move; the forgotten one is dropped here (break-it round 4: moved,
+    # it became a letter holding the erased text on the target)
+    assert worker.handle([messages[sid], messages[other], messages[forgotten]]) == [other, forgotten]
     with psycopg.connect(store.database_url) as conn:
         assert conn.execute("SELECT tenant_id FROM dead_letters").fetchall() == [("bob",)]

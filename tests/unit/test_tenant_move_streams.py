@@ -50,6 +50,22 @@ def test_a_forget_already_applied_is_not_moved_and_a_pending_one_is() -> None:
     assert _keep_turn_message(_raw({"tenant_id": "t", "text": "no version"}), "100-0", STONES, LIMITS)  # a dead letter
 
 
+def test_nothing_older_than_an_applied_replacement_or_forget_is_moved() -> None:
+    # break-it session, round 4: without a tombstone for replacements, a stale put or delete left
+    # pending moved to the target with a later id and overwrote or erased the newer value there; and
+    # an unparseable message a forget covered moved and became a letter holding the erased text
+    stones = {**STONES, ("replace", "k"): Tombstone("replace", "k", 500, 0)}
+    replace = {**_turn("k"), b"readd": b"replace"}
+    assert not _keep_turn_message(replace, "400-0", stones, LIMITS)  # a stale replacement
+    assert _keep_turn_message(replace, "600-0", stones, LIMITS)
+    assert not _keep_turn_message(_forget(scope="turns", turn_ids=["k"]), "450-0", stones, LIMITS)  # a stale delete
+    assert _keep_turn_message(_forget(scope="turns", turn_ids=["k"]), "550-0", stones, LIMITS)
+    malformed = {**_turn("a"), b"occurred_at": b"yesterday"}
+    assert not _keep_turn_message(malformed, "100-0", stones, LIMITS)  # before the forget of "a": its text is erased
+    assert _keep_turn_message(malformed, "250-0", stones, LIMITS)  # after it: the target letters it
+    assert _keep_turn_message({**_turn("k"), b"occurred_at": b"yesterday"}, "400-0", stones, LIMITS)  # no forget
+
+
 def test_a_pending_outcome_names_the_new_entry_ids() -> None:
     pool = (PoolRow(7, 1, 2, 0.5), PoolRow(9, 2, 1, 1.5))
     fields = _raw(Outcome("o", "t", 0, 2, pool).to_stream_fields())

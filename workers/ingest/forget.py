@@ -77,9 +77,9 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     """Apply ``request`` (carried by entry ``stream_id`` of the turns stream ``stream``) in ``tx``,
     which holds the tenant's ingest lock; returns what was deleted. Raises StoreError when the store
     fails. ``replace``: the forget half of a replacement, which updates a turn: it erases the stored
-    value but leaves the turn id's dead letters alone and records no tombstone (older messages of
-    the key then meet the new value: a redelivery or a conflict letter, never a silent drop). Dead
-    letters of messages published after the forget are kept in any case.
+    value but leaves the turn id's dead letters alone, and its tombstone has scope ``replace``:
+    older messages of the turn id are dropped, but no refused message's letter is (it is no
+    forget). Dead letters of messages published after the forget are kept in any case.
 
     Only turns carried by messages before the forget are erased: another consumer may have stored a
     later turn of the scope first (consumers of one group run side by side), and it stays.
@@ -107,8 +107,8 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     else:
         letters = 0 if replace else tx.delete_dead_letters(turn_ids=request.turn_ids, through=through)
     tx.delete_entries([link.entry_id for link in links])
-    if not replace:
-        tx.add_tombstones(_tombstones(request, links, at))
+    tx.add_tombstones([Tombstone("replace", t, *at) for t in request.turn_ids] if replace
+                      else _tombstones(request, links, at))
     promoted = sum(1 for canonical in changes.values() if canonical is None)
     return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped)
 
@@ -155,13 +155,14 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     """Whether the turn message ``stream_id`` survives the tenant's ``tombstones`` (keyed by
     ``(scope, key)``).
 
-    A message published before a forget of its tenant, its session or its turn id is dropped. A
+    A message published before a forget of its tenant, its session or its turn id, or before a
+    replacement of its turn id (scope ``replace``: a stale value), is dropped. A
     message published after a forget of its turn id is dropped too (a replay or a retry must not
     bring it back), unless it is an explicit re-add (``readd``), or published at or after the
     earliest re-add applied since (the tombstone's ``readd_position``): those are ordinary again.
     """
     position = stream_position(stream_id)
-    for key in (("tenant", ""), ("session", turn.session_id)):
+    for key in (("tenant", ""), ("session", turn.session_id), ("replace", turn.turn_id)):
         scope = tombstones.get(key)
         if scope is not None and position < scope.stream_position:
             return Verdict.DROP
@@ -215,13 +216,13 @@ def record_letters(store: Store, connection: redis.Redis, dead_stream: str, limi
     for tenant_id, mine in sorted(by_tenant.items()):
         with store.tenant(tenant_id) as tx:
             tx.lock(TenantLock.INGEST)
-            if moved(tenant_id):
-                left += mine
-                continue
             rows = tx.tombstones(session_ids=sorted({str(x.payload.get("session_id") or "") for x in mine}),
                                  turn_ids=sorted({x.turn_id or "" for x in mine}))
             stones = {(row.scope, row.key): row for row in rows}
             alive = [x for x in mine if not letter_forgotten(stones, x)]
+            if moved(tenant_id):  # the forgotten are dropped here; the others move with the tenant
+                left += alive
+                continue
             publish_dead_letters(connection, dead_stream, tx.record_dead_letters(alive))  # under the lock
         kept += alive
     return kept, left

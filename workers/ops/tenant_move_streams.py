@@ -39,7 +39,8 @@ from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import Limits
-from workers.ingest.forget import Verdict, tombstone_verdict
+from workers.ingest.forget import Verdict, letter_forgotten, tombstone_verdict
+from workers.runtime.dead_letters import DeadLetter, payload_of
 from workers.runtime.streams import stream_position
 from workers.store.rows import Tombstone
 
@@ -98,18 +99,23 @@ def unacknowledged(connection: redis.Redis, stream: str, group: str, ids: Sequen
 def _keep_turn_message(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapping[tuple[str, str], Tombstone],
                        limits: Limits) -> bool:
     """Whether an unacknowledged turns-stream message still has an effect to move (module docstring).
-    A message that does not parse is moved: the target's worker dead-letters it as the source would."""
+    A message that does not parse is moved, for the target's worker to dead-letter it as the source
+    would, unless an applied forget covers it (its letter would hold erased text on the target, where
+    the message gets a later id; break-it session, 2026-12-07). A turn forget is not moved past a
+    later forget or replacement of its turn ids (it would erase their newer value there)."""
     position = stream_position(stream_id)
     try:
         if is_forget_message(fields):
             request = ForgetRequest.from_stream_fields(fields, limits)
             keys = ([("tenant", "")] if request.scope is ForgetScope.TENANT
                     else [("session", request.session_id or "")] if request.scope is ForgetScope.SESSION
-                    else [("turn", t) for t in request.turn_ids])
+                    else [(scope, t) for t in request.turn_ids for scope in ("turn", "replace")])
             return not any(k in stones and stones[k].stream_position >= position for k in keys)
         turn = Turn.from_stream_fields(fields, limits, None)
     except (InvalidInputError, ValueError):
-        return True
+        payload = payload_of(fields)
+        letter = DeadLetter("", stream_id, "", "", payload.get("tenant_id"), payload.get("turn_id"), payload)
+        return not letter_forgotten(stones, letter)
     return tombstone_verdict(stones, turn, stream_id, is_readd(fields)) is not Verdict.DROP
 
 

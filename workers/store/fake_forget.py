@@ -99,7 +99,8 @@ class FakeForget:
         tables.centroids.pop(tenant, None)
 
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
-        keys = {("tenant", "")} | {("session", s) for s in session_ids} | {("turn", t) for t in turn_ids}
+        keys = {("tenant", "")} | {("session", s) for s in session_ids} | {(scope, t) for t in turn_ids
+                                                                           for scope in ("turn", "replace")}
         return sorted((t for (tenant, scope, key), t in self._t.tombstones.items()
                        if tenant == self._tenant_id and (scope, key) in keys), key=lambda t: (t.scope, t.key))
 

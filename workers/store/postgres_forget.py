@@ -93,7 +93,8 @@ class PostgresForget:
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
         return self._links(
             Tombstone, "SELECT scope, key, stream_ms, stream_seq, readd_ms, readd_seq FROM tombstones WHERE tenant_id = %s"
-            " AND (scope = 'tenant' OR (scope = 'session' AND key = ANY(%s)) OR (scope = 'turn' AND key = ANY(%s)))"
+            " AND (scope = 'tenant' OR (scope = 'session' AND key = ANY(%s)) OR (scope IN ('turn', 'replace')"
+            " AND key = ANY(%s)))"
             " ORDER BY scope, key", (self._tenant_id, list(session_ids), list(turn_ids)))
 
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:

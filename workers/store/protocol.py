@@ -220,7 +220,8 @@ class TenantSession(Protocol):
         ...
 
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
-        """The tenant's tombstone (if any) and those of ``session_ids`` and ``turn_ids``."""
+        """The tenant's tombstone (if any) and those of ``session_ids`` and ``turn_ids`` (scopes
+        ``turn`` and ``replace``)."""
         ...
 
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:

@@ -144,7 +144,8 @@ class EntryLink:
 
 @dataclass(frozen=True)
 class Tombstone:
-    """What a forget leaves behind (ids only): its ``scope`` (``tenant``, ``session`` or ``turn``),
+    """What a forget leaves behind (ids only): its ``scope`` (``tenant``, ``session``, ``turn``, or
+    ``replace`` for a replacement's position, which drops older messages of the turn id but no letter),
     the ``key`` within it ('' for the tenant, else the session or turn id) and the stream id of the
     latest forget of that scope as ``(ms, seq)``; ``readd_ms``/``readd_seq``: the stream id of the
     earliest explicit re-add of the turn id applied since that forget, None before one (migration 0008)."""
