@@ -10,7 +10,7 @@ import json
 from api.forget import ForgetRequest
 from api.schemas import Outcome, PoolRow
 from api.validation import Limits
-from workers.ops.tenant_move_streams import GONE_ENTRY, _keep_turn_message, _renumbered
+from workers.ops.tenant_move_streams import GONE_ENTRY, _message_to_move, _renumbered
 from workers.store.rows import Tombstone
 
 LIMITS = Limits()
@@ -28,6 +28,10 @@ def _turn(turn_id: str, session: str = "s1", readd: bool = False) -> dict[bytes,
 
 def _forget(**values: object) -> dict[bytes, bytes]:
     return _raw(ForgetRequest.parse({"v": 1, "tenant_id": "t", **values}, LIMITS).to_stream_fields())
+
+
+def _keep_turn_message(fields: dict[bytes, bytes], stream_id: str, stones: dict, limits: Limits) -> bool:
+    return _message_to_move(fields, stream_id, stones, limits) is not None
 
 
 STONES = {("turn", "a"): Tombstone("turn", "a", 200, 0), ("session", "s2"): Tombstone("session", "s2", 300, 0)}
@@ -64,6 +68,16 @@ def test_nothing_older_than_an_applied_replacement_or_forget_is_moved() -> None:
     assert not _keep_turn_message(malformed, "100-0", stones, LIMITS)  # before the forget of "a": its text is erased
     assert _keep_turn_message(malformed, "250-0", stones, LIMITS)  # after it: the target letters it
     assert _keep_turn_message({**_turn("k"), b"occurred_at": b"yesterday"}, "400-0", stones, LIMITS)  # no forget
+
+
+def test_a_turn_forget_moves_with_only_the_ids_nothing_later_overtook() -> None:
+    # break-it session, round 5: a pending forget of [k, k2] was dropped whole because k had a later
+    # replacement, and k2's stored value survived the move
+    stones = {**STONES, ("replace", "k"): Tombstone("replace", "k", 500, 0)}
+    moved = _message_to_move(_forget(scope="turns", turn_ids=["k", "k2", "a"]), "450-0", stones, LIMITS)
+    assert moved is not None and ForgetRequest.from_stream_fields(moved, LIMITS).turn_ids == ("k2", "a")  # a: 200 < 450
+    untouched = _forget(scope="turns", turn_ids=["k2"])
+    assert _message_to_move(untouched, "450-0", stones, LIMITS) is untouched
 
 
 def test_a_pending_outcome_names_the_new_entry_ids() -> None:

@@ -28,6 +28,7 @@ costs a pass over the source's streams, which trimming keeps short.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -96,27 +97,35 @@ def unacknowledged(connection: redis.Redis, stream: str, group: str, ids: Sequen
         start = "(" + _text(chunk[-1]["message_id"])
 
 
-def _keep_turn_message(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapping[tuple[str, str], Tombstone],
-                       limits: Limits) -> bool:
-    """Whether an unacknowledged turns-stream message still has an effect to move (module docstring).
-    A message that does not parse is moved, for the target's worker to dead-letter it as the source
-    would, unless an applied forget covers it (its letter would hold erased text on the target, where
-    the message gets a later id; break-it session, 2026-12-07). A turn forget is not moved past a
-    later forget or replacement of its turn ids (it would erase their newer value there)."""
+def _message_to_move(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapping[tuple[str, str], Tombstone],
+                     limits: Limits) -> Mapping[bytes, bytes] | None:
+    """The fields to append on the target for an unacknowledged turns-stream message, or None when it
+    has no effect left to move (module docstring). A message that does not parse is moved, for the
+    target's worker to dead-letter it as the source would, unless an applied forget covers it (its
+    letter would hold erased text on the target, where the message gets a later id; break-it session,
+    2026-12-07). A turn forget moves with only the turn ids no later forget or replacement has
+    overtaken (there it would erase their newer value; break-it sessions, rounds 4 and 5)."""
     position = stream_position(stream_id)
     try:
         if is_forget_message(fields):
             request = ForgetRequest.from_stream_fields(fields, limits)
-            keys = ([("tenant", "")] if request.scope is ForgetScope.TENANT
-                    else [("session", request.session_id or "")] if request.scope is ForgetScope.SESSION
-                    else [(scope, t) for t in request.turn_ids for scope in ("turn", "replace")])
-            return not any(k in stones and stones[k].stream_position >= position for k in keys)
+            if request.scope is not ForgetScope.TURNS:
+                key = ("tenant", "") if request.scope is ForgetScope.TENANT else ("session", request.session_id or "")
+                return None if key in stones and stones[key].stream_position >= position else fields
+            left = tuple(t for t in request.turn_ids if not any(
+                (scope, t) in stones and stones[(scope, t)].stream_position >= position for scope in ("turn", "replace")))
+            if not left:
+                return None
+            if left == request.turn_ids:
+                return fields
+            narrowed = dataclasses.replace(request, turn_ids=left).to_stream_fields()
+            return {k.encode(): v.encode() for k, v in narrowed.items()}
         turn = Turn.from_stream_fields(fields, limits, None)
     except (InvalidInputError, ValueError):
         payload = payload_of(fields)
         letter = DeadLetter("", stream_id, "", "", payload.get("tenant_id"), payload.get("turn_id"), payload)
-        return not letter_forgotten(stones, letter)
-    return tombstone_verdict(stones, turn, stream_id, is_readd(fields)) is not Verdict.DROP
+        return None if letter_forgotten(stones, letter) else fields
+    return None if tombstone_verdict(stones, turn, stream_id, is_readd(fields)) is Verdict.DROP else fields
 
 
 def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Redis, target_stream: str,
@@ -145,7 +154,8 @@ def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis
     waiting = unacknowledged(source, stream, group, [i for i, _ in entries])
     stones = {(t.scope, t.key): t for t in tombstones}
     pending = [(i, f) for i, f in entries if i in waiting]
-    keep = [(i, f) for i, f in pending if _keep_turn_message(f, i, stones, limits)]
+    moving = ((i, _message_to_move(f, i, stones, limits)) for i, f in pending)
+    keep = [(i, dict(f)) for i, f in moving if f is not None]  # dict: _move's type
     _move(source, stream, group, target, target_stream, entries, keep)
     if entries:
         source.srem(f"{stream}:forgotten", *[i for i, _ in entries])
