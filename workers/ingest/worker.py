@@ -372,8 +372,8 @@ class IngestWorker:
             if verdict is Verdict.DROP:
                 outcome.dropped.append(item.message.stream_id)
                 self.metrics.tombstoned()
-                log.info("dropped turn %r of tenant %r (%s): a forget covers it (publish it with readd to store "
-                         "it again)", item.turn.turn_id, tx.tenant_id, item.message.stream_id)
+                log.info("dropped turn %r of tenant %r (%s): a forget or a later replacement covers it (publish "
+                         "it with readd to store it again)", item.turn.turn_id, tx.tenant_id, item.message.stream_id)
                 continue
             if verdict is Verdict.READD:  # the tombstone stays for messages published before the re-add
                 stone = stones[("turn", item.turn.turn_id)] = readded(stones[("turn", item.turn.turn_id)],
