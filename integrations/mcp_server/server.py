@@ -95,9 +95,8 @@ class _OneSentenceServer(MCPServer):
     (``Invalid k: Input should be a valid integer.``) like the tools' own errors, instead of
     pydantic's multi-line report with a documentation link (a break-it session, 2026-12-07); the
     tools' own errors lose the SDK's ``Error executing tool <name>:`` prefix, so every refusal reads
-    alike. The
-    ``ValidationError`` stays the cause, so the SDK still logs the argument names only. An argument
-    the tool does not take is refused by name, with the ones it takes."""
+    alike. The ``ValidationError`` stays the cause, so the SDK still logs the argument names only.
+    An argument the tool does not take is refused by name, with the ones it takes."""
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         schema = self._tool_input_schema(name)

@@ -162,31 +162,37 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     earliest re-add applied since (the tombstone's ``readd_position``): those are ordinary again.
     """
     position = stream_position(stream_id)
-    for key in (("tenant", ""), ("session", turn.session_id), ("replace", turn.turn_id)):
-        scope = tombstones.get(key)
-        if scope is not None and position < scope.stream_position:
-            return Verdict.DROP
+    replaced = tombstones.get(("replace", turn.turn_id))
+    if (forgotten_before(tombstones, stream_id, turn.session_id, turn.turn_id)
+            or replaced is not None and position < replaced.stream_position):
+        return Verdict.DROP
     own = tombstones.get(("turn", turn.turn_id))
     if own is None:
         return Verdict.KEEP
-    if position < own.stream_position:
-        return Verdict.DROP
     if own.readd_position is not None and position >= own.readd_position:  # the re-add and what came after it
         return Verdict.KEEP
     return Verdict.READD if readd else Verdict.DROP
 
 
+def forgotten_before(tombstones: Mapping[tuple[str, str], Tombstone], stream_id: str, session_id: str,
+                     turn_id: str) -> bool:
+    """Whether the message ``stream_id`` of ``session_id`` / ``turn_id`` was published before an
+    applied forget of its tenant, its session or its turn id (``tombstones`` keyed by ``(scope,
+    key)``); a ``replace`` tombstone is no forget. Raises ValueError for an id that is not a stream id."""
+    position = stream_position(stream_id)
+    keys = (("tenant", ""), ("session", session_id), ("turn", turn_id))
+    return any(stone is not None and position < stone.stream_position for stone in map(tombstones.get, keys))
+
+
 def letter_forgotten(tombstones: Mapping[tuple[str, str], Tombstone], letter: DeadLetter) -> bool:
-    """Whether the refused message of ``letter`` was published before an applied forget of its
-    tenant, its session or its turn id (``tombstones`` keyed by ``(scope, key)``): its letter would
-    keep text that forget erased (a message left pending by a dead consumer, refused after the
-    forget was applied). Letters of messages published after every such forget are kept."""
+    """:func:`forgotten_before` for a refused message's ``letter`` (its payload's session id, False
+    for a stream id that is not one): its letter would keep text that forget erased (a message
+    left pending by a dead consumer, refused after the forget was applied)."""
     try:
-        position = stream_position(letter.stream_id)
+        return forgotten_before(tombstones, letter.stream_id, str(letter.payload.get("session_id") or ""),
+                                letter.turn_id or "")
     except ValueError:
         return False
-    keys = (("tenant", ""), ("session", str(letter.payload.get("session_id") or "")), ("turn", letter.turn_id or ""))
-    return any(stone is not None and position < stone.stream_position for stone in map(tombstones.get, keys))
 
 
 def record_letters(store: Store, connection: redis.Redis, dead_stream: str, limits: Limits,

@@ -40,8 +40,8 @@ from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import Limits
-from workers.ingest.forget import Verdict, letter_forgotten, tombstone_verdict
-from workers.runtime.dead_letters import DeadLetter, payload_of
+from workers.ingest.forget import Verdict, forgotten_before, tombstone_verdict
+from workers.runtime.dead_letters import payload_of
 from workers.runtime.streams import stream_position
 from workers.store.rows import Tombstone
 
@@ -123,8 +123,8 @@ def _message_to_move(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapp
         turn = Turn.from_stream_fields(fields, limits, None)
     except (InvalidInputError, ValueError):
         payload = payload_of(fields)
-        letter = DeadLetter("", stream_id, "", "", payload.get("tenant_id"), payload.get("turn_id"), payload)
-        return None if letter_forgotten(stones, letter) else fields
+        forgotten = forgotten_before(stones, stream_id, payload.get("session_id") or "", payload.get("turn_id") or "")
+        return None if forgotten else fields
     return None if tombstone_verdict(stones, turn, stream_id, is_readd(fields)) is Verdict.DROP else fields
 
 

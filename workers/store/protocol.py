@@ -235,6 +235,7 @@ class TenantSession(Protocol):
         it stay dropped, it and later ones are ordinary."""
         ...
 
+
 class Store(Protocol):
     """The workers' database (see the module docstring)."""
 

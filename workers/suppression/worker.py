@@ -113,9 +113,10 @@ class SuppressionWorker:
                 tx.lock(TenantLock.SUPPRESSION)
             row = tx.tenant(lock=True)  # the row lock: a forget commits wholly before or after this outcome
             s = self.settings
-            if row is None and marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant_id):
-                raise _MovedAway(tenant_id)  # moved away: its rows left with it, the outcome follows them
-            if row is None:  # no turn of the tenant was ever stored here: nothing to learn, nothing to record
+            if row is None:
+                if marked(self.connection, s.stream_prefix, s.shard, s.shards, tenant_id):
+                    raise _MovedAway(tenant_id)  # moved away: its rows left with it, the outcome follows them
+                # no turn of the tenant was ever stored here: nothing to learn, nothing to record
                 log.warning("outcome %s names tenant %r, which has no stored turns here; skipped",
                             outcome.outcome_id, tenant_id)
                 self.metrics.suppression_outdated.inc()
