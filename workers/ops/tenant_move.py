@@ -12,13 +12,15 @@ With ``MNEMOS_SHARD_MAP`` every shard has its own Redis and Postgres. :func:`mov
    the marker under the lock and writes nothing (:func:`api.directory.marked`);
 3. **copy** its rows to the target database with new entry ids (:mod:`workers.store.tenant_copy`),
    committed there, under the target's locks of the tenant;
-4. **streams**, holding the tenant's locks on the target again: its unacknowledged turns, forgets and
-   outcomes and its dead-letter copies move to the target's streams, and every entry of it leaves
+4. **pending forgets**: its forgets by request that the source's ingest group has not acknowledged are
+   applied to the copy at their source positions, committed (:func:`_apply_pending_forgets`);
+5. **streams**, holding the tenant's locks on the target again: its unacknowledged turns and outcomes
+   and its dead-letter copies (but those a forget covers) move to the target's streams, and every entry of it leaves
    the source's streams (:mod:`workers.ops.tenant_move_streams`); a marker the target had for it (it
    lived there before) is removed before those locks are released, so the target's workers that
    read the moved messages write them;
-5. **delete** its rows on the source, committed (which releases the source's locks);
-6. **flip**: no marker on the target, the target's number on the source (and on the ring's home
+6. **delete** its rows on the source, committed (which releases the source's locks);
+7. **flip**: no marker on the target, the target's number on the source (and on the ring's home
    shard, when that is a third shard). Held clients go on to the target.
 
 A failure before step 3 commits removes the freeze (unless the move was itself a resumed one): the
@@ -26,7 +28,7 @@ tenant serves from the source as before, and the messages its source workers lef
 are claimed again after ``MNEMOS_CLAIM_IDLE_MS``. A failure after it leaves the tenant frozen and is
 resumed by running the same move again: it finds
 the freeze, rebuilds the id map by turn id when the copy is already on the target, and finishes
-steps 4 to 6. One move of a tenant at a time.
+steps 4 to 7. One move of a tenant at a time.
 """
 
 from __future__ import annotations
@@ -41,13 +43,22 @@ import redis
 
 from api import sharding
 from api.directory import FROZEN
-from api.validation import limits_of
+from api.validation import Limits, limits_of
+from workers.ingest.forget import apply_forget
+from workers.ingest.forget_streams import erase_results
 from workers.ingest.worker import GROUP as INGEST_GROUP
-from workers.ops.tenant_move_streams import StreamMove, move_dead_letters, move_outcomes, move_turns
+from workers.ops.tenant_move_streams import (
+    StreamMove,
+    move_dead_letters,
+    move_outcomes,
+    move_turns,
+    pending_forgets,
+)
 from workers.runtime.connections import redis_client
 from workers.runtime.errors import SettingsError, TenantMoveError
 from workers.settings import Settings
 from workers.store import PostgresStore
+from workers.store.postgres_tenant import PostgresTenantSession
 from workers.store.rows import Tombstone
 from workers.store.tenant_copy import (
     copy_tenant,
@@ -74,6 +85,7 @@ class MoveReport:
     aliases: int
     scores: int
     tombstones: int
+    forgets: int  # pending forgets applied at their source positions
     turns: StreamMove
     outcomes: StreamMove
     dead_letters: StreamMove
@@ -84,8 +96,9 @@ class MoveReport:
         return (f"moved tenant {self.tenant_id} from shard {self.source} to shard {self.target}"
                 f"{' (resumed)' if self.resumed else ''} in {self.seconds:.1f}s: {self.entries} entries "
                 f"({self.aliases} aliases), {self.scores} suppression scores, {self.tombstones} tombstones; "
-                f"{self.turns.moved} pending turns and forgets moved ({self.turns.dropped} already covered), "
-                f"{self.outcomes.moved} pending outcomes moved, {self.dead_letters.moved} dead letters moved")
+                f"{self.forgets} pending forgets applied; {self.turns.moved} pending turns moved "
+                f"({self.turns.dropped} covered by a forget), {self.outcomes.moved} pending outcomes moved, "
+                f"{self.dead_letters.moved} dead letters moved ({self.dead_letters.dropped} forgotten)")
 
 
 def _locate(connections: list[redis.Redis], settings: Settings, tenant_id: str) -> tuple[int, bool]:
@@ -130,12 +143,14 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
             lock_tenant(a, tenant_id)
             with target_store.tenant_tx(tenant_id) as b:
                 lock_tenant(b, tenant_id)
-                id_map, stones, counts = _copy_rows(a, b, tenant_id, resumed)
+                id_map, counts = _copy_rows(a, b, tenant_id, resumed)
             copied = True
             echo(f"copied {counts[0]} entries of tenant {tenant_id} to shard {target}")
+            forgets = _apply_pending_forgets(target_store, connections[source], src, tenant_id, limits_of(settings))
             with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
                 lock_tenant(b, tenant_id)
-                moves = _move_streams(settings, connections, source, target, tenant_id, id_map, stones)
+                moves = _move_streams(settings, connections, source, target, tenant_id, id_map,
+                                      tenant_tombstones(b, tenant_id))
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)
@@ -151,20 +166,40 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
         for connection in connections:
             connection.close()
     echo(f"routing of tenant {tenant_id} flipped to shard {target}")
-    return MoveReport(tenant_id, source, target, resumed, *counts, *moves, seconds=time.monotonic() - started)
+    return MoveReport(tenant_id, source, target, resumed, *counts, forgets, *moves,
+                      seconds=time.monotonic() - started)
 
 
 def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
-               resumed: bool) -> tuple[dict[int, int], tuple[Tombstone, ...], tuple[int, int, int, int]]:
+               resumed: bool) -> tuple[dict[int, int], tuple[int, int, int, int]]:
     """Copy the rows (or, resuming a move whose copy committed, rebuild its id map by turn id); returns the
-    id map, the tenant's tombstones and (entries, aliases, scores, tombstones) copied."""
+    id map and (entries, aliases, scores, tombstones) copied."""
     if resumed and tenant_present(b, tenant_id):
         old, new = entry_ids_by_turn(a, tenant_id), entry_ids_by_turn(b, tenant_id)
-        return {entry: new[turn] for turn, entry in old.items() if turn in new}, tenant_tombstones(b, tenant_id), \
-            (len(new), 0, 0, 0)
+        return {entry: new[turn] for turn, entry in old.items() if turn in new}, (len(new), 0, 0, 0)
     report = copy_tenant(a, b, tenant_id)
-    return dict(report.id_map), report.tombstones, (report.entries, report.aliases, report.suppression,
-                                                    len(report.tombstones))
+    return dict(report.id_map), (report.entries, report.aliases, report.suppression, len(report.tombstones))
+
+
+def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Settings, tenant_id: str,
+                           limits: Limits) -> int:
+    """Apply the tenant's unacknowledged forgets by request to its rows on the target, in stream order at
+    their source positions, in one committed transaction under its locks there; returns how many. Copied
+    rows and tombstones keep their source positions, so each forget erases only what was published
+    before it, as on the source; carried to the target's stream, it would get a later position there
+    and erase a turn stored from a later message too (break-it session, round 5). Applying one again
+    (a resumed move) erases nothing more. Then their covered results leave the source's Redis."""
+    forgets = pending_forgets(source, src.turns_stream, INGEST_GROUP, tenant_id, limits)
+    if not forgets:
+        return 0
+    with store.tenant_tx(tenant_id) as b:
+        lock_tenant(b, tenant_id)
+        session = PostgresTenantSession(b, tenant_id)
+        for stream_id, request in forgets:
+            apply_forget(session, request, src.turns_stream, stream_id)
+    for _, request in forgets:
+        erase_results(source, request)
+    return len(forgets)
 
 
 def _move_streams(settings: Settings, connections: list[redis.Redis], source: int, target: int, tenant_id: str,
@@ -174,7 +209,8 @@ def _move_streams(settings: Settings, connections: list[redis.Redis], source: in
     turns = move_turns(a, src.turns_stream, INGEST_GROUP, b, dst.turns_stream, tenant_id, stones,
                        limits_of(settings))
     outcomes = move_outcomes(a, src.outcomes_stream, SUPPRESSION_GROUP, b, dst.outcomes_stream, tenant_id, id_map)
-    letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id)
+    letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id, src.turns_stream,
+                                stones)
     return turns, outcomes, letters
 
 

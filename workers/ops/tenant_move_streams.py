@@ -7,18 +7,19 @@ commits anything of it), after its rows were committed on the target:
 
 * **turns stream**: every message of the tenant its ingest group has not acknowledged (not yet
   delivered, or delivered and pending) is appended to the target's turns stream, in stream order,
-  and so reaches the target's ingest workers, which skip a turn already stored (a redelivery) and
-  apply a forget in the new order. Two exceptions, decided with the tenant's tombstones at their
-  source positions (new positions on the target are later than every copied row's): a turn a
-  forget already covers is dropped as the source would have dropped it, and a forget already
-  applied (a tombstone of its scope at or after its position) is not applied again. Every message
+  and so reaches the target's ingest workers, which skip a turn already stored (a redelivery).
+  Exceptions, decided with the tenant's tombstones at their source positions (new positions on
+  the target are later than every copied row's): a turn a forget already covers is dropped as the
+  source would have dropped it, and a forget already applied (a tombstone of its scope at or after
+  its position) is not applied again: the move applies every pending forget at its source
+  position first (:func:`pending_forgets`), so none moves. Every message
   of the tenant, acknowledged or not, is then deleted from the source stream (acknowledged first,
   so no consumer reads a pending entry without fields as a loss);
 * **outcomes stream**: the outcomes its suppression group has not acknowledged are appended to the
   target's outcomes stream with their pool's entry ids renumbered by the copy's map (an entry no
   longer stored becomes :data:`GONE_ENTRY`, which names no entry and is ignored like any id outside
   the tenant), then all of the tenant's outcomes are deleted from the source;
-* **dead-letter stream**: the tenant's copies move as they are.
+* **dead-letter stream**: the tenant's copies move as they are, but those an applied forget covers.
 
 A source worker that had read a moved message before the move and waits for the tenant's lock
 finds the tenant's directory marker once it has it, writes nothing and acknowledges
@@ -40,8 +41,8 @@ from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import Limits
-from workers.ingest.forget import Verdict, forgotten_before, tombstone_verdict
-from workers.runtime.dead_letters import payload_of
+from workers.ingest.forget import Verdict, forgotten_before, letter_forgotten, tombstone_verdict
+from workers.runtime.dead_letters import DeadLetter, payload_of
 from workers.runtime.streams import stream_position
 from workers.store.rows import Tombstone
 
@@ -146,6 +147,23 @@ def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Red
         pipe.execute()
 
 
+def pending_forgets(source: redis.Redis, stream: str, group: str, tenant_id: str,
+                    limits: Limits) -> list[tuple[str, ForgetRequest]]:
+    """The tenant's forgets by request on ``stream`` that ``group`` has not acknowledged, in stream
+    order, as ``(stream id, request)``. A forget message that does not parse is left out: the turns'
+    move carries it, for the target's worker to dead-letter it."""
+    forgets = [(i, f) for i, f in tenant_entries(source, stream, tenant_id) if is_forget_message(f)]
+    waiting = unacknowledged(source, stream, group, [i for i, _ in forgets])
+    parsed = []
+    for stream_id, fields in forgets:
+        if stream_id in waiting:
+            try:
+                parsed.append((stream_id, ForgetRequest.from_stream_fields(fields, limits)))
+            except InvalidInputError:
+                continue
+    return parsed
+
+
 def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis, target_stream: str,
                tenant_id: str, tombstones: Sequence[Tombstone], limits: Limits) -> StreamMove:
     """The tenant's turns-stream messages (module docstring); also forgets the source's deferred
@@ -183,12 +201,35 @@ def move_outcomes(source: redis.Redis, stream: str, group: str, target: redis.Re
 
 
 def move_dead_letters(source: redis.Redis, stream: str, target: redis.Redis, target_stream: str,
-                      tenant_id: str) -> StreamMove:
-    """The tenant's dead-letter copies, as they are."""
+                      tenant_id: str, turns_stream: str, tombstones: Sequence[Tombstone]) -> StreamMove:
+    """The tenant's dead-letter copies, as they are, but those of ``turns_stream``'s messages that an
+    applied forget covers (:func:`workers.ingest.forget.letter_forgotten`): their text was erased (a
+    forget applied by the move, or one whose worker died before it deleted the copies)."""
     entries = list(tenant_entries(source, stream, tenant_id))
-    _move(source, stream, None, target, target_stream, entries, entries)
-    return StreamMove(moved=len(entries), dropped=0, deleted=len(entries))
+    stones = {(t.scope, t.key): t for t in tombstones}
+    keep = [(i, f) for i, f in entries if not _letter_forgotten(f, turns_stream, stones)]
+    _move(source, stream, None, target, target_stream, entries, keep)
+    return StreamMove(moved=len(keep), dropped=len(entries) - len(keep), deleted=len(entries))
 
 
-__all__ = ["GONE_ENTRY", "StreamMove", "move_dead_letters", "move_outcomes", "move_turns", "tenant_entries",
-           "unacknowledged"]
+def _letter_forgotten(fields: Mapping[bytes, bytes], turns_stream: str,
+                      stones: Mapping[tuple[str, str], Tombstone]) -> bool:
+    """Whether a dead-letter copy holds a ``turns_stream`` message that a tombstone covers (as the
+    ingest worker decides for a letter before it records it)."""
+    if _text(fields.get(b"stream", b"")) != turns_stream:
+        return False
+    try:
+        payload = json.loads(_text(fields.get(b"payload", b"")) or "{}")
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    letter = DeadLetter(stream=turns_stream, stream_id=_text(fields.get(b"stream_id", b"")), reason="",
+                        detail="", tenant_id=_text(fields.get(b"tenant_id", b"")),
+                        turn_id=_text(fields.get(b"turn_id", b"")) or str(payload.get("turn_id", "")),
+                        payload={str(k): str(v) for k, v in payload.items()})
+    return letter_forgotten(stones, letter)
+
+
+__all__ = ["GONE_ENTRY", "StreamMove", "move_dead_letters", "move_outcomes", "move_turns", "pending_forgets",
+           "tenant_entries", "unacknowledged"]

@@ -1,0 +1,103 @@
+"""A forget still pending on the source shard when its tenant moves (docs/scaling.md "Moving a
+tenant between shards").
+
+A forget erases only what was published before it. Another consumer may store a later turn of its
+scope first; if the move then carried the forget to the target's stream, it would get a later
+position there and erase that turn too (break-it session, round 5: a later turn of a forgotten
+session, a turn published after a tenant forget, the value of a later replacement). The move
+applies such forgets at their source positions instead; the dead-letter copy of a message a forget
+covers does not move. Two throwaway ``redis-server`` processes and two Postgres databases; workers
+are driven batch by batch. Skipped when ``redis-server`` is not installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from api import sharding
+from api.client import MnemosClient
+from tests.integration import factories
+from tests.support import ShardCluster, shard_cluster
+from workers.ops.migrate import migrate_shards
+from workers.ops.tenant_move import move_tenant
+from workers.runtime.connections import redis_client
+from workers.settings import Settings
+from workers.store import PostgresStore
+
+pytestmark = pytest.mark.integration
+SHARDS = 2
+
+
+@pytest.fixture
+def cluster(settings: Settings, tmp_path: Path) -> Iterator[ShardCluster]:
+    with shard_cluster(settings, tmp_path, SHARDS) as value:
+        yield value
+
+
+def _rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def _texts(url: str, tenant: str) -> dict[str, str]:
+    return dict(_rows(url, "SELECT turn_id, text FROM entries WHERE tenant_id = %s", tenant))
+
+
+def _handle_only_the_last(worker: Any, name: str) -> None:
+    """Read every new message as consumer ``name``, but handle and acknowledge only the last one: the
+    earlier ones stay pending, as with a consumer that died holding them while another went on."""
+    consumer = worker.consumer(name)
+    consumer.ensure_group()
+    batch = consumer.read()
+    consumer.ack(worker.handle(batch[-1:]))
+
+
+def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) -> None:
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    session_t, tenant_t, put_t = itertools.islice(
+        (t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0), 3)
+    client: MnemosClient = factories.sharded_client(settings)
+    source, target = settings.for_shard(0), settings.for_shard(1)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        worker = factories.ingest_worker(source, client.connections[0], store)
+        client.publish_turns([factories.turn(session_t, "old", "I live in Porto"),
+                              factories.turn(session_t, "other", "my cat is called Pixel", session="s2"),
+                              factories.turn(tenant_t, "old", "my sister is a nurse"),
+                              factories.turn(put_t, "k", "the wifi password is pear")])
+        client.connections[0].xadd(source.turns_stream, {  # a dead letter of session s1, before its forget
+            "v": "1", "tenant_id": session_t, "session_id": "s1", "turn_id": "bad", "role": "user",
+            "text": "my old address is 5 Rua Escura", "occurred_at": "yesterday"})
+        factories.drain(worker, "fast")
+        assert _rows(a, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", session_t) == [(1,)]
+
+        client.forget(session_t, session_id="s1")
+        client.publish_turn(factories.turn(session_t, "new", "I live in Lisbon now", minutes=60))
+        _handle_only_the_last(worker, "dead-1")
+        client.forget(tenant_t)
+        client.publish_turn(factories.turn(tenant_t, "new", "my brother is a pilot", minutes=60))
+        _handle_only_the_last(worker, "dead-2")
+        client.forget(put_t, turn_ids=["k"])
+        client.replace_turn(factories.turn(put_t, "k", "the wifi password is plum", minutes=60))
+        _handle_only_the_last(worker, "dead-3")
+        assert _texts(a, session_t) == {"old": "I live in Porto", "other": "my cat is called Pixel",
+                                        "new": "I live in Lisbon now"}  # the forget is still pending
+
+    reports = [move_tenant(settings, tenant, 1, echo=lambda _: None) for tenant in (session_t, tenant_t, put_t)]
+    assert [(r.forgets, r.turns.moved) for r in reports] == [(1, 0)] * 3
+    assert (reports[0].dead_letters.moved, reports[0].dead_letters.dropped) == (0, 1)
+    with PostgresStore(target.database_url, target.db_app_role) as store:  # whatever the move carried
+        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    assert _texts(b, session_t) == {"other": "my cat is called Pixel", "new": "I live in Lisbon now"}
+    assert _texts(b, tenant_t) == {"new": "my brother is a pilot"}
+    assert _texts(b, put_t) == {"k": "the wifi password is plum"}
+    assert _rows(b, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", session_t) == [(0,)]
+    dead = redis_client(target).xrange(target.dead_letter_stream)
+    assert not [f for _, f in dead if f.get(b"tenant_id") == session_t.encode()]
