@@ -252,3 +252,22 @@ def test_a_message_the_worker_fails_on_is_dead_lettered_and_the_rest_goes_on(
     assert [r[1] for r in _entries(store, "good")] == ["g1", "g2"]
     assert _dead(store) == [("processing_error", "bad", "b1")]
     assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
+
+
+def test_a_failed_message_a_forget_covers_leaves_no_dead_letter(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    # the poison path recorded its letter without the tombstone check that refused messages get: a
+    # turn left pending by a dead consumer while another applied its forget, then failing, kept the
+    # erased text as a dead letter
+    client = client_for(settings, redis_client)
+    client.publish_turn(turn("bad", "b1", "my pin is 4321"))
+    client.forget("bad", session_id="s1")
+    client.publish_turn(turn("bad", "b2", "my pin is now 9876"))
+    worker = ingest_worker(settings, redis_client, store)
+    consumer = worker.consumer("c1")
+    consumer.ensure_group()
+    first, forget, later = consumer.read()
+    consumer.ack(worker.handle([forget]))
+    assert worker.poison(first, ValueError("a bug")) and worker.poison(later, ValueError("a bug"))
+    assert _dead(store) == [("processing_error", "bad", "b2")]
+    assert [f[b"turn_id"] for _, f in redis_client.xrange(settings.dead_letter_stream)] == [b"b2"]

@@ -220,7 +220,7 @@ def test_liveness_fails_while_the_loop_is_stuck_and_recovers_after(settings: Set
         return [m.stream_id for m in batch]
 
     thread = threading.Thread(target=run_consumer, args=(consumer, handle, stop),
-                              kwargs={"poison": lambda m, e: None, "heartbeat": beat})
+                              kwargs={"poison": lambda m, e: True, "heartbeat": beat})
     thread.start()
     try:
         wait_until(lambda: _status(port) == 200, what="liveness while the loop idles")

@@ -65,7 +65,7 @@ class _FailingConsumer:
 
 
 def _run(consumer: _FailingConsumer, stop: threading.Event, max_backoff_s: float = 5.0) -> None:
-    run_consumer(consumer, lambda batch: [], stop, poison=lambda message, exc: None,  # type: ignore[arg-type]
+    run_consumer(consumer, lambda batch: [], stop, poison=lambda message, exc: True,  # type: ignore[arg-type]
                  max_backoff_s=max_backoff_s)
 
 
@@ -125,3 +125,22 @@ def test_the_query_worker_restarts_after_half_a_second_doubling_and_again_after_
     backoff.ended(_WorkLoopEnded(ran_s=1.0), 7)  # a short run does not start the count over
     assert backoff.compute(7) == 1.0
     assert "restarting it in 1.0s" in caplog.records[-1].getMessage()
+
+
+def test_a_failing_message_is_acknowledged_unless_its_poison_handler_leaves_it_pending() -> None:
+    from workers.runtime.streams import _handle_guarded
+
+    def handle(batch: list[StreamMessage]) -> list[str]:
+        if any(m.stream_id == "2-0" or m.stream_id == "3-0" for m in batch):
+            raise ValueError("a bug")
+        return [m.stream_id for m in batch]
+
+    batch = [StreamMessage(f"{n}-0", {}) for n in range(1, 5)]
+    poisoned: list[str] = []
+
+    def poison(message: StreamMessage, exc: Exception) -> bool:
+        poisoned.append(message.stream_id)
+        return message.stream_id != "3-0"  # 3-0: its tenant is moving away
+
+    assert _handle_guarded(handle, batch, poison) == ["1-0", "2-0", "4-0"]
+    assert poisoned == ["2-0", "3-0"]

@@ -424,12 +424,15 @@ class IngestWorker:
         while len(self._canonicals) > self.settings.max_cached_tenants:
             self._canonicals.popitem(last=False)
 
-    def poison(self, message: StreamMessage, exc: Exception) -> None:
-        """Dead-letter a message the worker failed on by itself (``processing_error``)."""
+    def poison(self, message: StreamMessage, exc: Exception) -> bool:
+        """Dead-letter a message the worker failed on by itself (``processing_error``) as a refused one
+        (:meth:`_record_refused`: under its tenant's lock, dropped when a forget covers it); returns
+        whether to acknowledge it: False for a tenant moving away (left pending for the move)."""
         letter = self._dead_letter(message, Reason.PROCESSING_ERROR.value, f"{type(exc).__name__}: {exc}")
-        self.store.record_dead_letters([letter])
-        publish_dead_letters(self.connection, self.settings.dead_letter_stream, [letter])
-        self.metrics.rejected(letter.reason)
+        kept, left = self._record_refused([letter])
+        if kept:
+            self.metrics.rejected(letter.reason)
+        return not left
 
     def on_lost(self, stream_id: str) -> None:
         log.error("turn %s of %s was trimmed before it was acknowledged", stream_id, self.settings.turns_stream)

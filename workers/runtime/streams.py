@@ -297,7 +297,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]], list[str]],
-                 stop: threading.Event, *, poison: Callable[[StreamMessage, Exception], None],
+                 stop: threading.Event, *, poison: Callable[[StreamMessage, Exception], bool],
                  trim_interval_s: float | None = None, max_backoff_s: float = 5.0,
                  heartbeat: Heartbeat | None = None, after_ack: Callable[[], None] | None = None) -> None:
     """Read, handle, acknowledge until ``stop`` is set; ``after_ack`` runs after each acknowledgement.
@@ -312,8 +312,8 @@ def run_consumer(consumer: StreamConsumer, handle: Callable[[list[StreamMessage]
     up to ``max_backoff_s``; the wait ends as soon as ``stop`` is set. ``NOGROUP`` (Redis lost its
     data) recreates the group and goes on (:meth:`StreamConsumer.recreate_group`). Any other error
     is a bug or a poison message: the batch is retried one message at a time and a message that
-    still fails is handed to ``poison`` (which dead-letters it) and acknowledged, so one bad message
-    cannot stop the group.
+    still fails is handed to ``poison`` (which dead-letters it) and acknowledged unless ``poison``
+    returns False (left pending: its tenant is moving away), so one bad message cannot stop the group.
     """
     turns = _ConsumerTurns(consumer, handle, poison, trim_interval_s=trim_interval_s, heartbeat=heartbeat,
                            after_ack=after_ack)
@@ -335,7 +335,7 @@ class _ConsumerTurns:
     """The turns of :func:`run_consumer`'s loop, and what it carries from one turn to the next."""
 
     def __init__(self, consumer: StreamConsumer, handle: Callable[[list[StreamMessage]], list[str]],
-                 poison: Callable[[StreamMessage, Exception], None], *, trim_interval_s: float | None,
+                 poison: Callable[[StreamMessage, Exception], bool], *, trim_interval_s: float | None,
                  heartbeat: Heartbeat | None, after_ack: Callable[[], None] | None) -> None:
         self.consumer = consumer
         self.handle = handle
@@ -384,7 +384,7 @@ class _ConsumerTurns:
 
 
 def _handle_guarded(handle: Callable[[list[StreamMessage]], list[str]], batch: list[StreamMessage],
-                    poison: Callable[[StreamMessage, Exception], None]) -> list[str]:
+                    poison: Callable[[StreamMessage, Exception], bool]) -> list[str]:
     try:
         return handle(batch)
     except Exception as exc:
@@ -392,8 +392,7 @@ def _handle_guarded(handle: Callable[[list[StreamMessage]], list[str]], batch: l
             raise
         if len(batch) == 1:
             log.exception("message %s failed; dead-lettering it", batch[0].stream_id)
-            poison(batch[0], exc)
-            return [batch[0].stream_id]
+            return [batch[0].stream_id] if poison(batch[0], exc) else []
         log.exception("batch of %d failed; retrying one message at a time", len(batch))
     done: list[str] = []
     for message in batch:

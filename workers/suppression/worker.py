@@ -175,11 +175,14 @@ class SuppressionWorker:
         log.info("froze %d query clusters of a tenant from %d queries", clusters.centroids.shape[0], len(blobs))
         return True
 
-    def poison(self, message: StreamMessage, exc: Exception) -> None:
+    def poison(self, message: StreamMessage, exc: Exception) -> bool:
+        """Dead-letter an outcome the worker failed on by itself (``processing_error``); returns True
+        (acknowledge it)."""
         letter = DeadLetter(self.settings.outcomes_stream, message.stream_id, Reason.PROCESSING_ERROR.value,
                             f"{type(exc).__name__}: {exc}", payload=payload_of(message.fields))
         self.store.record_dead_letters([letter])
         self.metrics.rejected(letter.reason, turn=False)
+        return True
 
     def on_lost(self, stream_id: str) -> None:
         log.error("outcome %s was trimmed before it was acknowledged", stream_id)
