@@ -68,3 +68,20 @@ def test_a_forget_reads_its_own_tenant_s_results_only(reads: _Reads) -> None:
         assert not job_id_for(bob, "x").startswith(tenant_job_prefix(alice))
     finally:
         reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
+
+
+def test_a_forget_of_an_alias_alone_erases_the_results_that_name_it(reads: _Reads) -> None:
+    # break-it session: a stored hit kept the id of an alias forgotten alone (its text is the
+    # canonical turn's, which stays) until the result's TTL
+    alice = f"alice-{uuid.uuid4().hex}"
+    hit = {"session_id": "s1", "turn_id": "t1", "text": "I adopted a cat", "aliases": ["t2"]}
+    item = {"turn_id": "t3", "text": "my sister is a nurse", "qualifiers": {"session_id": "s2", "aliases": ["t4"]}}
+    keys = {name: _store(reads, job_id_for(alice, name), {"tenant_id": alice, **value}) for name, value in (
+        ("hit", {"hits": [hit]}), ("packet", {"hits": [], "packet": {"items": [item]}}),
+        ("other", {"hits": [{**hit, "aliases": ["t5"]}]}))}
+    try:
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t2", "t4"))) == 2
+        assert {name: reads.xlen(key) for name, key in keys.items()} == {"hit": 0, "packet": 0, "other": 1}
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.SESSION, session_id="s9")) == 0
+    finally:
+        reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))

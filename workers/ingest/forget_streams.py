@@ -159,17 +159,25 @@ def _turns_with_text(value: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     """``(session_id, turn_id)`` of every turn whose text a stored job result holds: a retrieval's
     hits and its packet's items (omitted packet candidates hold ids only), a catalog read's turns;
     a catalog read's sessions as ``(session_id, "")`` (no text, but a session or tenant forget
-    erases their ids too)."""
+    erases their ids too); the ids of a hit's or an item's aliases as ``("", turn_id)`` (the
+    canonical turn's text; their sessions are not in the result, so only a forget of their turn id
+    or of the tenant finds them: a break-it session saw an alias forgotten alone keep its id there)."""
     for key in ("hits", "turns", "sessions"):  # "turns"/"sessions": workers.query.catalog results
         for row in value.get(key) or ():
             if isinstance(row, dict):
                 yield str(row.get("session_id", "")), str(row.get("turn_id", ""))
+                yield from (("", str(alias)) for alias in _list(row.get("aliases")))
     packet = value.get("packet")
     for item in (packet.get("items") or ()) if isinstance(packet, dict) else ():
         if isinstance(item, dict):
             qualifiers = item.get("qualifiers")
-            session = qualifiers.get("session_id", "") if isinstance(qualifiers, dict) else ""
-            yield str(session), str(item.get("turn_id", ""))
+            qualifiers = qualifiers if isinstance(qualifiers, dict) else {}
+            yield str(qualifiers.get("session_id", "")), str(item.get("turn_id", ""))
+            yield from (("", str(alias)) for alias in _list(qualifiers.get("aliases")))
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else []
 
 
 # a job id of api.client.job_id_for: the tenant's prefix (16 hex digits), then 32 more
