@@ -95,9 +95,15 @@ def test_invalid_utf8_bytes_in_text(settings, redis_client, store) -> None:
     assert (letter[3], letter[4]) == (TENANT, "bad")
 
 
-def test_invalid_utf8_bytes_in_tenant_id(settings, redis_client, store) -> None:
-    worker = feed(settings, redis_client, store, {**base(settings, redis_client), "tenant_id": b"\xc3\x28"})
-    assert_one_letter(settings, redis_client, store, worker, Reason.INVALID_UTF8)
+@pytest.mark.parametrize("tenant_id", [b"acme\xc3\x28", b"acme\x00"])
+def test_a_tenant_id_not_sent_as_text_names_no_tenant(settings, redis_client, store, tenant_id: bytes) -> None:
+    # break-it session: the letter's tenant was the payload's copy, "acme\ufffd(" or "acme\ufffd",
+    # so a real tenant of that name owned it (its forget deleted it)
+    worker = feed(settings, redis_client, store, {**base(settings, redis_client), "tenant_id": tenant_id})
+    letter = assert_one_letter(settings, redis_client, store, worker, Reason.INVALID_UTF8 if b"\xc3" in tenant_id
+                               else Reason.CONTROL_CHARACTERS)
+    assert letter[3] is None and letter[5]["tenant_id"].startswith("acme\ufffd")
+    assert [c[b"tenant_id"] for _, c in redis_client.xrange(settings.dead_letter_stream)] == [b""]
 
 
 def test_invalid_utf8_bytes_in_a_field_name(settings, redis_client, store) -> None:

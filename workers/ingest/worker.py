@@ -56,7 +56,7 @@ from workers.ingest.forget_streams import (
     erase_results,
     sweep_deferred,
 )
-from workers.runtime.dead_letters import DeadLetter, payload_of, publish_dead_letters
+from workers.runtime.dead_letters import DeadLetter, payload_of, publish_dead_letters, sent_id
 from workers.runtime.errors import EmbeddingVersionError
 from workers.runtime.heartbeats import Heartbeat
 from workers.runtime.metrics import ServiceMetrics
@@ -291,11 +291,10 @@ class IngestWorker:
 
     def _dead_letter(self, message: StreamMessage, reason: str, detail: str, turn: Turn | None = None
                      ) -> DeadLetter:
-        payload = payload_of(message.fields)
         return DeadLetter(
             stream=self.settings.turns_stream, stream_id=message.stream_id, reason=reason, detail=detail,
-            tenant_id=turn.tenant_id if turn else payload.get("tenant_id"),
-            turn_id=turn.turn_id if turn else payload.get("turn_id"), payload=payload)
+            tenant_id=turn.tenant_id if turn else sent_id(message.fields, b"tenant_id"),
+            turn_id=turn.turn_id if turn else sent_id(message.fields, b"turn_id"), payload=payload_of(message.fields))
 
     # one tenant, one transaction ---------------------------------------------------------------
 

@@ -58,6 +58,18 @@ def payload_of(fields: Mapping[bytes, bytes]) -> dict[str, str]:
     return out
 
 
+def sent_id(fields: Mapping[bytes, bytes], name: bytes) -> str | None:
+    """Field ``name`` of raw stream ``fields`` as the sender's text: None when it is missing, not
+    valid UTF-8 or holds NUL. Its :func:`payload_of` copy has replacement characters there, and
+    would read as another id (a tenant named with them would own the letter)."""
+    value = fields.get(name)
+    try:
+        text = value.decode("utf-8") if isinstance(value, bytes) else value
+    except UnicodeDecodeError:
+        return None
+    return text if isinstance(text, str) and "\x00" not in text else None
+
+
 def publish_dead_letters(connection: redis.Redis, dead_stream: str, letters: Sequence[DeadLetter]) -> None:
     """XADD a copy of each letter to ``dead_stream``; failures are logged, the table is authoritative."""
     if not letters:
