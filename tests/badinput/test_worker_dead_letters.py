@@ -354,3 +354,17 @@ def test_a_stored_embedding_of_the_wrong_size_does_not_wedge_the_group(settings,
     feed(settings, redis_client, store)
     assert reasons(store) == [Reason.PROCESSING_ERROR.value]
     assert dead_letters(store)[0][4] == "new" and "expected 64" in dead_letters(store)[0][2]
+
+
+def test_the_dead_letter_stream_keeps_about_the_latest_letters(settings, redis_client, store, monkeypatch) -> None:
+    # it had no bound: a producer sending malformed turns grew Redis without end, and every forget
+    # reads the whole stream; the table keeps every letter
+    import workers.runtime.dead_letters as dead_letters_module
+
+    monkeypatch.setattr(dead_letters_module, "DEAD_STREAM_MAXLEN", 10)
+    worker = feed(settings, redis_client, store, *({**base(settings, redis_client, f"bad-{n}"), "text": ""}
+                                                   for n in range(400)))
+    assert len(reasons(store)) == 400
+    copies = redis_client.xrange(settings.dead_letter_stream)
+    assert len(copies) < 400 and copies[-1][1][b"turn_id"] == b"bad-399"
+    assert worker.metrics.ingest_rejected.labels(reason=Reason.EMPTY_TEXT.value)._value.get() == 400

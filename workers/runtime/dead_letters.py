@@ -2,7 +2,8 @@
 
 The ``dead_letters`` table is the durable record (one row per stream message, so a redelivered
 message is not recorded twice; the store writes it: ``record_dead_letters`` of
-:mod:`workers.store`); the ``<prefix>:turns:dead`` stream lets an operator tail them.
+:mod:`workers.store`); the ``<prefix>:turns:dead`` stream lets an operator tail the latest
+(:data:`DEAD_STREAM_MAXLEN`).
 The table row is committed before the original message is acknowledged; the stream copy is
 best effort after the commit (a crash in between can repeat it on the stream, never in the table).
 """
@@ -19,6 +20,10 @@ import redis
 log = logging.getLogger(__name__)
 
 MAX_PAYLOAD_FIELD_CHARS = 64 * 1024
+DEAD_STREAM_MAXLEN = 10_000
+"""About how many copies the dead-letter stream keeps (``XADD MAXLEN ~``): it is for tailing; the
+table keeps every letter. Unbounded, malformed messages would grow Redis without end, and every
+forget reads the whole stream to delete its copies."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def publish_dead_letters(connection: redis.Redis, dead_stream: str, letters: Seq
     try:
         pipe = connection.pipeline(transaction=False)
         for letter in letters:
-            pipe.xadd(dead_stream, {
+            pipe.xadd(dead_stream, maxlen=DEAD_STREAM_MAXLEN, approximate=True, fields={
                 "stream": letter.stream, "stream_id": letter.stream_id, "reason": letter.reason,
                 "detail": _clean(letter.detail), "tenant_id": _clean(letter.tenant_id or ""),
                 "turn_id": _clean(letter.turn_id or ""), "payload": json.dumps(dict(letter.payload)),
