@@ -1,18 +1,20 @@
-"""A forget still pending on the source shard when its tenant moves (docs/scaling.md "Moving a
-tenant between shards").
+"""Forgets across a tenant move (docs/scaling.md "Moving a tenant between shards").
 
 A forget erases only what was published before it. Another consumer may store a later turn of its
 scope first; if the move then carried the forget to the target's stream, it would get a later
 position there and erase that turn too (break-it session, round 5: a later turn of a forgotten
 session, a turn published after a tenant forget, the value of a later replacement). The move
 applies such forgets at their source positions instead; the dead-letter copy of a message a forget
-covers does not move. Two throwaway ``redis-server`` processes and two Postgres databases; workers
+covers does not move. Stream ids are each server's clock, so the target's turns stream is raised
+to the source's last id first: a turn published after the move is later than every forget the
+source applied, whatever the clocks say. Two throwaway ``redis-server`` processes and two Postgres databases; workers
 are driven batch by batch. Skipped when ``redis-server`` is not installed.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,3 +103,30 @@ def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) ->
     assert _rows(b, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", session_t) == [(0,)]
     dead = redis_client(target).xrange(target.dead_letter_stream)
     assert not [f for _, f in dead if f.get(b"tenant_id") == session_t.encode()]
+
+
+def test_a_turn_published_after_a_move_is_later_than_the_source_s_forgets(cluster: ShardCluster) -> None:
+    # stream ids are each Redis's own clock: with the target's an hour behind the source's, a turn
+    # published on the target right after the move read as published before the tenant forget the
+    # source had applied, and was dropped
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    client: MnemosClient = factories.sharded_client(settings)
+    source, target = settings.for_shard(0), settings.for_shard(1)
+    ahead_ms = int(time.time() * 1000) + 3_600_000
+    client.connections[0].xgroup_create(source.turns_stream, "ingest", id="0", mkstream=True)
+    client.connections[0].execute_command("XSETID", source.turns_stream, f"{ahead_ms}-0")  # the source's clock, an hour ahead
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        worker = factories.ingest_worker(source, client.connections[0], store)
+        client.publish_turn(factories.turn(tenant, "old", "my sister is a nurse"))
+        client.forget(tenant)
+        factories.drain(worker)
+    assert sorted(_rows(a, "SELECT scope, stream_ms >= %s FROM tombstones WHERE tenant_id = %s", ahead_ms,
+                        tenant)) == [("tenant", True), ("turn", True)]
+    move_tenant(settings, tenant, 1, echo=lambda _: None)
+    client.publish_turn(factories.turn(tenant, "new", "my brother is a pilot", minutes=60))
+    with PostgresStore(target.database_url, target.db_app_role) as store:
+        assert factories.drain(factories.ingest_worker(target, client.connections[1], store)) == 1
+    assert _texts(b, tenant) == {"new": "my brother is a pilot"}

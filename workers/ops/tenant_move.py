@@ -49,6 +49,7 @@ from workers.ingest.forget_streams import erase_results
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ops.tenant_move_streams import (
     StreamMove,
+    carry_positions,
     move_dead_letters,
     move_outcomes,
     move_turns,
@@ -206,6 +207,7 @@ def _move_streams(settings: Settings, connections: list[redis.Redis], source: in
                   id_map: dict[int, int], stones: Sequence[Tombstone]) -> tuple[StreamMove, StreamMove, StreamMove]:
     src, dst = settings.for_shard(source), settings.for_shard(target)
     a, b = connections[source], connections[target]
+    carry_positions(a, src.turns_stream, b, dst.turns_stream, INGEST_GROUP)
     turns = move_turns(a, src.turns_stream, INGEST_GROUP, b, dst.turns_stream, tenant_id, stones,
                        limits_of(settings))
     outcomes = move_outcomes(a, src.outcomes_stream, SUPPRESSION_GROUP, b, dst.outcomes_stream, tenant_id, id_map)

@@ -9,10 +9,10 @@ commits anything of it), after its rows were committed on the target:
   delivered, or delivered and pending) is appended to the target's turns stream, in stream order,
   and so reaches the target's ingest workers, which skip a turn already stored (a redelivery).
   Exceptions, decided with the tenant's tombstones at their source positions (new positions on
-  the target are later than every copied row's): a turn a forget already covers is dropped as the
-  source would have dropped it, and a forget already applied (a tombstone of its scope at or after
-  its position) is not applied again: the move applies every pending forget at its source
-  position first (:func:`pending_forgets`), so none moves. Every message
+  the target are later than every copied row's, :func:`carry_positions`): a turn a forget already
+  covers is dropped as the source would have dropped it, and a forget already applied (a
+  tombstone of its scope at or after its position) is not applied again: the move applies every
+  pending forget at its source position first (:func:`pending_forgets`), so none moves. Every message
   of the tenant, acknowledged or not, is then deleted from the source stream (acknowledged first,
   so no consumer reads a pending entry without fields as a loss);
 * **outcomes stream**: the outcomes its suppression group has not acknowledged are appended to the
@@ -147,6 +147,42 @@ def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Red
         pipe.execute()
 
 
+# Raise the stream's last id to ARGV[1] unless it is past it already (XSETID refuses an id below
+# the stream's top entry, and another client may append meanwhile: one atomic step).
+_RAISE_LAST_ID = """
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local last
+for i = 1, #info, 2 do if info[i] == 'last-generated-id' then last = info[i + 1] end end
+local lms, lseq = string.match(last, '^(%d+)-(%d+)$')
+local ms, seq = string.match(ARGV[1], '^(%d+)-(%d+)$')
+lms, lseq, ms, seq = tonumber(lms), tonumber(lseq), tonumber(ms), tonumber(seq)
+if ms > lms or (ms == lms and seq > lseq) then
+  redis.call('XSETID', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+def carry_positions(source: redis.Redis, stream: str, target: redis.Redis, target_stream: str, group: str) -> bool:
+    """Make every later id of ``target_stream`` later than every id ``stream`` gave out (its
+    last-generated id), so a message the target's stream takes after the move is later than the
+    moved tenant's copied rows and tombstones, which keep their source positions. Stream ids are
+    each Redis's own clock: with the target's behind the source's, a turn published just after the
+    move would read as published before a forget the source applied, and be dropped. Creates the
+    target stream (with ``group`` at its start) when missing; returns whether its last id moved."""
+    try:
+        last = _text(source.xinfo_stream(stream)["last-generated-id"])
+    except redis.ResponseError:  # no source stream: nothing was ever published there
+        return False
+    try:
+        target.xgroup_create(target_stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+    return bool(target.eval(_RAISE_LAST_ID, 1, target_stream, last))
+
+
 def pending_forgets(source: redis.Redis, stream: str, group: str, tenant_id: str,
                     limits: Limits) -> list[tuple[str, ForgetRequest]]:
     """The tenant's forgets by request on ``stream`` that ``group`` has not acknowledged, in stream
@@ -231,5 +267,5 @@ def _letter_forgotten(fields: Mapping[bytes, bytes], turns_stream: str,
     return letter_forgotten(stones, letter)
 
 
-__all__ = ["GONE_ENTRY", "StreamMove", "move_dead_letters", "move_outcomes", "move_turns", "pending_forgets",
+__all__ = ["GONE_ENTRY", "StreamMove", "carry_positions", "move_dead_letters", "move_outcomes", "move_turns", "pending_forgets",
            "tenant_entries", "unacknowledged"]
