@@ -374,3 +374,30 @@ def test_a_forget_killed_after_its_commit_is_applied_again_harmlessly(settings: 
     assert dying.metrics.forget_turns._value.get() == 1 and alive.metrics.forget_turns._value.get() == 0
     assert redis_client.xpending(settings.turns_stream, "ingest")["pending"] == 0
     assert _streams_holding(redis_client, settings, SECRET) == [] and _tables_holding(store, SECRET) == []
+
+
+def test_a_tenant_forget_applied_again_keeps_the_suppression_state_built_after_it(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    # break-it session: the tenant state (scores, ledger, query clusters) has no stream position, and a
+    # redelivered tenant forget (its worker died before acknowledging; or a tenant move's step 4) wiped
+    # what outcomes of turns published after it had built
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "t0", SECRET)])
+    worker = ingest_worker(settings, redis_client, store)
+    drain(worker, "c1")
+    client.forget("alice")
+    dying = worker.consumer("dying")
+    dying.ensure_group()
+    forget = dying.read()
+    worker.handle(forget)  # committed, then killed before its acknowledgement
+    client.publish_turns([turn("alice", "t1", "said after the forget", minutes=1)])
+    drain(worker, "c1")
+    with store.tenant("alice") as tx:
+        (entry,) = [link.entry_id for link in tx.entry_links()]
+        assert tx.record_outcome("outcome-after", 0, {(entry, 0): 0.25}, None)
+        tx.bump_suppression_version("outcome-after")
+        tx.add_suppression({(entry, 0): 0.25})
+    assert worker.handle(forget) == [forget[0].stream_id]  # the redelivery
+    assert _stored(store, "alice") == {"t1"}
+    with store.tenant("alice") as tx:
+        assert tx.suppression_scores() == {(entry, 0): 0.25}

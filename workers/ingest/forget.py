@@ -12,7 +12,7 @@ lock (so no turn of the tenant is written meanwhile), and:
    suppression scores; an alias whose canonical entry is forgotten while it is not is promoted
    (:func:`plan_promotions`), an alias forgotten alone leaves its canonical entry as it was; a
    tenant forget also deletes the tenant's rows in every other table but its ``tenants`` row (ids
-   and counters) and its tombstones;
+   and counters) and its tombstones, unless it or a later tenant forget was applied already;
 3. deletes the tenant's dead letters of its scope (their payloads hold the text) but those of
    messages published after it;
 4. records tombstones: one for the scope (tenant or session) and one per forgotten turn id,
@@ -93,7 +93,8 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     else:
         links = tx.entry_links(turn_ids=request.turn_ids)
     links = [link for link in links if _before(link, at)]
-    bumped = bool(links) or request.scope is ForgetScope.TENANT
+    wipe = request.scope is ForgetScope.TENANT and not _tenant_forgotten_since(tx, at)
+    bumped = bool(links) or wipe
     if bumped:  # a forget that erases no turn leaves every cache of the tenant valid (a put of a new key)
         tx.bump_forget_version()
     changes = plan_promotions(links, tx.aliases_of([link.entry_id for link in links]))
@@ -101,7 +102,8 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     through = (stream, stream_id)
     if request.scope is ForgetScope.TENANT:
         letters = tx.delete_dead_letters(through=through)
-        tx.delete_tenant_state()  # suppression scores first: they reference the entries
+        if wipe:  # suppression scores first: they reference the entries
+            tx.delete_tenant_state()
     elif request.scope is ForgetScope.SESSION:
         letters = tx.delete_dead_letters(session_id=request.session_id, through=through)
     else:
@@ -111,6 +113,15 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
                       else _tombstones(request, links, at))
     promoted = sum(1 for canonical in changes.values() if canonical is None)
     return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped)
+
+
+def _tenant_forgotten_since(tx: TenantSession, at: tuple[int, int]) -> bool:
+    """Whether a tenant forget at or after position ``at`` was applied already: this one again (a
+    redelivery after a worker died before acknowledging, or a tenant move's step 4) or a later one.
+    The tenant state (suppression scores, ledger, query clusters) has no stream position, so wiping
+    it again would erase what outcomes of later turns built (break-it session, 2026-12-07)."""
+    stone = next((t for t in tx.tombstones(session_ids=[], turn_ids=[]) if t.scope == "tenant"), None)
+    return stone is not None and stone.stream_position >= at
 
 
 def _before(link: EntryLink, at: tuple[int, int]) -> bool:
