@@ -130,3 +130,41 @@ def test_a_turn_published_after_a_move_is_later_than_the_source_s_forgets(cluste
     with PostgresStore(target.database_url, target.db_app_role) as store:
         assert factories.drain(factories.ingest_worker(target, client.connections[1], store)) == 1
     assert _texts(b, tenant) == {"new": "my brother is a pilot"}
+
+
+def _secret_copies(client: MnemosClient, settings: Settings) -> list[dict[bytes, bytes]]:
+    """Dead-stream copies on either shard that hold the erased text."""
+    return [f for shard, c in enumerate(client.connections) for _, f in c.xrange(settings.for_shard(shard).dead_letter_stream)
+            if b"SECRET" in f.get(b"payload", b"")]
+
+
+def test_a_forget_finds_dead_letter_copies_a_move_brought_from_another_shard(cluster: ShardCluster) -> None:
+    # break-it session: a moved copy keeps its source turns stream's name, and both the ingest
+    # worker's forget and a later move matched copies by the current shard's stream name only: the
+    # erased text stayed on the dead stream (a forget after the move; a forget a move back applied)
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    first, second = itertools.islice(
+        (t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0), 2)
+    client: MnemosClient = factories.sharded_client(settings)
+    source, target = settings.for_shard(0), settings.for_shard(1)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        for tenant in (first, second):
+            client.connections[0].xadd(source.turns_stream, {
+                "v": "1", "tenant_id": tenant, "session_id": "s1", "turn_id": "bad", "role": "user",
+                "text": "SECRET my old address is 5 Rua Escura", "occurred_at": "yesterday"})
+            client.publish_turn(factories.turn(tenant, "ok", "my cat is called Pixel", session="s2"))
+        factories.drain(factories.ingest_worker(source, client.connections[0], store))
+    for tenant in (first, second):
+        assert move_tenant(settings, tenant, 1, echo=lambda _: None).dead_letters.moved == 1
+    assert len(_secret_copies(client, settings)) == 2
+    client.forget(first, session_id="s1")
+    with PostgresStore(target.database_url, target.db_app_role) as store:
+        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    assert [c[b"tenant_id"] for c in _secret_copies(client, settings)] == [second.encode()]
+    client.forget(second, session_id="s1")  # pending on shard 1 when the tenant moves back
+    report = move_tenant(settings, second, 0, echo=lambda _: None)
+    assert (report.forgets, report.dead_letters.moved, report.dead_letters.dropped) == (1, 0, 1)
+    assert _secret_copies(client, settings) == []
+    assert _rows(a, "SELECT count(*) FROM dead_letters") == _rows(b, "SELECT count(*) FROM dead_letters") == [(0,)]

@@ -81,12 +81,16 @@ def _covered_turn(request: ForgetRequest) -> Callable[[Mapping[bytes, bytes]], b
     return covered
 
 
-def _covered_letter(request: ForgetRequest, turns_stream: str, forget_id: str
-                    ) -> Callable[[Mapping[bytes, bytes]], bool]:
+def _covered_letter(request: ForgetRequest, forget_id: str) -> Callable[[Mapping[bytes, bytes]], bool]:
+    """Whether a dead-stream copy is of a message of ``request``'s scope published before the forget.
+    The dead stream holds copies of turns-stream messages only: this shard's, and those a tenant move
+    brought from another shard, which keep their source stream's name and position (earlier than
+    every later id of this shard's turns stream, :func:`workers.ops.tenant_move_streams.carry_positions`;
+    matching the name alone, a forget after a move left the moved copies holding the erased text)."""
     last = stream_position(forget_id)
 
     def covered(fields: Mapping[bytes, bytes]) -> bool:
-        if _text(fields.get(b"tenant_id")) != request.tenant_id or _text(fields.get(b"stream")) != turns_stream:
+        if _text(fields.get(b"tenant_id")) != request.tenant_id:
             return False
         try:
             if stream_position(_text(fields.get(b"stream_id"))) > last:
@@ -147,11 +151,11 @@ def sweep_deferred(connection: redis.Redis, stream: str, group: str) -> int:
     return deleted
 
 
-def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: ForgetRequest, turns_stream: str,
-                         forget_id: str) -> list[str]:
-    """Ids of the dead-letter stream's entries that copy a message of ``turns_stream`` published
-    before the forget event ``forget_id`` that ``request`` covers."""
-    covered = _covered_letter(request, turns_stream, forget_id)
+def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: ForgetRequest, forget_id: str
+                         ) -> list[str]:
+    """Ids of the dead-letter stream's entries that copy a message published before the forget event
+    ``forget_id`` that ``request`` covers."""
+    covered = _covered_letter(request, forget_id)
     return [sid for sid, fields in _entries(connection, dead_stream, "+") if covered(fields)]
 
 

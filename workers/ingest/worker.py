@@ -274,7 +274,7 @@ class IngestWorker:
             doomed.update(now)
             defer(self.connection, stream, GROUP, later)
             letters = covered_dead_letters(self.connection, self.settings.dead_letter_stream, item.request,
-                                           stream, item.message.stream_id)
+                                           item.message.stream_id)
             if letters:
                 self.connection.xdel(self.settings.dead_letter_stream, *letters)
             erase_results(self.connection, item.request)

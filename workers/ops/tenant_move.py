@@ -211,8 +211,7 @@ def _move_streams(settings: Settings, connections: list[redis.Redis], source: in
     turns = move_turns(a, src.turns_stream, INGEST_GROUP, b, dst.turns_stream, tenant_id, stones,
                        limits_of(settings))
     outcomes = move_outcomes(a, src.outcomes_stream, SUPPRESSION_GROUP, b, dst.outcomes_stream, tenant_id, id_map)
-    letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id, src.turns_stream,
-                                stones)
+    letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id, stones)
     return turns, outcomes, letters
 
 

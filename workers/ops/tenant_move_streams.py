@@ -237,30 +237,29 @@ def move_outcomes(source: redis.Redis, stream: str, group: str, target: redis.Re
 
 
 def move_dead_letters(source: redis.Redis, stream: str, target: redis.Redis, target_stream: str,
-                      tenant_id: str, turns_stream: str, tombstones: Sequence[Tombstone]) -> StreamMove:
-    """The tenant's dead-letter copies, as they are, but those of ``turns_stream``'s messages that an
-    applied forget covers (:func:`workers.ingest.forget.letter_forgotten`): their text was erased (a
-    forget applied by the move, or one whose worker died before it deleted the copies)."""
+                      tenant_id: str, tombstones: Sequence[Tombstone]) -> StreamMove:
+    """The tenant's dead-letter copies, as they are, but those of messages an applied forget covers
+    (:func:`workers.ingest.forget.letter_forgotten`): their text was erased (a forget applied by the
+    move, or one whose worker died before it deleted the copies). A copy of any shard's turns stream
+    counts (a letter from an earlier stay on another shard keeps that stream's name, at a position
+    before every forget published since: :func:`carry_positions`)."""
     entries = list(tenant_entries(source, stream, tenant_id))
     stones = {(t.scope, t.key): t for t in tombstones}
-    keep = [(i, f) for i, f in entries if not _letter_forgotten(f, turns_stream, stones)]
+    keep = [(i, f) for i, f in entries if not _letter_forgotten(f, stones)]
     _move(source, stream, None, target, target_stream, entries, keep)
     return StreamMove(moved=len(keep), dropped=len(entries) - len(keep), deleted=len(entries))
 
 
-def _letter_forgotten(fields: Mapping[bytes, bytes], turns_stream: str,
-                      stones: Mapping[tuple[str, str], Tombstone]) -> bool:
-    """Whether a dead-letter copy holds a ``turns_stream`` message that a tombstone covers (as the
-    ingest worker decides for a letter before it records it)."""
-    if _text(fields.get(b"stream", b"")) != turns_stream:
-        return False
+def _letter_forgotten(fields: Mapping[bytes, bytes], stones: Mapping[tuple[str, str], Tombstone]) -> bool:
+    """Whether a dead-letter copy holds a message that a tombstone covers (as the ingest worker
+    decides for a letter before it records it)."""
     try:
         payload = json.loads(_text(fields.get(b"payload", b"")) or "{}")
     except ValueError:
         payload = {}
     if not isinstance(payload, dict):
         payload = {}
-    letter = DeadLetter(stream=turns_stream, stream_id=_text(fields.get(b"stream_id", b"")), reason="",
+    letter = DeadLetter(stream=_text(fields.get(b"stream", b"")), stream_id=_text(fields.get(b"stream_id", b"")), reason="",
                         detail="", tenant_id=_text(fields.get(b"tenant_id", b"")),
                         turn_id=_text(fields.get(b"turn_id", b"")) or str(payload.get("turn_id", "")),
                         payload={str(k): str(v) for k, v in payload.items()})
