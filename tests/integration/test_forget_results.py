@@ -85,3 +85,23 @@ def test_a_forget_of_an_alias_alone_erases_the_results_that_name_it(reads: _Read
         assert erase_results(reads, ForgetRequest(alice, ForgetScope.SESSION, session_id="s9")) == 0
     finally:
         reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
+
+
+def test_a_moved_tenant_s_results_expire_soon_on_the_shard_it_left(reads: _Reads) -> None:
+    # break-it session: a forget made after a tenant move erases results on the new shard's Redis
+    # only; those the old shard kept held the text until MNEMOS_RESULT_TTL_S
+    from workers.ingest.forget_streams import expire_results
+
+    alice, bob = f"alice-{uuid.uuid4().hex}", f"bob-{uuid.uuid4().hex}"
+    keys = {"named": _store(reads, job_id_for(alice, "r1"), _answer(alice, "t1")),
+            "legacy": _store(reads, JOB_ID_PREFIX + uuid.uuid4().hex, _answer(alice, "t2")),
+            "bob": _store(reads, job_id_for(bob, "r1"), _answer(bob, "t1")),
+            "bob-legacy": _store(reads, JOB_ID_PREFIX + uuid.uuid4().hex, _answer(bob, "t1"))}
+    try:
+        assert all(50 < reads.ttl(key) <= 60 for key in keys.values())  # _store's ttl
+        assert expire_results(reads, alice, 5) == 2
+        ttls = {name: reads.ttl(key) for name, key in keys.items()}
+        assert 0 < ttls["named"] <= 5 and 0 < ttls["legacy"] <= 5 and ttls["bob"] > 50 and ttls["bob-legacy"] > 50
+        assert expire_results(reads, alice, 30) == 0  # never later than before
+    finally:
+        reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))

@@ -21,9 +21,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from rq.job import Job
+from rq.results import Result
+from rq.serializers import JSONSerializer
 
 from api import sharding
-from api.client import MnemosClient
+from api.client import MnemosClient, job_id_for
 from tests.integration import factories
 from tests.support import ShardCluster, shard_cluster
 from workers.ops.migrate import migrate_shards
@@ -92,7 +95,12 @@ def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) ->
         assert _texts(a, session_t) == {"old": "I live in Porto", "other": "my cat is called Pixel",
                                         "new": "I live in Lisbon now"}  # the forget is still pending
 
+    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant_t, "r1"), connection=client.connections[0],
+                     serializer=JSONSerializer)  # an answer of the source's query worker, naming a kept turn
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=3600, return_value={
+        "tenant_id": tenant_t, "hits": [{"session_id": "s1", "turn_id": "new", "text": "my brother is a pilot"}]})
     reports = [move_tenant(settings, tenant, 1, echo=lambda _: None) for tenant in (session_t, tenant_t, put_t)]
+    assert 0 < client.connections[0].ttl(Result.get_key(job.id)) <= 60  # left behind: expires soon
     assert [(r.forgets, r.turns.moved) for r in reports] == [(1, 0)] * 3
     assert (reports[0].dead_letters.moved, reports[0].dead_letters.dropped) == (0, 1)
     with PostgresStore(target.database_url, target.db_app_role) as store:  # whatever the move carried

@@ -198,27 +198,54 @@ def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
     read: this tenant's, and those of job ids of any other form (enqueued before 2026-12-07, or by a
     client that hashes the tenant and request id its own way), whose tenant only the result says.
     """
-    mine, deleted = tenant_job_prefix(request.tenant_id), 0
-    for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
-        job_id = _text(key).removeprefix(Result.get_key(""))
-        if job_id.startswith(mine) or not _SCOPED_JOB_ID.fullmatch(job_id):
-            deleted += _erase_result(connection, job_id, request)
+    deleted = sum(_erase_result(connection, job_id, request) for job_id, _ in _jobs_of(connection, request.tenant_id))
     if deleted:
         log.info("deleted %d stored retrieval results holding forgotten turns", deleted)
     return deleted
+
+
+def _jobs_of(connection: redis.Redis, tenant_id: str) -> Iterator[tuple[str, bool]]:
+    """``(job id, named)`` of every stored result that may be ``tenant_id``'s: ``named`` when its job
+    id carries the tenant's prefix, else (an id of any other form) only its value can tell."""
+    mine = tenant_job_prefix(tenant_id)
+    for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
+        job_id = _text(key).removeprefix(Result.get_key(""))
+        if job_id.startswith(mine) or not _SCOPED_JOB_ID.fullmatch(job_id):
+            yield job_id, job_id.startswith(mine)
+
+
+def expire_results(connection: redis.Redis, tenant_id: str, ttl_s: int) -> int:
+    """Let every stored result of ``tenant_id``'s retrievals and catalog reads expire within ``ttl_s``
+    seconds (never later than it would have); returns how many result keys that shortened. A tenant
+    move calls it on the source: a client still waiting there can read its answer, and no answer
+    holding text outlives a forget made on the target by more than ``ttl_s``."""
+    shortened = 0
+    for job_id, named in _jobs_of(connection, tenant_id):
+        key = Result.get_key(job_id)
+        if not named and not any(_value_of(connection, job_id, raw_id, fields).get("tenant_id") == tenant_id
+                                 for raw_id, fields in connection.xrange(key)):
+            continue
+        ttl = int(connection.ttl(key))  # -1: no expiry, -2: gone meanwhile
+        if ttl == -1 or ttl > ttl_s:
+            shortened += bool(connection.expire(key, ttl_s))
+    return shortened
+
+
+def _value_of(connection: redis.Redis, job_id: str, raw_id: Any, fields: Any) -> dict[str, Any]:
+    """A stored result's return value as a dict ({} when it is none or does not parse)."""
+    try:
+        value = Result.restore(job_id, _text(raw_id), fields, connection, serializer=JSONSerializer).return_value
+    except (ValueError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _erase_result(connection: redis.Redis, job_id: str, request: ForgetRequest) -> int:
     """XDEL the results of job ``job_id`` that ``request`` covers; returns how many."""
     doomed = []
     for raw_id, fields in connection.xrange(Result.get_key(job_id)):
-        try:
-            result = Result.restore(job_id, _text(raw_id), fields, connection, serializer=JSONSerializer)
-        except (ValueError, TypeError):
-            continue
-        value = result.return_value
-        if (isinstance(value, dict) and value.get("tenant_id") == request.tenant_id
-                and any(request.covers(*turn) for turn in _turns_with_text(value))):
+        value = _value_of(connection, job_id, raw_id, fields)
+        if value.get("tenant_id") == request.tenant_id and any(request.covers(*turn) for turn in _turns_with_text(value)):
             doomed.append(_text(raw_id))
     return int(connection.xdel(Result.get_key(job_id), *doomed)) if doomed else 0
 

@@ -19,7 +19,8 @@ With ``MNEMOS_SHARD_MAP`` every shard has its own Redis and Postgres. :func:`mov
    the source's streams (:mod:`workers.ops.tenant_move_streams`); a marker the target had for it (it
    lived there before) is removed before those locks are released, so the target's workers that
    read the moved messages write them;
-6. **delete** its rows on the source, committed (which releases the source's locks);
+6. **delete** its rows on the source, committed (which releases the source's locks), and let its
+   stored results there expire within :data:`RESULT_GRACE_S`;
 7. **flip**: no marker on the target, the target's number on the source (and on the ring's home
    shard, when that is a third shard). Held clients go on to the target.
 
@@ -45,7 +46,7 @@ from api import sharding
 from api.directory import FROZEN
 from api.validation import Limits, limits_of
 from workers.ingest.forget import apply_forget
-from workers.ingest.forget_streams import erase_results
+from workers.ingest.forget_streams import erase_results, expire_results
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ops.tenant_move_streams import (
     StreamMove,
@@ -72,6 +73,10 @@ from workers.store.tenant_copy import (
 from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
 
 log = logging.getLogger(__name__)
+
+RESULT_GRACE_S = 60
+"""The tenant's stored results on the source expire within this many seconds of its move: a client
+still waiting there reads its answer, and none outlives a forget made on the target for longer."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)
+        expire_results(connections[source], tenant_id, RESULT_GRACE_S)
         _flip(connections, settings, tenant_id, source, target)
     except Exception as exc:
         if not copied and not resumed:  # a resumed move may have its copy on the target: it stays frozen
