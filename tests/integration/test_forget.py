@@ -401,3 +401,28 @@ def test_a_tenant_forget_applied_again_keeps_the_suppression_state_built_after_i
     assert _stored(store, "alice") == {"t1"}
     with store.tenant("alice") as tx:
         assert tx.suppression_scores() == {(entry, 0): 0.25}
+
+
+def test_a_forget_erases_a_stored_hit_that_showed_its_turn_under_an_alias(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    # break-it session: a retrieval filtered to an alias's session shows the alias's turn id and
+    # session with the canonical turn's text; forgetting the canonical turn (by id or session) left
+    # that stored result holding the text. The hit's entry id is the canonical entry's
+    from rq.job import Job
+
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "c", SECRET, session="s1"), turn("alice", "a", SECRET + "!", session="s2")])
+    worker = ingest_worker(settings, redis_client, store)
+    drain(worker)
+    with store.tenant("alice") as tx:
+        links = {link.turn_id: link for link in tx.entry_links()}
+    assert links["a"].canonical_entry_id == links["c"].entry_id  # deduplicated into c
+    job = Job.create("workers.query.jobs.retrieve", id=job_id_for("alice", "filtered"), connection=redis_client,
+                     serializer=JSONSerializer)
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=60, return_value={"tenant_id": "alice", "hits": [
+        {"entry_id": links["c"].entry_id, "turn_id": "a", "session_id": "s2", "text": SECRET, "aliases": []}]})
+    client.forget("alice", turn_ids=["c"])
+    drain(worker)
+    assert _stored(store, "alice") == {"a"}
+    assert redis_client.xlen(Result.get_key(job.id)) == 0
+    redis_client.delete(Result.get_key(job.id), Job.key_for(job.id))

@@ -44,12 +44,14 @@ from workers.store.rows import EntryLink, TenantLock, Tombstone
 @dataclass(frozen=True)
 class ForgetReport:
     """What one applied forget deleted: turns (canonical entries and aliases), aliases promoted to
-    canonical entries, dead letters; ``bumped``: whether it moved the tenant's forget version."""
+    canonical entries, dead letters, the erased entries' ids; ``bumped``: whether it moved the
+    tenant's forget version."""
 
     turns: int = 0
     promoted: int = 0
     dead_letters: int = 0
     bumped: bool = False
+    entry_ids: tuple[int, ...] = ()  # of the erased entries
 
 
 def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]) -> dict[int, int | None]:
@@ -112,7 +114,8 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     tx.add_tombstones([Tombstone("replace", t, *at) for t in request.turn_ids] if replace
                       else _tombstones(request, links, at))
     promoted = sum(1 for canonical in changes.values() if canonical is None)
-    return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped)
+    return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped,
+                        entry_ids=tuple(link.entry_id for link in links))
 
 
 def _tenant_forgotten_since(tx: TenantSession, at: tuple[int, int]) -> bool:

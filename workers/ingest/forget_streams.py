@@ -184,21 +184,33 @@ def _list(value: object) -> list[object]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
+def _entry_ids(value: Mapping[str, Any]) -> set[int]:
+    """The entry ids of a stored job result's hits, turns and packet items. A hit shown as an alias
+    (a filter admitted the alias, not its canonical turn) carries the canonical entry's id and text
+    under the alias's turn id and session: only its entry id tells that a forget of the canonical
+    turn covers it (break-it session, 2026-12-07)."""
+    packet = value.get("packet")
+    rows = [*(value.get("hits") or ()), *(value.get("turns") or ()),
+            *((packet.get("items") or ()) if isinstance(packet, dict) else ())]
+    return {row["entry_id"] for row in rows if isinstance(row, dict) and isinstance(row.get("entry_id"), int)}
+
+
 # a job id of api.client.job_id_for: the tenant's prefix (16 hex digits), then 32 more
 _SCOPED_JOB_ID = re.compile(re.escape(JOB_ID_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]{32}")
 
 
-def erase_results(connection: redis.Redis, request: ForgetRequest) -> int:
+def erase_results(connection: redis.Redis, request: ForgetRequest, entry_ids: Iterable[int] = ()) -> int:
     """Delete the stored results of the tenant's retrievals and catalog reads that returned a hit,
-    packet item, turn or session ``request`` covers (a client waiting for one of them right now times
-    out); returns how many were deleted.
+    packet item, turn or session ``request`` covers, or one of the ``entry_ids`` the forget erased (a
+    client waiting for one of them right now times out); returns how many were deleted.
 
     One SCAN MATCH of ``rq:results:mnemos-*``; a result whose job id has another tenant's prefix
     (:func:`api.client.tenant_job_prefix`) is skipped by its name, unread, and every other one is
     read: this tenant's, and those of job ids of any other form (enqueued before 2026-12-07, or by a
     client that hashes the tenant and request id its own way), whose tenant only the result says.
     """
-    deleted = sum(_erase_result(connection, job_id, request) for job_id, _ in _jobs_of(connection, request.tenant_id))
+    erased = frozenset(entry_ids)
+    deleted = sum(_erase_result(connection, job_id, request, erased) for job_id, _ in _jobs_of(connection, request.tenant_id))
     if deleted:
         log.info("deleted %d stored retrieval results holding forgotten turns", deleted)
     return deleted
@@ -240,12 +252,13 @@ def _value_of(connection: redis.Redis, job_id: str, raw_id: Any, fields: Any) ->
     return value if isinstance(value, dict) else {}
 
 
-def _erase_result(connection: redis.Redis, job_id: str, request: ForgetRequest) -> int:
-    """XDEL the results of job ``job_id`` that ``request`` covers; returns how many."""
+def _erase_result(connection: redis.Redis, job_id: str, request: ForgetRequest, erased: frozenset[int]) -> int:
+    """XDEL the results of job ``job_id`` that ``request`` or the ``erased`` entry ids cover; returns how many."""
     doomed = []
     for raw_id, fields in connection.xrange(Result.get_key(job_id)):
         value = _value_of(connection, job_id, raw_id, fields)
-        if value.get("tenant_id") == request.tenant_id and any(request.covers(*turn) for turn in _turns_with_text(value)):
+        if value.get("tenant_id") == request.tenant_id and (
+                any(request.covers(*turn) for turn in _turns_with_text(value)) or erased & _entry_ids(value)):
             doomed.append(_text(raw_id))
     return int(connection.xdel(Result.get_key(job_id), *doomed)) if doomed else 0
 

@@ -112,6 +112,7 @@ class _Forget:
     message: StreamMessage
     request: ForgetRequest
     replace: bool = False
+    erased: tuple[int, ...] = ()  # entry ids, once applied
 
 
 @dataclass
@@ -257,6 +258,7 @@ class IngestWorker:
                 require_tenant_version(tx, self.version)
             report = apply_forget(tx, item.request, self.settings.turns_stream, item.message.stream_id,
                                   replace=item.replace)
+        item.erased = report.entry_ids
         if report.bumped:
             self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
@@ -277,7 +279,7 @@ class IngestWorker:
                                            item.message.stream_id)
             if letters:
                 self.connection.xdel(self.settings.dead_letter_stream, *letters)
-            erase_results(self.connection, item.request)
+            erase_results(self.connection, item.request, item.erased)
         delete_entries(self.connection, stream, GROUP, ack=doomed & own, delete=doomed)
 
     def _record_refused(self, letters: list[DeadLetter]) -> tuple[list[DeadLetter], list[DeadLetter]]:

@@ -152,7 +152,8 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
                 id_map, counts = _copy_rows(a, b, tenant_id, resumed)
             copied = True
             echo(f"copied {counts[0]} entries of tenant {tenant_id} to shard {target}")
-            forgets = _apply_pending_forgets(target_store, connections[source], src, tenant_id, limits_of(settings))
+            forgets = _apply_pending_forgets(target_store, connections[source], src, tenant_id, limits_of(settings),
+                                             id_map)
             with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
                 lock_tenant(b, tenant_id)
                 moves = _move_streams(settings, connections, source, target, tenant_id, id_map,
@@ -189,7 +190,7 @@ def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
 
 
 def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Settings, tenant_id: str,
-                           limits: Limits) -> int:
+                           limits: Limits, id_map: dict[int, int]) -> int:
     """Apply the tenant's unacknowledged forgets by request to its rows on the target, in stream order at
     their source positions, in one committed transaction under its locks there; returns how many. Copied
     rows and tombstones keep their source positions, so each forget erases only what was published
@@ -202,10 +203,11 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
     with store.tenant_tx(tenant_id) as b:
         lock_tenant(b, tenant_id)
         session = PostgresTenantSession(b, tenant_id)
-        for stream_id, request in forgets:
-            apply_forget(session, request, src.turns_stream, stream_id)
-    for _, request in forgets:
-        erase_results(source, request)
+        erased = [apply_forget(session, request, src.turns_stream, stream_id).entry_ids
+                  for stream_id, request in forgets]
+    old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
+    for (_, request), entry_ids in zip(forgets, erased, strict=True):
+        erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids])
     return len(forgets)
 
 
