@@ -176,3 +176,27 @@ def test_a_forget_finds_dead_letter_copies_a_move_brought_from_another_shard(clu
     assert (report.forgets, report.dead_letters.moved, report.dead_letters.dropped) == (1, 0, 1)
     assert _secret_copies(client, settings) == []
     assert _rows(a, "SELECT count(*) FROM dead_letters") == _rows(b, "SELECT count(*) FROM dead_letters") == [(0,)]
+
+
+def test_a_pending_replacement_a_pending_forget_covers_still_erases_the_value_it_replaced(
+        cluster: ShardCluster) -> None:
+    # break-it session: put X in s2 (stored), replace X into s1, forget s1, both pending. In order X is
+    # gone; the move applied the forget, then dropped the replacement whole (its new value is covered),
+    # forget half included, and the s2 value came back
+    settings = cluster.settings
+    b = cluster.database_urls[1]
+    migrate_shards(settings, echo=lambda _: None)
+    tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    client: MnemosClient = factories.sharded_client(settings)
+    source, target = settings.for_shard(0), settings.for_shard(1)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        client.publish_turn(factories.turn(tenant, "X", "the wifi password is pear", session="s2"))
+        client.publish_turn(factories.turn(tenant, "Y", "my cat is called Pixel", session="s2"))
+        factories.drain(factories.ingest_worker(source, client.connections[0], store))
+    client.replace_turn(factories.turn(tenant, "X", "the wifi password is plum", session="s1", minutes=5))
+    client.forget(tenant, session_id="s1")
+    report = move_tenant(settings, tenant, 1, echo=lambda _: None)
+    assert (report.forgets, report.turns.moved, report.turns.dropped) == (1, 0, 2)  # both: applied here
+    with PostgresStore(target.database_url, target.db_app_role) as store:
+        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    assert _texts(b, tenant) == {"Y": "my cat is called Pixel"}

@@ -44,8 +44,10 @@ import redis
 
 from api import sharding
 from api.directory import FROZEN
+from api.forget import ForgetRequest, ForgetScope
+from api.schemas import Turn
 from api.validation import Limits, limits_of
-from workers.ingest.forget import apply_forget
+from workers.ingest.forget import apply_forget, forgotten_before
 from workers.ingest.forget_streams import erase_results, expire_results
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ops.tenant_move_streams import (
@@ -103,7 +105,7 @@ class MoveReport:
                 f"{' (resumed)' if self.resumed else ''} in {self.seconds:.1f}s: {self.entries} entries "
                 f"({self.aliases} aliases), {self.scores} suppression scores, {self.tombstones} tombstones; "
                 f"{self.forgets} pending forgets applied; {self.turns.moved} pending turns moved "
-                f"({self.turns.dropped} covered by a forget), {self.outcomes.moved} pending outcomes moved, "
+                f"({self.turns.dropped} not: covered by a forget, or forgets applied above), {self.outcomes.moved} pending outcomes moved, "
                 f"{self.dead_letters.moved} dead letters moved ({self.dead_letters.dropped} forgotten)")
 
 
@@ -196,15 +198,26 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
     rows and tombstones keep their source positions, so each forget erases only what was published
     before it, as on the source; carried to the target's stream, it would get a later position there
     and erase a turn stored from a later message too (break-it session, round 5). Applying one again
-    (a resumed move) erases nothing more. Then their covered results leave the source's Redis."""
-    forgets = pending_forgets(source, src.turns_stream, INGEST_GROUP, tenant_id, limits)
-    if not forgets:
+    (a resumed move) erases nothing more. Then their covered results leave the source's Redis.
+
+    A pending replacement that a forget covers is dropped from the move whole (its new value must not
+    be stored), so its forget half is applied here, at its position: the value it replaced must go too
+    (break-it session, 2026-12-07: a put into a session, then a forget of that session, brought the
+    older value back). Deletions by position commute, so the order of the two does not matter."""
+    pending = pending_forgets(source, src.turns_stream, INGEST_GROUP, tenant_id, limits)
+    forgets = [(i, request) for i, request in pending if isinstance(request, ForgetRequest)]
+    if not pending:
         return 0
     with store.tenant_tx(tenant_id) as b:
         lock_tenant(b, tenant_id)
         session = PostgresTenantSession(b, tenant_id)
         erased = [apply_forget(session, request, src.turns_stream, stream_id).entry_ids
                   for stream_id, request in forgets]
+        stones = {(t.scope, t.key): t for t in tenant_tombstones(b, tenant_id)}
+        for stream_id, turn in pending:
+            if isinstance(turn, Turn) and forgotten_before(stones, stream_id, turn.session_id, turn.turn_id):
+                apply_forget(session, ForgetRequest(tenant_id, ForgetScope.TURNS, turn_ids=(turn.turn_id,)),
+                             src.turns_stream, stream_id, replace=True)
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
     for (_, request), entry_ids in zip(forgets, erased, strict=True):
         erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids])

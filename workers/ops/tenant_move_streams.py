@@ -38,7 +38,7 @@ from typing import Any, cast
 import redis
 
 from api.errors import InvalidInputError
-from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd
+from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
 from api.validation import Limits
 from workers.ingest.forget import Verdict, forgotten_before, letter_forgotten, tombstone_verdict
@@ -184,17 +184,20 @@ def carry_positions(source: redis.Redis, stream: str, target: redis.Redis, targe
 
 
 def pending_forgets(source: redis.Redis, stream: str, group: str, tenant_id: str,
-                    limits: Limits) -> list[tuple[str, ForgetRequest]]:
-    """The tenant's forgets by request on ``stream`` that ``group`` has not acknowledged, in stream
-    order, as ``(stream id, request)``. A forget message that does not parse is left out: the turns'
-    move carries it, for the target's worker to dead-letter it."""
-    forgets = [(i, f) for i, f in tenant_entries(source, stream, tenant_id) if is_forget_message(f)]
-    waiting = unacknowledged(source, stream, group, [i for i, _ in forgets])
-    parsed = []
-    for stream_id, fields in forgets:
+                    limits: Limits) -> list[tuple[str, ForgetRequest | Turn]]:
+    """The tenant's messages on ``stream`` that ``group`` has not acknowledged and that forget: a
+    forget by request (:class:`ForgetRequest`), or a replacement (a :class:`Turn` whose message
+    :func:`api.forget.is_replace` says forgets its turn id first), in stream order, as ``(stream id,
+    message)``. One that does not parse is left out: the turns' move carries it, for the target's
+    worker to dead-letter it."""
+    found = [(i, f) for i, f in tenant_entries(source, stream, tenant_id) if is_forget_message(f) or is_replace(f)]
+    waiting = unacknowledged(source, stream, group, [i for i, _ in found])
+    parsed: list[tuple[str, ForgetRequest | Turn]] = []
+    for stream_id, fields in found:
         if stream_id in waiting:
             try:
-                parsed.append((stream_id, ForgetRequest.from_stream_fields(fields, limits)))
+                parsed.append((stream_id, ForgetRequest.from_stream_fields(fields, limits) if is_forget_message(fields)
+                               else Turn.from_stream_fields(fields, limits, None)))
             except InvalidInputError:
                 continue
     return parsed
