@@ -68,6 +68,7 @@ from workers.store.tenant_copy import (
     copy_tenant,
     delete_tenant,
     entry_ids_by_turn,
+    lettered,
     lock_tenant,
     tenant_present,
     tenant_tombstones,
@@ -159,7 +160,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
             with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
                 lock_tenant(b, tenant_id)
                 moves = _move_streams(settings, connections, source, target, tenant_id, id_map,
-                                      tenant_tombstones(b, tenant_id))
+                                      tenant_tombstones(b, tenant_id), lettered(b, tenant_id, src.turns_stream))
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)
@@ -225,12 +226,13 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
 
 
 def _move_streams(settings: Settings, connections: list[redis.Redis], source: int, target: int, tenant_id: str,
-                  id_map: dict[int, int], stones: Sequence[Tombstone]) -> tuple[StreamMove, StreamMove, StreamMove]:
+                  id_map: dict[int, int], stones: Sequence[Tombstone],
+                  refused: set[str]) -> tuple[StreamMove, StreamMove, StreamMove]:
     src, dst = settings.for_shard(source), settings.for_shard(target)
     a, b = connections[source], connections[target]
     carry_positions(a, src.turns_stream, b, dst.turns_stream, INGEST_GROUP)
     turns = move_turns(a, src.turns_stream, INGEST_GROUP, b, dst.turns_stream, tenant_id, stones,
-                       limits_of(settings))
+                       limits_of(settings), refused)
     outcomes = move_outcomes(a, src.outcomes_stream, SUPPRESSION_GROUP, b, dst.outcomes_stream, tenant_id, id_map)
     letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id, stones)
     return turns, outcomes, letters

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -204,14 +204,17 @@ def pending_forgets(source: redis.Redis, stream: str, group: str, tenant_id: str
 
 
 def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis, target_stream: str,
-               tenant_id: str, tombstones: Sequence[Tombstone], limits: Limits) -> StreamMove:
+               tenant_id: str, tombstones: Sequence[Tombstone], limits: Limits,
+               lettered: Collection[str] = ()) -> StreamMove:
     """The tenant's turns-stream messages (module docstring); also forgets the source's deferred
-    deletions of them (``<stream>:forgotten``)."""
+    deletions of them (``<stream>:forgotten``). A pending message ``lettered`` names was refused with
+    a dead letter already (its worker died before acknowledging): it is not moved, where it would
+    be refused again under a new id, a second letter (break-it session, 2026-12-07)."""
     entries = list(tenant_entries(source, stream, tenant_id))
     waiting = unacknowledged(source, stream, group, [i for i, _ in entries])
     stones = {(t.scope, t.key): t for t in tombstones}
     pending = [(i, f) for i, f in entries if i in waiting]
-    moving = ((i, _message_to_move(f, i, stones, limits)) for i, f in pending)
+    moving = ((i, None if i in lettered else _message_to_move(f, i, stones, limits)) for i, f in pending)
     keep = [(i, dict(f)) for i, f in moving if f is not None]  # dict: _move's type
     _move(source, stream, group, target, target_stream, entries, keep)
     if entries:

@@ -176,6 +176,12 @@ def tenant_tombstones(conn: psycopg.Connection, tenant_id: str) -> tuple[Tombsto
         (tenant_id,)))
 
 
+def lettered(conn: psycopg.Connection, tenant_id: str, stream: str) -> set[str]:
+    """Stream ids of ``stream``'s messages of the tenant that have a dead letter already."""
+    return {r["stream_id"] for r in _rows(
+        conn, "SELECT stream_id FROM dead_letters WHERE tenant_id = %s AND stream = %s", (tenant_id, stream))}
+
+
 def _tombstone(row: Mapping[str, Any]) -> Tombstone:
     return Tombstone(row["scope"], row["key"], int(row["stream_ms"]), int(row["stream_seq"]), row["readd_ms"],
                      row["readd_seq"])
