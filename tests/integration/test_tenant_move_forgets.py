@@ -202,25 +202,36 @@ def test_a_pending_replacement_a_pending_forget_covers_still_erases_the_value_it
     assert _texts(b, tenant) == {"Y": "my cat is called Pixel"}
 
 
-def test_a_refused_message_left_unacknowledged_is_not_lettered_twice_by_a_move(cluster: ShardCluster) -> None:
-    # break-it session: its letter was recorded on the source, its worker died before acknowledging,
-    # and the move carried it: the target refused it again under a new id, a second letter
+def test_a_message_committed_but_left_unacknowledged_is_not_applied_again_by_a_move(cluster: ShardCluster) -> None:
+    # break-it sessions: its worker died before acknowledging, and the move carried it. A refused
+    # message was refused again on the target under a new id (a second letter); a replacement was
+    # applied again: its forget half erased the value it had stored, and the re-add came back under a
+    # new entry id without its suppression score
     settings = cluster.settings
     b = cluster.database_urls[1]
     migrate_shards(settings, echo=lambda _: None)
     tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
     client: MnemosClient = factories.sharded_client(settings)
     source, target = settings.for_shard(0), settings.for_shard(1)
-    client.connections[0].xadd(source.turns_stream, {
-        "v": "1", "tenant_id": tenant, "session_id": "s1", "turn_id": "bad", "role": "user", "text": "",
-        "occurred_at": "2024-03-01T09:00:00+00:00"})
     with PostgresStore(source.database_url, source.db_app_role) as store:
         worker = factories.ingest_worker(source, client.connections[0], store)
+        client.publish_turn(factories.turn(tenant, "k", "the wifi password is pear"))
+        factories.drain(worker)
+        client.connections[0].xadd(source.turns_stream, {
+            "v": "1", "tenant_id": tenant, "session_id": "s1", "turn_id": "bad", "role": "user", "text": "",
+            "occurred_at": "2024-03-01T09:00:00+00:00"})
+        client.replace_turn(factories.turn(tenant, "k", "the wifi password is plum", minutes=5))
         consumer = worker.consumer("dying")
         consumer.ensure_group()
-        worker.handle(consumer.read())  # letter recorded, never acknowledged
+        worker.handle(consumer.read())  # letter recorded and replacement stored, never acknowledged
+        with store.tenant(tenant) as tx:
+            (entry,) = [link.entry_id for link in tx.entry_links()]
+            tx.add_suppression({(entry, 0): 0.5})
     report = move_tenant(settings, tenant, 1, echo=lambda _: None)
     assert (report.turns.moved, report.dead_letters.moved) == (0, 1)
     with PostgresStore(target.database_url, target.db_app_role) as store:
         factories.drain(factories.ingest_worker(target, client.connections[1], store))
     assert _rows(b, "SELECT reason FROM dead_letters WHERE tenant_id = %s", tenant) == [("empty_text",)]
+    assert _texts(b, tenant) == {"k": "the wifi password is plum"}
+    assert _rows(b, "SELECT s.score FROM suppression s JOIN entries e USING (tenant_id, entry_id)"
+                 " WHERE e.tenant_id = %s", tenant) == [(0.5,)]

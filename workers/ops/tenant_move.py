@@ -68,7 +68,7 @@ from workers.store.tenant_copy import (
     copy_tenant,
     delete_tenant,
     entry_ids_by_turn,
-    lettered,
+    handled,
     lock_tenant,
     tenant_present,
     tenant_tombstones,
@@ -160,7 +160,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
             with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
                 lock_tenant(b, tenant_id)
                 moves = _move_streams(settings, connections, source, target, tenant_id, id_map,
-                                      tenant_tombstones(b, tenant_id), lettered(b, tenant_id, src.turns_stream))
+                                      tenant_tombstones(b, tenant_id), handled(b, tenant_id, src.turns_stream))
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)

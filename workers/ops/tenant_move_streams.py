@@ -205,16 +205,18 @@ def pending_forgets(source: redis.Redis, stream: str, group: str, tenant_id: str
 
 def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis, target_stream: str,
                tenant_id: str, tombstones: Sequence[Tombstone], limits: Limits,
-               lettered: Collection[str] = ()) -> StreamMove:
+               handled: Collection[str] = ()) -> StreamMove:
     """The tenant's turns-stream messages (module docstring); also forgets the source's deferred
-    deletions of them (``<stream>:forgotten``). A pending message ``lettered`` names was refused with
-    a dead letter already (its worker died before acknowledging): it is not moved, where it would
-    be refused again under a new id, a second letter (break-it session, 2026-12-07)."""
+    deletions of them (``<stream>:forgotten``). A pending message ``handled`` names was committed
+    already (stored, or refused with a dead letter; its worker died before acknowledging): it is not
+    moved. Under a new id on the target it would be refused again (a second letter) or, a
+    replacement, applied again: its forget half would erase the value it stored, losing that
+    entry's id and scores (break-it sessions, 2026-12-07)."""
     entries = list(tenant_entries(source, stream, tenant_id))
     waiting = unacknowledged(source, stream, group, [i for i, _ in entries])
     stones = {(t.scope, t.key): t for t in tombstones}
     pending = [(i, f) for i, f in entries if i in waiting]
-    moving = ((i, None if i in lettered else _message_to_move(f, i, stones, limits)) for i, f in pending)
+    moving = ((i, None if i in handled else _message_to_move(f, i, stones, limits)) for i, f in pending)
     keep = [(i, dict(f)) for i, f in moving if f is not None]  # dict: _move's type
     _move(source, stream, group, target, target_stream, entries, keep)
     if entries:

@@ -176,10 +176,14 @@ def tenant_tombstones(conn: psycopg.Connection, tenant_id: str) -> tuple[Tombsto
         (tenant_id,)))
 
 
-def lettered(conn: psycopg.Connection, tenant_id: str, stream: str) -> set[str]:
-    """Stream ids of ``stream``'s messages of the tenant that have a dead letter already."""
+def handled(conn: psycopg.Connection, tenant_id: str, stream: str) -> set[str]:
+    """Stream ids of the tenant's messages whose effect is stored already: a stored entry's (the
+    stream id that carried it; a tenant's positions grow across its moves, so another stream's
+    cannot equal one of ``stream``'s) and a dead letter's of ``stream``."""
     return {r["stream_id"] for r in _rows(
-        conn, "SELECT stream_id FROM dead_letters WHERE tenant_id = %s AND stream = %s", (tenant_id, stream))}
+        conn, "SELECT stream_id FROM dead_letters WHERE tenant_id = %s AND stream = %s"
+        " UNION SELECT stream_id FROM entries WHERE tenant_id = %s AND stream_id IS NOT NULL",
+        (tenant_id, stream, tenant_id))}
 
 
 def _tombstone(row: Mapping[str, Any]) -> Tombstone:
