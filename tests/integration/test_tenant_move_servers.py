@@ -301,3 +301,33 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
         assert factories.drain(factories.ingest_worker(target, client.connections[1], store)) == 2
     assert set(_turn_ids(b, t)) == {f"T-{n}" for n in range(8)} | {"late-0", "late-1"}
     assert t not in postgres_tenants(a) and t not in redis_tenants(client.connections[0])
+
+
+def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_resumed(
+        cluster: ShardCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # break-it session: the streams step removes the target's marker; the ring shard had none left,
+    # so the rerun found the tenant "served by shard 0 already" and the source kept its rows
+    import workers.ops.tenant_move as tenant_move
+    from workers.runtime.errors import StoreError, TenantMoveError
+
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    t, _, _ = _tenants()
+    client = factories.sharded_client(settings)
+    client.publish_turns(factories.conversation_turns(t, "T-"))
+    own = settings.for_shard(0)
+    with PostgresStore(own.database_url, own.db_app_role) as store:
+        assert factories.drain(factories.ingest_worker(own, client.connections[0], store)) == 8
+    move_tenant(settings, t, 1, echo=lambda _: None)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("injected")
+
+    monkeypatch.setattr(tenant_move, "delete_tenant", broken)
+    with pytest.raises(TenantMoveError, match="stays frozen"):
+        move_tenant(settings, t, 0, echo=lambda _: None)
+    monkeypatch.undo()
+    report = move_tenant(settings, t, 0, echo=lambda _: None)
+    assert (report.source, report.target, report.resumed) == (1, 0, True) and client.shard_of(t) == 0
+    assert len(_turn_ids(a, t)) == 8 and t not in postgres_tenants(b)

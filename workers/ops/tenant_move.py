@@ -111,13 +111,20 @@ class MoveReport:
 
 
 def _locate(connections: list[redis.Redis], settings: Settings, tenant_id: str) -> tuple[int, bool]:
-    """The shard serving the tenant (following markers from its ring shard) and whether it is frozen there."""
+    """The shard serving the tenant (following markers from its ring shard) and whether it is frozen there.
+
+    A move that failed after its streams step has removed the target's marker while the source is
+    still frozen: when the markers lead to a shard without one, a ``frozen`` marker elsewhere names
+    the source of that unfinished move (so a move back to the ring shard can be resumed; break-it
+    session, 2026-12-07)."""
     shard = sharding.shard_of(tenant_id, settings.shards)
     for _ in range(settings.shards + 1):
         marker = connections[shard].hget(sharding.directory_key(settings.stream_prefix, shard, settings.shards),
                                           tenant_id)
         if marker is None:
-            return shard, False
+            frozen = [s for s in range(settings.shards) if s != shard and connections[s].hget(
+                sharding.directory_key(settings.stream_prefix, s, settings.shards), tenant_id) == FROZEN.encode()]
+            return (frozen[0], True) if frozen else (shard, False)
         text = marker.decode() if isinstance(marker, bytes) else str(marker)
         if text == FROZEN:
             return shard, True
