@@ -86,3 +86,15 @@ def test_a_pending_outcome_names_the_new_entry_ids() -> None:
     moved = json.loads(_renumbered(fields, {7: 107})[b"outcome"])
     assert moved["pool"] == [[107, 1, 2, 0.5], [GONE_ENTRY, 2, 1, 1.5]]
     assert _renumbered({b"outcome": b"not json"}, {7: 107}) == {b"outcome": b"not json"}
+
+
+def test_a_pending_outcome_keeps_its_place_among_the_tenant_s_forgets() -> None:
+    # break-it session: the copy raises the tenant's forget version by one, so every moved outcome read
+    # as older than a forget, and none of their queries joined the bootstrap buffer on the target
+    pool = (PoolRow(7, 1, 1, 0.5),)
+    moved = json.loads(_renumbered(_raw(Outcome("o", "t", 0, 1, pool, forget_version=3).to_stream_fields()),
+                                   {7: 107})[b"outcome"])
+    assert moved["forget_version"] == 4
+    assert "forget_version" not in json.loads(_renumbered(_raw(Outcome("o", "t", 0, 1, pool).to_stream_fields()),
+                                                          {7: 107})[b"outcome"])
+    assert _renumbered({b"outcome": b"[1]"}, {}) == {b"outcome": b"[1]"}

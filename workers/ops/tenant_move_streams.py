@@ -225,11 +225,17 @@ def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis
 
 
 def _renumbered(fields: Mapping[bytes, bytes], id_map: Mapping[int, int]) -> dict[bytes, bytes]:
-    """An outcome message with its pool's entry ids mapped (unknown ids to :data:`GONE_ENTRY`)."""
+    """An outcome message with its pool's entry ids mapped (unknown ids to :data:`GONE_ENTRY`) and
+    its ``forget_version`` one higher, as the copy made the tenant's (so its caches rebuild): equal
+    before, equal after, and the outcome's query still joins the bootstrap buffer (break-it session,
+    2026-12-07: every moved outcome read as older than a forget). One older than a forget stays older."""
     try:
         outcome = json.loads(fields[b"outcome"])
         outcome["pool"] = [[id_map.get(int(row[0]), GONE_ENTRY), *row[1:]] for row in outcome["pool"]]
-    except (KeyError, ValueError, TypeError, IndexError):
+        forgets = outcome.get("forget_version")
+        if isinstance(forgets, int) and not isinstance(forgets, bool):
+            outcome["forget_version"] = forgets + 1
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError):
         return dict(fields)  # malformed: the target's suppression worker dead-letters it as the source would
     return {**fields, b"outcome": json.dumps(outcome, separators=(",", ":")).encode()}
 
