@@ -366,11 +366,17 @@ class MnemosClient:
         """True once the ingest group has acknowledged message ``stream_id`` of ``tenant_id``'s turns
         stream (a value :meth:`publish_turn` or :meth:`forget` returned): an ingest worker committed
         it (stored the turn, applied the forget) or refused it as a dead letter, so the next retrieval
-        sees its effect. False while it waits or is being processed. Raises ServiceUnavailable."""
+        sees its effect. False while it waits or is being processed. Raises ServiceUnavailable.
+
+        After the tenant moved to another shard, an id of the shard it left is followed to its copy
+        there (:func:`api.sharding.moved_ids_key`); one the move did not carry was committed or
+        applied before it, or its effect was (a turn a forget covered)."""
         shard = self.shard_of(tenant_id)
         stream = sharding.turns_stream(self.stream_prefix, shard, self.shards)
         connection = self.connections[shard]
         try:
+            moved = connection.hget(sharding.moved_ids_key(stream), sharding.moved_field(tenant_id, stream_id))
+            stream_id = stream_id if moved is None else _sid(moved)
             groups = connection.xinfo_groups(stream)
             group = next((g for g in groups if _sid(g["name"]) == INGEST_GROUP), None)
             if group is None or _id_key(_sid(group["last-delivered-id"])) < _id_key(stream_id):

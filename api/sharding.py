@@ -91,6 +91,20 @@ def dead_letter_stream(prefix: str, shard: int = 0, shards: int = 1) -> str:
     return f"{prefix}:turns:dead{shard_suffix(shard, shards)}"
 
 
+def moved_ids_key(turns_stream: str) -> str:
+    """The hash of the messages tenant moves appended to ``turns_stream`` (``<turns stream>:moved``,
+    in the stream's hash slot): :func:`moved_field` of each message's id on the source shard to its
+    id here, so a caller holding the id ``publish_turn`` returned before the move can follow it
+    (``MnemosClient.acknowledged``). It expires a while after the last move to this shard."""
+    return f"{turns_stream}:moved"
+
+
+def moved_field(tenant_id: str, stream_id: str) -> str:
+    """The :func:`moved_ids_key` field of ``tenant_id``'s message ``stream_id`` of the shard it left: a
+    hash of the tenant (keys and fields never hold a tenant id in the clear) and the id."""
+    return f"{hashlib.blake2b(tenant_id.encode(), digest_size=8).hexdigest()}:{stream_id}"
+
+
 def directory_key(prefix: str, shard: int = 0, shards: int = 1) -> str:
     """The tenant directory of a shard's Redis: ``<prefix>:directory[:{shard-n}]``, a hash of the tenants
     this shard does *not* serve although the ring or an earlier move sends clients here, each to

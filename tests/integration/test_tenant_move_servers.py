@@ -331,3 +331,27 @@ def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_res
     report = move_tenant(settings, t, 0, echo=lambda _: None)
     assert (report.source, report.target, report.resumed) == (1, 0, True) and client.shard_of(t) == 0
     assert len(_turn_ids(a, t)) == 8 and t not in postgres_tenants(b)
+
+
+def test_an_id_published_before_a_move_is_followed_to_its_copy(cluster: ShardCluster) -> None:
+    # break-it session: the old id never existed on the target, so once the target's group had
+    # delivered past it (raising the target's ids makes that certain) acknowledged() said True while
+    # the moved turn still waited there unstored
+    settings = cluster.settings
+    b = cluster.database_urls[1]
+    migrate_shards(settings, echo=lambda _: None)
+    t, _, v = _tenants()
+    client = factories.sharded_client(settings)
+    old_id = client.publish_turn(factories.turn(t, "late", "my sister is a nurse"))  # no worker on shard 0
+    assert move_tenant(settings, t, 1, echo=lambda _: None).turns.moved == 1
+    client.publish_turn(factories.turn(v, "v1", "the wifi password is pear"))
+    target = settings.for_shard(1)
+    with PostgresStore(target.database_url, target.db_app_role) as store:
+        worker = factories.ingest_worker(target, client.connections[1], store)
+        consumer = worker.consumer("c1")
+        consumer.ensure_group()
+        moved, other = consumer.read()
+        consumer.ack(worker.handle([other]))
+        assert not client.acknowledged(t, old_id)
+        consumer.ack(worker.handle([moved]))
+    assert client.acknowledged(t, old_id) and _turn_ids(b, t) == ["late"]

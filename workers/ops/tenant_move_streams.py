@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -40,6 +40,7 @@ import redis
 from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
+from api.sharding import moved_field, moved_ids_key
 from api.validation import Limits
 from workers.ingest.forget import Verdict, forgotten_before, letter_forgotten, tombstone_verdict
 from workers.runtime.dead_letters import DeadLetter, payload_of
@@ -47,6 +48,8 @@ from workers.runtime.streams import stream_position
 from workers.store.rows import Tombstone
 
 SCAN_COUNT = 500
+MOVED_IDS_TTL_S = 24 * 3600
+"""How long after the last move to a shard its map of moved message ids (:func:`api.sharding.moved_ids_key`) lives."""
 GONE_ENTRY = 2**63 - 1
 """The entry id an unacknowledged outcome's pool row gets when its entry was not copied (forgotten)."""
 
@@ -130,13 +133,15 @@ def _message_to_move(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapp
 
 
 def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Redis, target_stream: str,
-          entries: Sequence[tuple[str, dict[bytes, bytes]]], keep: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
-    """Append ``keep`` to the target stream, then acknowledge (for ``group``) and delete ``entries`` on the source."""
+          entries: Sequence[tuple[str, dict[bytes, bytes]]], keep: Sequence[tuple[str, dict[bytes, bytes]]],
+          appended: Callable[[list[str]], object] = lambda _ids: None) -> None:
+    """Append ``keep`` to the target stream, call ``appended`` with their new ids (in ``keep``'s order),
+    then acknowledge (for ``group``) and delete ``entries`` on the source."""
     if keep:
         pipe = target.pipeline(transaction=False)
         for _, fields in keep:
             pipe.xadd(target_stream, fields)  # type: ignore[arg-type]
-        pipe.execute()
+        appended([_text(i) for i in pipe.execute()])
     ids = [i for i, _ in entries]
     for at in range(0, len(ids), SCAN_COUNT):
         part = ids[at:at + SCAN_COUNT]
@@ -218,7 +223,13 @@ def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis
     pending = [(i, f) for i, f in entries if i in waiting]
     moving = ((i, None if i in handled else _message_to_move(f, i, stones, limits)) for i, f in pending)
     keep = [(i, dict(f)) for i, f in moving if f is not None]  # dict: _move's type
-    _move(source, stream, group, target, target_stream, entries, keep)
+
+    def record(added: list[str]) -> None:  # before the source's copies go: a caller holding an old id follows it
+        key = moved_ids_key(target_stream)
+        target.hset(key, mapping={moved_field(tenant_id, old): new for (old, _), new in zip(keep, added, strict=True)})
+        target.expire(key, MOVED_IDS_TTL_S)
+
+    _move(source, stream, group, target, target_stream, entries, keep, record)
     if entries:
         source.srem(f"{stream}:forgotten", *[i for i, _ in entries])
     return StreamMove(moved=len(keep), dropped=len(pending) - len(keep), deleted=len(entries))
