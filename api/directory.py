@@ -59,6 +59,12 @@ field and value strings, then those strings. Returns per message ``id:<stream id
 ``to:<marker>`` (not appended: the tenant is frozen here, or served by the shard named)."""
 
 
+MOVED_RESULT_TTL_S = 60
+"""Seconds a stored result of a tenant lives on a shard that is moving it away or no longer serves it:
+a client still waiting there reads it, and no answer holding text outlives a forget made on the
+tenant's new shard (whose ingest workers erase results on their own shard's Redis only) by longer."""
+
+
 def marked(connection: redis.Redis, stream_prefix: str, shard: int, shards: int, tenant_id: str) -> bool:
     """Whether ``shard``'s directory has a marker for ``tenant_id``: the tenant is being moved from
     this shard or is served by another, so this shard's workers write nothing of it (always False

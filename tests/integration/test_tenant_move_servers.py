@@ -28,7 +28,7 @@ import psycopg
 import pytest
 
 from api import sharding
-from api.client import MnemosClient
+from api.client import MnemosClient, job_id_for
 from api.schemas import Outcome, PoolRow
 from tests.integration import factories
 from tests.support import ShardCluster, postgres_tenants, redis_tenants, shard_cluster
@@ -355,3 +355,34 @@ def test_an_id_published_before_a_move_is_followed_to_its_copy(cluster: ShardClu
         assert not client.acknowledged(t, old_id)
         consumer.ack(worker.handle([moved]))
     assert client.acknowledged(t, old_id) and _turn_ids(b, t) == ["late"]
+
+
+def test_a_result_stored_for_a_tenant_moving_away_expires_soon(cluster: ShardCluster) -> None:
+    # break-it session: a retrieval running across a move stored its answer after the move had let the
+    # tenant's other results on the source expire; no forget made on the new shard reaches it
+    from rq.results import Result
+
+    from api.directory import FROZEN, MOVED_RESULT_TTL_S
+    from workers.query.worker import build_worker
+
+    settings = cluster.settings
+    migrate_shards(settings, echo=lambda _: None)
+    t, u, _ = _tenants()
+    client = factories.sharded_client(settings)
+    own = settings.for_shard(0)
+    connection = client.connections[0]
+    client.publish_turns([factories.turn(t, "x", "my cat is called Pixel"), factories.turn(u, "y", "my cat is Tom")])
+    with PostgresStore(own.database_url, own.db_app_role) as store:
+        factories.drain(factories.ingest_worker(own, connection, store))
+        worker = build_worker(own, connection, factories.query_service(own, connection, store), name="q-moving")
+        worker.beats.idle()
+        with ThreadPoolExecutor(2) as pool:
+            asked = [pool.submit(client.retrieve, tenant, "cat", 3) for tenant in (t, u)]
+            _wait_for(lambda: client.queue_of(t).count == 2, "both retrievals to be queued")
+            connection.hset(sharding.directory_key(settings.stream_prefix, 0, SHARDS), t, FROZEN)  # a move begins
+            worker.work(burst=True)
+            results = [future.result(timeout=WAIT_S) for future in asked]
+    assert [[h.turn_id for h in r.hits] for r in results] == [["x"], ["y"]]  # both answered
+    ttls = {tenant: connection.ttl(Result.get_key(job_id_for(tenant, r.request_id)))
+            for tenant, r in zip((t, u), results, strict=True)}
+    assert 0 < ttls[t] <= MOVED_RESULT_TTL_S < ttls[u]

@@ -20,7 +20,7 @@ With ``MNEMOS_SHARD_MAP`` every shard has its own Redis and Postgres. :func:`mov
    lived there before) is removed before those locks are released, so the target's workers that
    read the moved messages write them;
 6. **delete** its rows on the source, committed (which releases the source's locks), and let its
-   stored results there expire within :data:`RESULT_GRACE_S`;
+   stored results there expire within :data:`api.directory.MOVED_RESULT_TTL_S`;
 7. **flip**: no marker on the target, the target's number on the source (and on the ring's home
    shard, when that is a third shard). Held clients go on to the target.
 
@@ -43,7 +43,7 @@ import psycopg
 import redis
 
 from api import sharding
-from api.directory import FROZEN
+from api.directory import FROZEN, MOVED_RESULT_TTL_S
 from api.forget import ForgetRequest, ForgetScope
 from api.schemas import Turn
 from api.validation import Limits, limits_of
@@ -77,9 +77,6 @@ from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
 
 log = logging.getLogger(__name__)
 
-RESULT_GRACE_S = 60
-"""The tenant's stored results on the source expire within this many seconds of its move: a client
-still waiting there reads its answer, and none outlives a forget made on the target for longer."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +168,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)
-        expire_results(connections[source], tenant_id, RESULT_GRACE_S)
+        expire_results(connections[source], tenant_id, MOVED_RESULT_TTL_S)
         _flip(connections, settings, tenant_id, source, target)
     except Exception as exc:
         if not copied and not resumed:  # a resumed move may have its copy on the target: it stays frozen

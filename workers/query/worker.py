@@ -54,6 +54,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
 from api import schemas
+from api.directory import MOVED_RESULT_TTL_S, marked
 from api.errors import InvalidInputError, Reason
 from api.packets import Packet
 from api.validation import limits_of
@@ -402,6 +403,21 @@ class QueryWorker(SimpleWorker):
             return
         log.warning("job %s refused: %s", job.id, " ".join(str(exc).split()))
         call_exception_handlers(self._exc_handlers, job, *exc_info)
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any, execution: Any) -> None:
+        """rq's success handling (it stores the result), but the result of a tenant this shard is moving
+        away or no longer serves is kept at most :data:`api.directory.MOVED_RESULT_TTL_S`: a job that
+        ran across a move stores its answer after the move let the tenant's other results expire, and
+        a forget made on the new shard cannot erase it here (break-it session, 2026-12-07)."""
+        value, s = job._result, self.service.settings
+        try:
+            if isinstance(value, dict) and isinstance(value.get("tenant_id"), str) and marked(
+                    self.connection, s.stream_prefix, s.shard, s.shards, value["tenant_id"]):
+                ttl = job.get_result_ttl(self.default_result_ttl)
+                job.result_ttl = MOVED_RESULT_TTL_S if ttl < 0 or ttl > MOVED_RESULT_TTL_S else ttl
+        except redis.RedisError as exc:  # storing the result fails the same way: rq handles it there
+            log.warning("could not read the tenant directory for job %s: %s", job.id, exc)
+        super().handle_job_success(job, queue, started_job_registry, execution)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         self.beats.busy()
