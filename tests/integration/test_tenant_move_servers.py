@@ -386,3 +386,36 @@ def test_a_result_stored_for_a_tenant_moving_away_expires_soon(cluster: ShardClu
     ttls = {tenant: connection.ttl(Result.get_key(job_id_for(tenant, r.request_id)))
             for tenant, r in zip((t, u), results, strict=True)}
     assert 0 < ttls[t] <= MOVED_RESULT_TTL_S < ttls[u]
+
+
+def test_a_stopped_move_is_finished_where_it_went_or_not_at_all(settings: Settings, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # break-it session: a move 1 -> 0 (the ring shard) stopped after its streams step, and clients
+    # stored a turn on shard 0 since; a move to shard 2 then took shard 1's stale rows there and left
+    # that turn behind, unreachable
+    import workers.ops.tenant_move as tenant_move
+    from workers.runtime.errors import StoreError, TenantMoveError
+
+    with shard_cluster(settings, tmp_path, 3) as cluster:
+        three = cluster.settings
+        migrate_shards(three, echo=lambda _: None)
+        t = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, 3) == 0)
+        client = factories.sharded_client(three)
+        client.publish_turn(factories.turn(t, "a", "first turn"))
+        own = three.for_shard(0)
+        with PostgresStore(own.database_url, own.db_app_role) as store:
+            factories.drain(factories.ingest_worker(own, client.connections[0], store))
+        move_tenant(three, t, 1, echo=lambda _: None)
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise StoreError("injected")
+
+        monkeypatch.setattr(tenant_move, "delete_tenant", broken)
+        with pytest.raises(TenantMoveError, match="stays frozen"):
+            move_tenant(three, t, 0, echo=lambda _: None)
+        monkeypatch.undo()
+        with pytest.raises(TenantMoveError, match="finish that move with --to 0"):
+            move_tenant(three, t, 2, echo=lambda _: None)
+        assert not postgres_tenants(cluster.database_urls[2]) and client.shard_of(t) == 0
+        assert move_tenant(three, t, 0, echo=lambda _: None).resumed
+        assert _turn_ids(cluster.database_urls[0], t) == ["a"] and t not in postgres_tenants(cluster.database_urls[1])

@@ -144,6 +144,8 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
     source, resumed = _locate(connections, settings, tenant_id)
     if source == target:
         raise TenantMoveError(f"tenant {tenant_id!r} is served by shard {target} already")
+    if resumed:
+        _refuse_another_target(settings, tenant_id, source, target)
     src, dst = settings.for_shard(source), settings.for_shard(target)
     connections[source].hset(src_key := sharding.directory_key(settings.stream_prefix, source, settings.shards),
                              tenant_id, FROZEN)
@@ -183,6 +185,23 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
     echo(f"routing of tenant {tenant_id} flipped to shard {target}")
     return MoveReport(tenant_id, source, target, resumed, *counts, forgets, *moves,
                       seconds=time.monotonic() - started)
+
+
+def _refuse_another_target(settings: Settings, tenant_id: str, source: int, target: int) -> None:
+    """Raise TenantMoveError when a third shard holds rows of the frozen tenant: a stopped move copied
+    it there (and may have moved its pending messages, or clients may have written there after its
+    streams step); resumed towards another target, it would leave those behind, unreachable
+    (break-it session, 2026-12-07)."""
+    for shard in range(settings.shards):
+        if shard in (source, target):
+            continue
+        with PostgresStore(settings.for_shard(shard).database_url, settings.db_app_role) as store, \
+                store.tenant_tx(tenant_id) as conn:
+            if tenant_present(conn, tenant_id):
+                raise TenantMoveError(
+                    f"tenant {tenant_id!r} is frozen on shard {source} by a move that stopped, and shard {shard} "
+                    f"holds rows of it: finish that move with --to {shard}, or roll it back (docs/scaling.md "
+                    "\"Moving a tenant between shards\")")
 
 
 def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
