@@ -369,13 +369,16 @@ class MnemosClient:
         sees its effect. False while it waits or is being processed. Raises ServiceUnavailable.
 
         After the tenant moved to another shard, an id of the shard it left is followed to its copy
-        there (:func:`api.sharding.moved_ids_key`); one the move did not carry was committed or
-        applied before it, or its effect was (a turn a forget covered)."""
+        there (:func:`api.sharding.moved_ids_key`); one the move did not carry (up to the floor it
+        recorded) was committed or applied before it, or a forget covered it: True."""
         shard = self.shard_of(tenant_id)
         stream = sharding.turns_stream(self.stream_prefix, shard, self.shards)
         connection = self.connections[shard]
         try:
-            moved = connection.hget(sharding.moved_ids_key(stream), sharding.moved_field(tenant_id, stream_id))
+            moved, floor = connection.hmget(sharding.moved_ids_key(stream), [
+                sharding.moved_field(tenant_id, stream_id), sharding.moved_floor_field(tenant_id)])
+            if moved is None and floor is not None and _id_key(stream_id) <= _id_key(_sid(floor)):
+                return True  # before the tenant moved here, and not carried: handled before the move
             stream_id = stream_id if moved is None else _sid(moved)
             groups = connection.xinfo_groups(stream)
             group = next((g for g in groups if _sid(g["name"]) == INGEST_GROUP), None)

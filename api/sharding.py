@@ -105,6 +105,13 @@ def moved_field(tenant_id: str, stream_id: str) -> str:
     return f"{hashlib.blake2b(tenant_id.encode(), digest_size=8).hexdigest()}:{stream_id}"
 
 
+def moved_floor_field(tenant_id: str) -> str:
+    """The :func:`moved_ids_key` field holding the last id the shard ``tenant_id`` left had given out
+    when it moved: an id of the tenant up to it without a :func:`moved_field` entry was committed, or
+    covered by a forget, before the move."""
+    return moved_field(tenant_id, "floor")
+
+
 def directory_key(prefix: str, shard: int = 0, shards: int = 1) -> str:
     """The tenant directory of a shard's Redis: ``<prefix>:directory[:{shard-n}]``, a hash of the tenants
     this shard does *not* serve although the ring or an earlier move sends clients here, each to

@@ -419,3 +419,47 @@ def test_a_stopped_move_is_finished_where_it_went_or_not_at_all(settings: Settin
         assert not postgres_tenants(cluster.database_urls[2]) and client.shard_of(t) == 0
         assert move_tenant(three, t, 0, echo=lambda _: None).resumed
         assert _turn_ids(cluster.database_urls[0], t) == ["a"] and t not in postgres_tenants(cluster.database_urls[1])
+
+
+def test_moved_ids_hold_across_moves_stops_and_quiet_shards(cluster: ShardCluster,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # break-it session, round 3: acknowledged() followed one move only; said False, on a quiet target,
+    # for an id the move did not carry because it was committed; and a move stopped after appending
+    # appended the pending messages again when resumed (a second dead letter)
+    import workers.ops.tenant_move_streams as tenant_move_streams
+    from workers.runtime.errors import TenantMoveError
+
+    settings = cluster.settings
+    a, b = cluster.database_urls
+    migrate_shards(settings, echo=lambda _: None)
+    t, _, _ = _tenants()
+    client = factories.sharded_client(settings)
+    source, target = settings.for_shard(0), settings.for_shard(1)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        worker = factories.ingest_worker(source, client.connections[0], store)
+        committed = client.publish_turn(factories.turn(t, "c", "committed, never acknowledged"))
+        consumer = worker.consumer("dying")
+        consumer.ensure_group()
+        worker.handle(consumer.read())
+    waiting = client.publish_turn(factories.turn(t, "w", "still waiting"))
+    client.connections[0].xadd(source.turns_stream, {"v": "1", "tenant_id": t, "session_id": "s1", "turn_id": "bad",
+                                                     "role": "user", "text": "x", "occurred_at": "nope"})
+    real_delete = tenant_move_streams._delete
+
+    def stop_once(*args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(tenant_move_streams, "_delete", real_delete)
+        raise ConnectionError("lost the source")
+
+    monkeypatch.setattr(tenant_move_streams, "_delete", stop_once)
+    with pytest.raises(TenantMoveError, match="stays frozen"):
+        move_tenant(settings, t, 1, echo=lambda _: None)
+    assert move_tenant(settings, t, 1, echo=lambda _: None).turns.moved == 2  # the resume appends nothing more
+    assert len([f for _, f in client.connections[1].xrange(target.turns_stream) if f[b"tenant_id"] == t.encode()]) == 2
+    assert client.acknowledged(t, committed) and not client.acknowledged(t, waiting)  # the target is quiet
+    move_tenant(settings, t, 0, echo=lambda _: None)  # back, "w" still waiting: its third id
+    assert client.acknowledged(t, committed) and not client.acknowledged(t, waiting)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        factories.drain(factories.ingest_worker(source, client.connections[0], store))
+    assert client.acknowledged(t, waiting) and sorted(_turn_ids(a, t)) == ["c", "w"]
+    assert _rows(a, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", t) == [(1,)]
+    assert t not in postgres_tenants(b)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -40,7 +40,7 @@ import redis
 from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
-from api.sharding import moved_field, moved_ids_key
+from api.sharding import moved_field, moved_floor_field, moved_ids_key
 from api.validation import Limits
 from workers.ingest.forget import Verdict, forgotten_before, letter_forgotten, tombstone_verdict
 from workers.runtime.dead_letters import DeadLetter, payload_of
@@ -133,15 +133,18 @@ def _message_to_move(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapp
 
 
 def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Redis, target_stream: str,
-          entries: Sequence[tuple[str, dict[bytes, bytes]]], keep: Sequence[tuple[str, dict[bytes, bytes]]],
-          appended: Callable[[list[str]], object] = lambda _ids: None) -> None:
-    """Append ``keep`` to the target stream, call ``appended`` with their new ids (in ``keep``'s order),
-    then acknowledge (for ``group``) and delete ``entries`` on the source."""
+          entries: Sequence[tuple[str, dict[bytes, bytes]]], keep: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+    """Append ``keep`` to the target stream, then acknowledge (for ``group``) and delete ``entries`` on the source."""
     if keep:
         pipe = target.pipeline(transaction=False)
         for _, fields in keep:
             pipe.xadd(target_stream, fields)  # type: ignore[arg-type]
-        appended([_text(i) for i in pipe.execute()])
+        pipe.execute()
+    _delete(source, stream, group, entries)
+
+
+def _delete(source: redis.Redis, stream: str, group: str | None, entries: Sequence[tuple[str, object]]) -> None:
+    """Acknowledge (for ``group``) and delete ``entries`` on the source."""
     ids = [i for i, _ in entries]
     for at in range(0, len(ids), SCAN_COUNT):
         part = ids[at:at + SCAN_COUNT]
@@ -150,6 +153,61 @@ def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Red
             pipe.xack(stream, group, *part)
         pipe.xdel(stream, *part)
         pipe.execute()
+
+
+# XADD each message to KEYS[1] and record its new id in the moved-ids hash KEYS[2] under its field, in
+# one atomic step (ARGV: the number of messages, then per message its field, the number of its name
+# and value items, the items): a move stopped at any instant has appended a message iff the hash says so.
+_APPEND_RECORDED = """
+local at, ids = 2, {}
+for m = 1, tonumber(ARGV[1]) do
+  local field, n = ARGV[at], tonumber(ARGV[at + 1])
+  local args = {KEYS[1], '*'}
+  for i = 1, n do args[#args + 1] = ARGV[at + 1 + i] end
+  local id = redis.call('XADD', unpack(args))
+  redis.call('HSET', KEYS[2], field, id)
+  ids[#ids + 1] = id
+  at = at + 2 + n
+end
+return ids
+"""
+
+
+def _carry(source: redis.Redis, stream: str, target: redis.Redis, target_stream: str, tenant_id: str,
+           keep: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+    """Append ``keep`` to the target's turns stream, each with its new id recorded under its source id
+    in the target's moved-ids hash (:func:`api.sharding.moved_ids_key`), so that:
+
+    * a resumed move skips what a stopped one appended already (it was appended twice: a second dead
+      letter; break-it session, 2026-12-07);
+    * ``acknowledged`` follows an id published before the move, also across several moves (the
+      source's own entries for ids of earlier moves are forwarded), and knows every id up to the
+      source's last one (the hash's floor) that the move did not carry was committed, or covered by
+      a forget, before it."""
+    key = moved_ids_key(target_stream)
+    try:
+        floor = _text(source.xinfo_stream(stream)["last-generated-id"])
+    except redis.ResponseError:  # no source stream: no id was ever given out there
+        floor = None
+    if floor is not None:
+        target.hset(key, moved_floor_field(tenant_id), floor)
+    fields = [moved_field(tenant_id, i) for i, _ in keep]
+    known = dict(zip([i for i, _ in keep], target.hmget(key, fields) if fields else [], strict=True))
+    new = {i: _text(v) for i, v in known.items() if v is not None}  # appended by a stopped run of this move
+    todo = [(i, f) for i, f in keep if i not in new]
+    script = target.register_script(_APPEND_RECORDED)
+    for at in range(0, len(todo), SCAN_COUNT // 5):
+        part = todo[at:at + SCAN_COUNT // 5]
+        args: list[bytes | str | int] = [len(part)]
+        for i, f in part:
+            args += [moved_field(tenant_id, i), 2 * len(f), *(x for pair in f.items() for x in pair)]
+        new.update(zip([i for i, _ in part], map(_text, script(keys=[target_stream, key], args=args)), strict=True))
+    prefix = moved_field(tenant_id, "")
+    earlier = {k: _text(v) for k, v in source.hscan_iter(moved_ids_key(stream), match=f"{prefix}*")}
+    forwarded = {_text(k): new[v] for k, v in earlier.items() if v in new}
+    if forwarded:
+        target.hset(key, mapping=cast(Any, forwarded))
+    target.expire(key, MOVED_IDS_TTL_S)
 
 
 # Raise the stream's last id to ARGV[1] unless it is past it already (XSETID refuses an id below
@@ -222,14 +280,9 @@ def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis
     stones = {(t.scope, t.key): t for t in tombstones}
     pending = [(i, f) for i, f in entries if i in waiting]
     moving = ((i, None if i in handled else _message_to_move(f, i, stones, limits)) for i, f in pending)
-    keep = [(i, dict(f)) for i, f in moving if f is not None]  # dict: _move's type
-
-    def record(added: list[str]) -> None:  # before the source's copies go: a caller holding an old id follows it
-        key = moved_ids_key(target_stream)
-        target.hset(key, mapping={moved_field(tenant_id, old): new for (old, _), new in zip(keep, added, strict=True)})
-        target.expire(key, MOVED_IDS_TTL_S)
-
-    _move(source, stream, group, target, target_stream, entries, keep, record)
+    keep = [(i, dict(f)) for i, f in moving if f is not None]
+    _carry(source, stream, target, target_stream, tenant_id, keep)
+    _delete(source, stream, group, entries)
     if entries:
         source.srem(f"{stream}:forgotten", *[i for i, _ in entries])
     return StreamMove(moved=len(keep), dropped=len(pending) - len(keep), deleted=len(entries))
