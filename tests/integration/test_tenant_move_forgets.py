@@ -235,3 +235,26 @@ def test_a_message_committed_but_left_unacknowledged_is_not_applied_again_by_a_m
     assert _texts(b, tenant) == {"k": "the wifi password is plum"}
     assert _rows(b, "SELECT s.score FROM suppression s JOIN entries e USING (tenant_id, entry_id)"
                  " WHERE e.tenant_id = %s", tenant) == [(0.5,)]
+
+
+def test_a_pending_replacement_out_of_a_session_survives_a_pending_forget_of_that_session(
+        cluster: ShardCluster) -> None:
+    # break-it session, round 3: put X in s2 (stored), replace X into s1, forget s2, both pending. In
+    # order X lives on in s1; the move applied the forget first, which found the old X still in s2 and
+    # tombstoned its turn id, and the replacement was then dropped as forgotten
+    settings = cluster.settings
+    b = cluster.database_urls[1]
+    migrate_shards(settings, echo=lambda _: None)
+    tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    client: MnemosClient = factories.sharded_client(settings)
+    source, target = settings.for_shard(0), settings.for_shard(1)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        client.publish_turn(factories.turn(tenant, "X", "the wifi password is pear", session="s2"))
+        factories.drain(factories.ingest_worker(source, client.connections[0], store))
+    client.replace_turn(factories.turn(tenant, "X", "the wifi password is plum", session="s1", minutes=5))
+    client.forget(tenant, session_id="s2")
+    report = move_tenant(settings, tenant, 1, echo=lambda _: None)
+    assert (report.forgets, report.turns.moved) == (1, 1)
+    with PostgresStore(target.database_url, target.db_app_role) as store:
+        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    assert _texts(b, tenant) == {"X": "the wifi password is plum"}

@@ -45,9 +45,8 @@ import redis
 from api import sharding
 from api.directory import FROZEN, MOVED_RESULT_TTL_S
 from api.forget import ForgetRequest, ForgetScope
-from api.schemas import Turn
 from api.validation import Limits, limits_of
-from workers.ingest.forget import apply_forget, forgotten_before
+from workers.ingest.forget import apply_forget
 from workers.ingest.forget_streams import erase_results, expire_results
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ops.tenant_move_streams import (
@@ -224,28 +223,29 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
     and erase a turn stored from a later message too (break-it session, round 5). Applying one again
     (a resumed move) erases nothing more. Then their covered results leave the source's Redis.
 
-    A pending replacement that a forget covers is dropped from the move whole (its new value must not
-    be stored), so its forget half is applied here, at its position: the value it replaced must go too
-    (break-it session, 2026-12-07: a put into a session, then a forget of that session, brought the
-    older value back). Deletions by position commute, so the order of the two does not matter."""
+    A pending replacement's forget half is applied here too, in stream order with the forgets, at its
+    position: the value it replaces goes as it would have on the source, whether the replacement then
+    moves (the target applies it again, which erases nothing more) or a forget covers it and it is
+    dropped whole (break-it sessions, 2026-12-07: a put into a session, then a forget of that session,
+    brought the older value back; a put out of a session, then a forget of the old session, erased the
+    new value, because the forget found the old value still in that session and tombstoned its turn id)."""
     pending = pending_forgets(source, src.turns_stream, INGEST_GROUP, tenant_id, limits)
-    forgets = [(i, request) for i, request in pending if isinstance(request, ForgetRequest)]
     if not pending:
         return 0
+    erased: list[tuple[ForgetRequest, tuple[int, ...]]] = []
     with store.tenant_tx(tenant_id) as b:
         lock_tenant(b, tenant_id)
         session = PostgresTenantSession(b, tenant_id)
-        erased = [apply_forget(session, request, src.turns_stream, stream_id).entry_ids
-                  for stream_id, request in forgets]
-        stones = {(t.scope, t.key): t for t in tenant_tombstones(b, tenant_id)}
-        for stream_id, turn in pending:
-            if isinstance(turn, Turn) and forgotten_before(stones, stream_id, turn.session_id, turn.turn_id):
-                apply_forget(session, ForgetRequest(tenant_id, ForgetScope.TURNS, turn_ids=(turn.turn_id,)),
+        for stream_id, item in pending:
+            if isinstance(item, ForgetRequest):
+                erased.append((item, apply_forget(session, item, src.turns_stream, stream_id).entry_ids))
+            else:
+                apply_forget(session, ForgetRequest(tenant_id, ForgetScope.TURNS, turn_ids=(item.turn_id,)),
                              src.turns_stream, stream_id, replace=True)
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
-    for (_, request), entry_ids in zip(forgets, erased, strict=True):
+    for request, entry_ids in erased:
         erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids])
-    return len(forgets)
+    return len(erased)
 
 
 def _move_streams(settings: Settings, connections: list[redis.Redis], source: int, target: int, tenant_id: str,
