@@ -463,3 +463,24 @@ def test_moved_ids_hold_across_moves_stops_and_quiet_shards(cluster: ShardCluste
     assert client.acknowledged(t, waiting) and sorted(_turn_ids(a, t)) == ["c", "w"]
     assert _rows(a, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", t) == [(1,)]
     assert t not in postgres_tenants(b)
+
+
+def test_a_move_leaves_no_lag_on_the_source_s_groups(cluster: ShardCluster) -> None:
+    # new-operator session: the move deleted the tenant's messages the ingest group had never
+    # delivered, and Redis's lag for the group (KEDA's scaling input, mnemos_stream_lag) stayed higher
+    # by their number for good
+    settings = cluster.settings
+    migrate_shards(settings, echo=lambda _: None)
+    t, u, _ = _tenants()
+    client = factories.sharded_client(settings)
+    source = settings.for_shard(0)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        worker = factories.ingest_worker(source, client.connections[0], store)
+        client.publish_turn(factories.turn(u, "u0", "my cat is called Tom"))
+        factories.drain(worker)
+        client.publish_turns([factories.turn(t, f"t{n}", f"note {n} about tomatoes") for n in range(3)])
+        move_tenant(settings, t, 1, echo=lambda _: None)
+        client.publish_turn(factories.turn(u, "u1", "my dog is called Rex"))
+        factories.drain(worker)
+    (group,) = client.connections[0].xinfo_groups(source.turns_stream)
+    assert group["lag"] == 0 and group["pending"] == 0
