@@ -313,10 +313,16 @@ def reshard_move(ctx: click.Context, tenant_id: str, target: int) -> None:
 @click.option("--tenant", "tenant_id", required=True)
 @click.pass_context
 def reshard_where(ctx: click.Context, tenant_id: str) -> None:
-    """Print the shard serving the tenant: its ring shard, or where the tenant directory sends it."""
-    client = _client(_settings(ctx))
-    home, shard = client.home_shard(tenant_id), client.shard_of(tenant_id)
-    click.echo(f"tenant {tenant_id}: shard {shard}" + ("" if shard == home else f" (moved from ring shard {home})"))
+    """Print the shard serving the tenant: its ring shard, or where the tenant directory sends it; or
+    the shard a running or stopped move froze it on."""
+    from api import sharding
+    from workers.ops.tenant_move import locate
+
+    settings = _settings(ctx)
+    (shard, frozen), home = locate(settings, tenant_id), sharding.shard_of(tenant_id, settings.shards)
+    click.echo(f"tenant {tenant_id}: shard {shard}" + (" (frozen: a move of it is running or stopped; run the same "
+                                                       "`mnemos reshard move` again to finish it)" if frozen else
+                                                       "" if shard == home else f" (moved from ring shard {home})"))
 
 
 @cli.command()

@@ -328,6 +328,15 @@ def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_res
     with pytest.raises(TenantMoveError, match="stays frozen"):
         move_tenant(settings, t, 0, echo=lambda _: None)
     monkeypatch.undo()
+    from click.testing import CliRunner
+
+    from workers.cli import cli
+
+    assert settings.shard_map is not None  # `reshard where` said nothing for 30 s, then failed (new-operator session)
+    env = {"MNEMOS_SHARDS": str(SHARDS), "MNEMOS_SHARD_MAP": settings.shard_map,
+           "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
+    where = CliRunner().invoke(cli, ["reshard", "where", "--tenant", t], env=env)
+    assert where.exit_code == 0 and f"tenant {t}: shard 1 (frozen" in where.output
     report = move_tenant(settings, t, 0, echo=lambda _: None)
     assert (report.source, report.target, report.resumed) == (1, 0, True) and client.shard_of(t) == 0
     assert len(_turn_ids(a, t)) == 8 and t not in postgres_tenants(b)

@@ -74,8 +74,10 @@ def run_up(settings: Settings, *, allow_embedded: bool = True) -> int:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    log.info("mnemos is up: redis %s, postgres %s; Ctrl-C stops it", redact_url(settings.redis_url),
-             redact_url(settings.database_url))
+    log.info("mnemos is up: redis %s, postgres %s%s; Ctrl-C stops it", redact_url(settings.redis_url),
+             redact_url(settings.database_url),
+             "" if settings.shards == 1 else f" (shard {settings.shard} of {settings.shards} only: run one per "
+             f"shard with MNEMOS_SHARD, docs/scaling.md)")
     code = 0
     while not stopping:
         if any(child.poll() is not None for child in children):

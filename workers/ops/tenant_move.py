@@ -129,6 +129,18 @@ def _locate(connections: list[redis.Redis], settings: Settings, tenant_id: str) 
                           f"{settings.stream_prefix}:directory:* by hand")
 
 
+def locate(settings: Settings, tenant_id: str) -> tuple[int, bool]:
+    """The shard serving ``tenant_id`` and whether it is frozen there (a move of it is running, or
+    stopped: running the same move again finishes it), read from the tenant directories without
+    waiting, unlike a client (``mnemos reshard where``). Raises redis.RedisError."""
+    connections = [redis_client(settings.for_shard(s)) for s in range(settings.shards)]
+    try:
+        return _locate(connections, settings, tenant_id)
+    finally:
+        for connection in connections:
+            connection.close()
+
+
 def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[[str], None] = log.info) -> MoveReport:
     """Move ``tenant_id`` to shard ``target`` (module docstring); returns what moved.
 
@@ -274,4 +286,4 @@ def _flip(connections: list[redis.Redis], settings: Settings, tenant_id: str, so
         connections[home].hset(key(home), tenant_id, str(target))
 
 
-__all__ = ["MoveReport", "move_tenant"]
+__all__ = ["MoveReport", "locate", "move_tenant"]
