@@ -259,6 +259,12 @@ def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[st
         assert redis_client(settings.for_shard(shard)).hget(key, tenant) == (None if shard == 0 else b"0")
     again = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant, "--to", "0"], env=env)
     assert again.exit_code == 1 and "served by shard 0 already" in again.output
+    # new-operator session: a mistyped id "moved", leaving a directory marker for a tenant that never was
+    elsewhere = str(1 - sharding.shard_of(tenant + "-typo", SHARDS))
+    typo = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant + "-typo", "--to", elsewhere], env=env)
+    assert typo.exit_code == 1 and "nothing to move (a mistyped id?)" in typo.output
+    assert not any(redis_client(settings.for_shard(shard)).hexists(
+        sharding.directory_key(settings.stream_prefix, shard, SHARDS), tenant + "-typo") for shard in range(SHARDS))
 
 
 def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluster: ShardCluster,

@@ -56,6 +56,7 @@ from workers.ops.tenant_move_streams import (
     move_outcomes,
     move_turns,
     pending_forgets,
+    tenant_entries,
 )
 from workers.runtime.connections import redis_client
 from workers.runtime.errors import SettingsError, TenantMoveError
@@ -157,6 +158,9 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
         raise TenantMoveError(f"tenant {tenant_id!r} is served by shard {target} already")
     if resumed:
         _refuse_another_target(settings, tenant_id, source, target)
+    elif not _known(settings, connections[source], source, tenant_id):
+        raise TenantMoveError(f"tenant {tenant_id!r} has no rows and no messages on shard {source}: nothing to move "
+                              "(a mistyped id?)")
     src, dst = settings.for_shard(source), settings.for_shard(target)
     connections[source].hset(src_key := sharding.directory_key(settings.stream_prefix, source, settings.shards),
                              tenant_id, FROZEN)
@@ -196,6 +200,16 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
     echo(f"routing of tenant {tenant_id} flipped to shard {target}")
     return MoveReport(tenant_id, source, target, resumed, *counts, forgets, *moves,
                       seconds=time.monotonic() - started)
+
+
+def _known(settings: Settings, connection: redis.Redis, shard: int, tenant_id: str) -> bool:
+    """Whether ``shard`` holds a row of the tenant or a message of it on its turns stream (a move of an
+    unknown id used to succeed and leave a directory marker for it; new-operator session, 2026-12-07)."""
+    own = settings.for_shard(shard)
+    with PostgresStore(own.database_url, settings.db_app_role) as store, store.tenant_tx(tenant_id) as conn:
+        if tenant_present(conn, tenant_id):
+            return True
+    return next(iter(tenant_entries(connection, own.turns_stream, tenant_id)), None) is not None
 
 
 def _refuse_another_target(settings: Settings, tenant_id: str, source: int, target: int) -> None:
