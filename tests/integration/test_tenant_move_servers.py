@@ -343,6 +343,9 @@ def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_res
            "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
     where = CliRunner().invoke(cli, ["reshard", "where", "--tenant", t], env=env)
     assert where.exit_code == 0 and f"tenant {t}: shard 1 (frozen" in where.output
+    health = CliRunner().invoke(cli, ["health", "--all-shards", "--no-models"], env=env)  # it said all was well
+    assert health.exit_code == 0 and f"shard 1 tenant moves: 1 tenant(s) frozen by a move running or stopped: {t!r}" \
+        in health.output and "shard 0 tenant moves: no tenant frozen" in health.output
     report = move_tenant(settings, t, 0, echo=lambda _: None)
     assert (report.source, report.target, report.resumed) == (1, 0, True) and client.shard_of(t) == 0
     assert len(_turn_ids(a, t)) == 8 and t not in postgres_tenants(b)

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 
 import redis
 
+from api import sharding
+from api.directory import FROZEN
 from api.heartbeats import KINDS, WorkerBeat, worker_beats
 from workers.runtime.connections import redis_client
 from workers.runtime.errors import (
@@ -111,10 +113,31 @@ def run_health(settings: Settings, *, check_models: bool = True, require: Sequen
                 continue
             live = [b for b in beats if b.live]
             report(f"{kind} workers", bool(live) or kind not in require, _describe(beats, clock()))
+        if settings.shards > 1:  # a stopped move leaves its tenant frozen, its clients waiting
+            report("tenant moves", True, _frozen(connection, settings))
     elif require:
         report("workers", False, "Redis is unreachable: no heartbeat can be read")
     connection.close()
     return _conclude(failures, error)
+
+
+def _frozen(connection: redis.Redis, settings: Settings) -> str:
+    """The tenants this shard's directory holds frozen (a move running, or stopped: its clients wait and
+    then get TenantMoving until the same move runs again), or that there are none."""
+    key = sharding.directory_key(settings.stream_prefix, settings.shard, settings.shards)
+    try:
+        frozen = sorted(_text(t) for t, v in connection.hgetall(key).items() if _text(v) == FROZEN)
+    except redis.RedisError as exc:
+        return f"cannot read the tenant directory: {exc}"
+    if not frozen:
+        return "no tenant frozen"
+    shown = ", ".join(repr(t) for t in frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
+    return (f"{len(frozen)} tenant(s) frozen by a move running or stopped: {shown} (`mnemos reshard where --tenant "
+            "T`; run a stopped move again to finish it)")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _conclude(failures: list[tuple[int, str]], error: Callable[[str], None]) -> int:
