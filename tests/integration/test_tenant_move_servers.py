@@ -502,3 +502,38 @@ def test_a_move_leaves_no_lag_on_the_source_s_groups(cluster: ShardCluster) -> N
         factories.drain(worker)
     (group,) = client.connections[0].xinfo_groups(source.turns_stream)
     assert group["lag"] == 0 and group["pending"] == 0
+
+
+def test_the_moved_ids_floor_is_the_tenant_s_own_last_id(cluster: ShardCluster,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # break-it session, round 4: the floor was the source stream's last id, read after the target's
+    # ids were raised; another tenant's message in between lifted it above the tenant's first turn on
+    # a target whose clock is behind, and acknowledged() said True for that unread turn. And a mapping
+    # an earlier move left on a shard sent an old id to a copy that shard never delivered
+    import workers.ops.tenant_move as tenant_move
+
+    settings = cluster.settings
+    migrate_shards(settings, echo=lambda _: None)
+    t, u, _ = _tenants()
+    client = factories.sharded_client(settings)
+    source = settings.for_shard(0)
+    never_read = client.publish_turn(factories.turn(t, "x", "my cat is called Pixel"))
+    ahead = int(time.time() * 1000) + 3_600_000  # shard 0's clock an hour ahead of shard 1's
+    client.connections[0].xadd(source.turns_stream, {"tenant_id": u, "v": "1"}, id=f"{ahead}-0")
+    real = tenant_move.carry_positions
+
+    def carry_then_another_tenant_publishes(src: Any, stream: str, *rest: Any) -> bool:
+        moved = real(src, stream, *rest)
+        src.xadd(stream, {"tenant_id": u, "v": "1"}, id=f"{ahead + 5}-0")
+        return moved
+
+    monkeypatch.setattr(tenant_move, "carry_positions", carry_then_another_tenant_publishes)
+    move_tenant(settings, t, 1, echo=lambda _: None)
+    monkeypatch.undo()
+    after = client.publish_turn(factories.turn(t, "y", "my dog is called Rex"))
+    assert not client.acknowledged(t, after) and not client.acknowledged(t, never_read)
+    move_tenant(settings, t, 0, echo=lambda _: None)  # "x" and "y" unread: carried back
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        factories.drain(factories.ingest_worker(source, client.connections[0], store))
+    move_tenant(settings, t, 1, echo=lambda _: None)  # nothing to carry now
+    assert client.acknowledged(t, never_read) and client.acknowledged(t, after)

@@ -213,20 +213,22 @@ def _known(settings: Settings, connection: redis.Redis, shard: int, tenant_id: s
 
 
 def _refuse_another_target(settings: Settings, tenant_id: str, source: int, target: int) -> None:
-    """Raise TenantMoveError when a third shard holds rows of the frozen tenant: a stopped move copied
-    it there (and may have moved its pending messages, or clients may have written there after its
-    streams step); resumed towards another target, it would leave those behind, unreachable
-    (break-it session, 2026-12-07)."""
+    """Raise TenantMoveError when a third shard holds rows or turns-stream messages of the frozen
+    tenant: a stopped move copied it there, or moved its pending messages there, or clients wrote there
+    after its streams step; resumed towards another target, it would leave those behind, unreachable
+    (break-it sessions, 2026-12-07)."""
     for shard in range(settings.shards):
         if shard in (source, target):
             continue
-        with PostgresStore(settings.for_shard(shard).database_url, settings.db_app_role) as store, \
-                store.tenant_tx(tenant_id) as conn:
-            if tenant_present(conn, tenant_id):
+        connection = redis_client(settings.for_shard(shard))
+        try:
+            if _known(settings, connection, shard, tenant_id):
                 raise TenantMoveError(
                     f"tenant {tenant_id!r} is frozen on shard {source} by a move that stopped, and shard {shard} "
-                    f"holds rows of it: finish that move with --to {shard}, or roll it back (docs/scaling.md "
-                    "\"Moving a tenant between shards\")")
+                    f"holds rows or messages of it: finish that move with --to {shard}, or roll it back "
+                    "(docs/scaling.md \"Moving a tenant between shards\")")
+        finally:
+            connection.close()
 
 
 def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,

