@@ -537,3 +537,30 @@ def test_the_moved_ids_floor_is_the_tenant_s_own_last_id(cluster: ShardCluster,
         factories.drain(factories.ingest_worker(source, client.connections[0], store))
     move_tenant(settings, t, 1, echo=lambda _: None)  # nothing to carry now
     assert client.acknowledged(t, never_read) and client.acknowledged(t, after)
+
+
+def test_a_stopped_move_of_a_tenant_with_only_pending_turns_is_not_resumed_elsewhere(
+        settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # break-it session, round 4: the refusal above looked at rows only; a tenant with nothing stored
+    # yet had its pending turns moved to shard 1's stream, and a move to shard 2 left them there
+    import workers.ops.tenant_move as tenant_move
+    from workers.runtime.errors import StoreError, TenantMoveError
+
+    with shard_cluster(settings, tmp_path, 3) as cluster:
+        three = cluster.settings
+        migrate_shards(three, echo=lambda _: None)
+        t = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, 3) == 0)
+        client = factories.sharded_client(three)
+        client.publish_turn(factories.turn(t, "a", "a turn no worker has read yet"))
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise StoreError("injected")
+
+        monkeypatch.setattr(tenant_move, "delete_tenant", broken)
+        with pytest.raises(TenantMoveError, match="stays frozen"):
+            move_tenant(three, t, 1, echo=lambda _: None)
+        monkeypatch.undo()
+        assert not postgres_tenants(cluster.database_urls[1])  # only its message is there
+        with pytest.raises(TenantMoveError, match="finish that move with --to 1"):
+            move_tenant(three, t, 2, echo=lambda _: None)
+        assert move_tenant(three, t, 1, echo=lambda _: None).resumed and client.shard_of(t) == 1
