@@ -475,7 +475,7 @@ def tenant_job_prefix(tenant_id: str) -> str:
     """The start of every rq job id of ``tenant_id``'s requests: ``mnemos-`` + a 16-hex-digit hash of
     the tenant + ``-``. A forget finds the tenant's stored results by it (one SCAN MATCH) instead of
     reading every tenant's."""
-    return f"{JOB_ID_PREFIX}{hashlib.blake2b(tenant_id.encode(), digest_size=8).hexdigest()}-"
+    return f"{JOB_ID_PREFIX}{sharding.tenant_digest(tenant_id)}-"
 
 
 def job_id_for(tenant_id: str, request_id: str) -> str:

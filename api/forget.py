@@ -115,6 +115,11 @@ class ForgetRequest:
             fields["turn_ids"] = json.dumps(list(self.turn_ids), ensure_ascii=False)
         return fields
 
+    @classmethod
+    def replacing(cls, tenant_id: str, turn_id: str) -> ForgetRequest:
+        """The forget half of a replacement (:func:`is_replace`) of ``turn_id``: a forget of that id."""
+        return cls(tenant_id, ForgetScope.TURNS, turn_ids=(turn_id,))
+
     def covers(self, session_id: str, turn_id: str) -> bool:
         """True when this forget erases a turn of its tenant with these ids."""
         if self.scope is ForgetScope.TENANT:

@@ -99,10 +99,16 @@ def moved_ids_key(turns_stream: str) -> str:
     return f"{turns_stream}:moved"
 
 
+def tenant_digest(tenant_id: str) -> str:
+    """A 16-hex-digit hash of ``tenant_id``: keys and fields that must name a tenant (its rq job ids,
+    its moved message ids) hold this, never the tenant id in the clear."""
+    return hashlib.blake2b(tenant_id.encode(), digest_size=8).hexdigest()
+
+
 def moved_field(tenant_id: str, stream_id: str) -> str:
-    """The :func:`moved_ids_key` field of ``tenant_id``'s message ``stream_id`` of the shard it left: a
-    hash of the tenant (keys and fields never hold a tenant id in the clear) and the id."""
-    return f"{hashlib.blake2b(tenant_id.encode(), digest_size=8).hexdigest()}:{stream_id}"
+    """The :func:`moved_ids_key` field of ``tenant_id``'s message ``stream_id`` of the shard it left:
+    :func:`tenant_digest` and the id."""
+    return f"{tenant_digest(tenant_id)}:{stream_id}"
 
 
 def moved_floor_field(tenant_id: str) -> str:

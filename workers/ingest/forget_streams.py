@@ -23,7 +23,6 @@ The forget event itself holds ids only and is acknowledged and trimmed like any 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -35,6 +34,7 @@ from rq.serializers import JSONSerializer
 
 from api.client import JOB_ID_PREFIX, tenant_job_prefix
 from api.forget import ForgetRequest, is_forget_message
+from workers.runtime.dead_letters import copied_letter
 from workers.runtime.streams import stream_position
 
 log = logging.getLogger(__name__)
@@ -90,21 +90,15 @@ def _covered_letter(request: ForgetRequest, forget_id: str) -> Callable[[Mapping
     last = stream_position(forget_id)
 
     def covered(fields: Mapping[bytes, bytes]) -> bool:
-        if _text(fields.get(b"tenant_id")) != request.tenant_id:
+        letter = copied_letter(fields)
+        if letter is None or letter.tenant_id != request.tenant_id or letter.payload.get("kind") == "forget":
             return False
         try:
-            if stream_position(_text(fields.get(b"stream_id"))) > last:
+            if stream_position(letter.stream_id) > last:
                 return False  # a letter of a message published after the forget
         except ValueError:
             return False
-        try:
-            payload = json.loads(_text(fields.get(b"payload")) or "{}")
-        except ValueError:
-            payload = {}
-        if not isinstance(payload, dict) or payload.get("kind") == "forget":
-            return False
-        turn_id = _text(fields.get(b"turn_id")) or str(payload.get("turn_id", ""))
-        return request.covers(str(payload.get("session_id", "")), turn_id)
+        return request.covers(letter.payload.get("session_id", ""), letter.turn_id or "")
     return covered
 
 

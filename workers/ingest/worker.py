@@ -40,7 +40,7 @@ import redis
 
 from api.directory import marked
 from api.errors import InvalidInputError, Reason
-from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
+from api.forget import ForgetRequest, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
 from api.validation import limits_of
 from mnemos.canonical_set import CanonicalSet
@@ -202,8 +202,7 @@ class IngestWorker:
         for message, item in parsed:
             queue = by_tenant.setdefault(item.tenant_id, [])
             if isinstance(item, Turn) and is_replace(message.fields):  # its turn id forgotten first, here
-                queue.append(_Forget(message, ForgetRequest(item.tenant_id, ForgetScope.TURNS, turn_ids=(item.turn_id,)),
-                                     replace=True))
+                queue.append(_Forget(message, ForgetRequest.replacing(item.tenant_id, item.turn_id), replace=True))
             queue.append(_Pending(message, item, next(vectors), next(cuts)) if isinstance(item, Turn)
                          else _Forget(message, item))
         started = time.perf_counter()

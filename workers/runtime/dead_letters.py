@@ -75,6 +75,26 @@ def sent_id(fields: Mapping[bytes, bytes], name: bytes) -> str | None:
     return text if isinstance(text, str) and "\x00" not in text else None
 
 
+def copied_letter(fields: Mapping[bytes, bytes]) -> DeadLetter | None:
+    """The letter a dead-stream entry copies (the fields :func:`publish_dead_letters` writes), or None
+    when its payload is JSON but no object; a payload that does not parse reads as empty, a missing
+    field as "" (a turn id is also looked for in the payload)."""
+    def text(name: bytes) -> str:
+        value = fields.get(name, b"")
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    try:
+        payload = json.loads(text(b"payload") or "{}")
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        return None
+    payload = {str(k): str(v) for k, v in payload.items()}
+    return DeadLetter(stream=text(b"stream"), stream_id=text(b"stream_id"), reason=text(b"reason"),
+                      detail=text(b"detail"), tenant_id=text(b"tenant_id"),
+                      turn_id=text(b"turn_id") or payload.get("turn_id", ""), payload=payload)
+
+
 def publish_dead_letters(connection: redis.Redis, dead_stream: str, letters: Sequence[DeadLetter]) -> None:
     """XADD a copy of each letter to ``dead_stream``; failures are logged, the table is authoritative."""
     if not letters:
