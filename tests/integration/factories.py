@@ -91,6 +91,14 @@ def drain(worker: IngestWorker, name: str = "c1", rounds: int = 5) -> int:
     return handled
 
 
+def drain_shard(settings: Settings, client: MnemosClient, shard: int, name: str = "c1") -> int:
+    """:func:`drain` with a fresh ingest worker of ``settings``'s shard ``shard`` (its own Redis and
+    Postgres); returns the messages handled."""
+    own = settings.for_shard(shard)
+    with PostgresStore(own.database_url, own.db_app_role) as store:
+        return drain(ingest_worker(own, client.connections[shard], store), name)
+
+
 def ingest_turns(settings: Settings, connection: redis.Redis, store: PostgresStore, turns: list[dict[str, Any]],
                  rounds: int = 5) -> int:
     """Publish ``turns`` and store them with a fresh in-process ingest worker (:func:`drain`); returns

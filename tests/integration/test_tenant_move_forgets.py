@@ -45,6 +45,12 @@ def cluster(settings: Settings, tmp_path: Path) -> Iterator[ShardCluster]:
         yield value
 
 
+def _on_shard_zero(count: int) -> tuple[str, ...]:
+    """``count`` tenant ids whose ring shard is 0 (the moves below take them to shard 1)."""
+    return tuple(itertools.islice((t for t in (f"tenant-{n}" for n in itertools.count())
+                                   if sharding.shard_of(t, SHARDS) == 0), count))
+
+
 def _rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(query, params).fetchall()
@@ -67,8 +73,7 @@ def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) ->
     settings = cluster.settings
     a, b = cluster.database_urls
     migrate_shards(settings, echo=lambda _: None)
-    session_t, tenant_t, put_t = itertools.islice(
-        (t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0), 3)
+    session_t, tenant_t, put_t = _on_shard_zero(3)
     client: MnemosClient = factories.sharded_client(settings)
     source, target = settings.for_shard(0), settings.for_shard(1)
     with PostgresStore(source.database_url, source.db_app_role) as store:
@@ -103,8 +108,7 @@ def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) ->
     assert 0 < client.connections[0].ttl(Result.get_key(job.id)) <= 60  # left behind: expires soon
     assert [(r.forgets, r.turns.moved) for r in reports] == [(1, 0)] * 3
     assert (reports[0].dead_letters.moved, reports[0].dead_letters.dropped) == (0, 1)
-    with PostgresStore(target.database_url, target.db_app_role) as store:  # whatever the move carried
-        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    factories.drain_shard(settings, client, 1)  # whatever the move carried
     assert _texts(b, session_t) == {"other": "my cat is called Pixel", "new": "I live in Lisbon now"}
     assert _texts(b, tenant_t) == {"new": "my brother is a pilot"}
     assert _texts(b, put_t) == {"k": "the wifi password is plum"}
@@ -120,9 +124,9 @@ def test_a_turn_published_after_a_move_is_later_than_the_source_s_forgets(cluste
     settings = cluster.settings
     a, b = cluster.database_urls
     migrate_shards(settings, echo=lambda _: None)
-    tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    (tenant,) = _on_shard_zero(1)
     client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
+    source = settings.for_shard(0)
     ahead_ms = int(time.time() * 1000) + 3_600_000
     client.connections[0].xgroup_create(source.turns_stream, "ingest", id="0", mkstream=True)
     client.connections[0].execute_command("XSETID", source.turns_stream, f"{ahead_ms}-0")  # the source's clock, an hour ahead
@@ -135,8 +139,7 @@ def test_a_turn_published_after_a_move_is_later_than_the_source_s_forgets(cluste
                         tenant)) == [("tenant", True), ("turn", True)]
     move_tenant(settings, tenant, 1, echo=lambda _: None)
     client.publish_turn(factories.turn(tenant, "new", "my brother is a pilot", minutes=60))
-    with PostgresStore(target.database_url, target.db_app_role) as store:
-        assert factories.drain(factories.ingest_worker(target, client.connections[1], store)) == 1
+    assert factories.drain_shard(settings, client, 1) == 1
     assert _texts(b, tenant) == {"new": "my brother is a pilot"}
 
 
@@ -153,10 +156,9 @@ def test_a_forget_finds_dead_letter_copies_a_move_brought_from_another_shard(clu
     settings = cluster.settings
     a, b = cluster.database_urls
     migrate_shards(settings, echo=lambda _: None)
-    first, second = itertools.islice(
-        (t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0), 2)
+    first, second = _on_shard_zero(2)
     client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
+    source = settings.for_shard(0)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         for tenant in (first, second):
             client.connections[0].xadd(source.turns_stream, {
@@ -168,8 +170,7 @@ def test_a_forget_finds_dead_letter_copies_a_move_brought_from_another_shard(clu
         assert move_tenant(settings, tenant, 1, echo=lambda _: None).dead_letters.moved == 1
     assert len(_secret_copies(client, settings)) == 2
     client.forget(first, session_id="s1")
-    with PostgresStore(target.database_url, target.db_app_role) as store:
-        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    factories.drain_shard(settings, client, 1)
     assert [c[b"tenant_id"] for c in _secret_copies(client, settings)] == [second.encode()]
     client.forget(second, session_id="s1")  # pending on shard 1 when the tenant moves back
     report = move_tenant(settings, second, 0, echo=lambda _: None)
@@ -186,9 +187,9 @@ def test_a_pending_replacement_a_pending_forget_covers_still_erases_the_value_it
     settings = cluster.settings
     b = cluster.database_urls[1]
     migrate_shards(settings, echo=lambda _: None)
-    tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    (tenant,) = _on_shard_zero(1)
     client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
+    source = settings.for_shard(0)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         client.publish_turn(factories.turn(tenant, "X", "the wifi password is pear", session="s2"))
         client.publish_turn(factories.turn(tenant, "Y", "my cat is called Pixel", session="s2"))
@@ -197,8 +198,7 @@ def test_a_pending_replacement_a_pending_forget_covers_still_erases_the_value_it
     client.forget(tenant, session_id="s1")
     report = move_tenant(settings, tenant, 1, echo=lambda _: None)
     assert (report.forgets, report.turns.moved, report.turns.dropped) == (1, 0, 2)  # both: applied here
-    with PostgresStore(target.database_url, target.db_app_role) as store:
-        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    factories.drain_shard(settings, client, 1)
     assert _texts(b, tenant) == {"Y": "my cat is called Pixel"}
 
 
@@ -210,9 +210,9 @@ def test_a_message_committed_but_left_unacknowledged_is_not_applied_again_by_a_m
     settings = cluster.settings
     b = cluster.database_urls[1]
     migrate_shards(settings, echo=lambda _: None)
-    tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    (tenant,) = _on_shard_zero(1)
     client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
+    source = settings.for_shard(0)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         worker = factories.ingest_worker(source, client.connections[0], store)
         client.publish_turn(factories.turn(tenant, "k", "the wifi password is pear"))
@@ -229,8 +229,7 @@ def test_a_message_committed_but_left_unacknowledged_is_not_applied_again_by_a_m
             tx.add_suppression({(entry, 0): 0.5})
     report = move_tenant(settings, tenant, 1, echo=lambda _: None)
     assert (report.turns.moved, report.dead_letters.moved) == (0, 1)
-    with PostgresStore(target.database_url, target.db_app_role) as store:
-        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    factories.drain_shard(settings, client, 1)
     assert _rows(b, "SELECT reason FROM dead_letters WHERE tenant_id = %s", tenant) == [("empty_text",)]
     assert _texts(b, tenant) == {"k": "the wifi password is plum"}
     assert _rows(b, "SELECT s.score FROM suppression s JOIN entries e USING (tenant_id, entry_id)"
@@ -245,9 +244,9 @@ def test_a_pending_replacement_out_of_a_session_survives_a_pending_forget_of_tha
     settings = cluster.settings
     b = cluster.database_urls[1]
     migrate_shards(settings, echo=lambda _: None)
-    tenant = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, SHARDS) == 0)
+    (tenant,) = _on_shard_zero(1)
     client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
+    source = settings.for_shard(0)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         client.publish_turn(factories.turn(tenant, "X", "the wifi password is pear", session="s2"))
         factories.drain(factories.ingest_worker(source, client.connections[0], store))
@@ -255,6 +254,5 @@ def test_a_pending_replacement_out_of_a_session_survives_a_pending_forget_of_tha
     client.forget(tenant, session_id="s2")
     report = move_tenant(settings, tenant, 1, echo=lambda _: None)
     assert (report.forgets, report.turns.moved) == (1, 1)
-    with PostgresStore(target.database_url, target.db_app_role) as store:
-        factories.drain(factories.ingest_worker(target, client.connections[1], store))
+    factories.drain_shard(settings, client, 1)
     assert _texts(b, tenant) == {"X": "the wifi password is plum"}

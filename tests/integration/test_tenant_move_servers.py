@@ -278,9 +278,7 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
     t, _, _ = _tenants()
     client = factories.sharded_client(settings)
     client.publish_turns(factories.conversation_turns(t, "T-"))
-    own = settings.for_shard(0)
-    with PostgresStore(own.database_url, own.db_app_role) as store:
-        assert factories.drain(factories.ingest_worker(own, client.connections[0], store)) == 8
+    assert factories.drain_shard(settings, client, 0) == 8
     marker = sharding.directory_key(settings.stream_prefix, 0, SHARDS)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -302,9 +300,7 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
     monkeypatch.undo()
     report = move_tenant(settings, t, 1, echo=lambda _: None)
     assert report.resumed and report.turns.moved == 2 and client.shard_of(t) == 1
-    target = settings.for_shard(1)
-    with PostgresStore(target.database_url, target.db_app_role) as store:
-        assert factories.drain(factories.ingest_worker(target, client.connections[1], store)) == 2
+    assert factories.drain_shard(settings, client, 1) == 2
     assert set(_turn_ids(b, t)) == {f"T-{n}" for n in range(8)} | {"late-0", "late-1"}
     assert t not in postgres_tenants(a) and t not in redis_tenants(client.connections[0])
 
@@ -322,9 +318,7 @@ def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_res
     t, _, _ = _tenants()
     client = factories.sharded_client(settings)
     client.publish_turns(factories.conversation_turns(t, "T-"))
-    own = settings.for_shard(0)
-    with PostgresStore(own.database_url, own.db_app_role) as store:
-        assert factories.drain(factories.ingest_worker(own, client.connections[0], store)) == 8
+    assert factories.drain_shard(settings, client, 0) == 8
     move_tenant(settings, t, 1, echo=lambda _: None)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -420,9 +414,7 @@ def test_a_stopped_move_is_finished_where_it_went_or_not_at_all(settings: Settin
         t = next(t for t in (f"tenant-{n}" for n in itertools.count()) if sharding.shard_of(t, 3) == 0)
         client = factories.sharded_client(three)
         client.publish_turn(factories.turn(t, "a", "first turn"))
-        own = three.for_shard(0)
-        with PostgresStore(own.database_url, own.db_app_role) as store:
-            factories.drain(factories.ingest_worker(own, client.connections[0], store))
+        factories.drain_shard(three, client, 0)
         move_tenant(three, t, 1, echo=lambda _: None)
 
         def broken(*args: Any, **kwargs: Any) -> Any:
@@ -476,8 +468,7 @@ def test_moved_ids_hold_across_moves_stops_and_quiet_shards(cluster: ShardCluste
     assert client.acknowledged(t, committed) and not client.acknowledged(t, waiting)  # the target is quiet
     move_tenant(settings, t, 0, echo=lambda _: None)  # back, "w" still waiting: its third id
     assert client.acknowledged(t, committed) and not client.acknowledged(t, waiting)
-    with PostgresStore(source.database_url, source.db_app_role) as store:
-        factories.drain(factories.ingest_worker(source, client.connections[0], store))
+    factories.drain_shard(settings, client, 0)
     assert client.acknowledged(t, waiting) and sorted(_turn_ids(a, t)) == ["c", "w"]
     assert _rows(a, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", t) == [(1,)]
     assert t not in postgres_tenants(b)
@@ -533,8 +524,7 @@ def test_the_moved_ids_floor_is_the_tenant_s_own_last_id(cluster: ShardCluster,
     after = client.publish_turn(factories.turn(t, "y", "my dog is called Rex"))
     assert not client.acknowledged(t, after) and not client.acknowledged(t, never_read)
     move_tenant(settings, t, 0, echo=lambda _: None)  # "x" and "y" unread: carried back
-    with PostgresStore(source.database_url, source.db_app_role) as store:
-        factories.drain(factories.ingest_worker(source, client.connections[0], store))
+    factories.drain_shard(settings, client, 0)
     move_tenant(settings, t, 1, echo=lambda _: None)  # nothing to carry now
     assert client.acknowledged(t, never_read) and client.acknowledged(t, after)
 
