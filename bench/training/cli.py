@@ -53,7 +53,7 @@ def _mining_record(mining: MiningConfig, n_positives: int, seconds: float) -> di
     return {"hard_negatives": mining.hard_negatives, "random_negatives": mining.random_negatives,
             "depth": mining.depth, "bm25": mining.use_bm25, "dense": mining.use_dense,
             "same_speaker": mining.same_speaker, "evidence_negatives": mining.evidence_negatives,
-            "model_negatives": mining.model_negatives,
+            "model_negatives": mining.model_negatives, "chitchat_negatives": mining.chitchat_negatives,
             "n_positive_candidates": n_positives, "seconds": round(seconds, 3)}
 
 
@@ -85,6 +85,7 @@ def run_train(
     evidence_negatives: int = 0,
     model_negatives: int = 0,
     negative_miner: Path | None = None,
+    chitchat_negatives: int = 0,
 ) -> int:
     """Load data, mine negatives, train, calibrate the deep pass, save; print counts and times.
 
@@ -143,7 +144,8 @@ def run_train(
         mining = training_pairs.MiningConfig(max_pairs=max_pairs, seed=seed, use_dense=dense,
                                              same_speaker=same_speaker, hard_negatives=hard_negatives,
                                              depth=mining_depth, evidence_negatives=evidence_negatives,
-                                             model_negatives=model_negatives)
+                                             model_negatives=model_negatives,
+                                             chitchat_negatives=chitchat_negatives)
         examples, calibration = _mine(positives, corpora, mining, provenance, device=device, cache_dir=cache_dir,
                                       calibration_queries=calibration_queries, negative_miner=negative_miner)
         mined_at = time.perf_counter()
@@ -319,6 +321,8 @@ def reranker() -> None:
               help="How deep the BM25 (and bi-encoder) rankings are read for hard negatives.")
 @click.option("--evidence-negatives", type=click.IntRange(min=0), default=0, show_default=True,
               help="Extra negatives per positive: other questions' evidence turns (docs/reranker.md).")
+@click.option("--chitchat-negatives", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Short chit-chat turns ('ok', 'thanks') of the positive's speaker per positive (docs/reranker.md).")
 @click.option("--model-negatives", type=click.IntRange(min=0), default=0, show_default=True,
               help="Extra negatives per positive: the hard candidates --negative-miner ranks highest (docs/reranker.md).")
 @click.option("--negative-miner", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
@@ -353,7 +357,7 @@ def reranker() -> None:
 def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations, fold, out, max_pairs, epochs, seed,
           max_steps, dense, same_speaker, named_user_share, threads, layers, device, calibration_queries, fp16, teacher, temperature, distil_weight,
           learning_rate, hard_negatives, mining_depth, cache_dir, fold_seed, evidence_negatives, loss, batch_size,
-          in_batch_negatives, model_negatives, negative_miner) -> None:
+          in_batch_negatives, model_negatives, negative_miner, chitchat_negatives) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM.
 
     A 1-logit head on all-MiniLM-L6-v2 (optionally its first N layers), trained with
@@ -407,6 +411,7 @@ def train(data, longmemeval, question_fold, pairs, pairs_licence, conversations,
             distil_weight=1.0 if distil_weight is None else distil_weight,
             hard_negatives=hard_negatives, mining_depth=mining_depth, cache_dir=cache_dir, fold_seed=fold_seed,
             evidence_negatives=evidence_negatives, model_negatives=model_negatives, negative_miner=negative_miner,
+            chitchat_negatives=chitchat_negatives,
         )
     )
 

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from bench.training.chitchat import chitchat_negatives
 from bench.training.errors import TrainingDataError
 from bench.training.evidence_negatives import evidence_candidates, evidence_negatives
 from bench.training.model_negatives import Scorer, model_negatives, model_order
@@ -118,6 +119,11 @@ class MiningConfig:
     top ``depth`` above, positives and every turn of an evidence turn's session excluded: about
     half of a model's favourites there restate the answer), its own speaker's first under ``same_speaker``
     (:mod:`bench.training.model_negatives`; docs/reranker.md "Self-mined negatives").
+
+    ``chitchat_negatives`` adds that many short chit-chat turns ("ok", "thanks") per positive,
+    rendered as the positive's own speaker's turns (always: the prefix must not be a label), from a
+    generator seeded apart (``seed + 2``) so the other negatives stay as they are
+    (:mod:`bench.training.chitchat`; docs/reranker.md "Chit-chat").
     """
 
     hard_negatives: int = 3
@@ -130,6 +136,7 @@ class MiningConfig:
     same_speaker: bool = False
     evidence_negatives: int = 0
     model_negatives: int = 0
+    chitchat_negatives: int = 0
 
 
 class TextEncoder(Protocol):
@@ -417,6 +424,7 @@ def mine_examples(
     # seeded apart from rng, so the other negatives are the same with or without evidence negatives
     evidence_rng = random.Random(config.seed + 1)
     evidence_pool = evidence_candidates(positives) if config.evidence_negatives else None
+    chitchat_rng = random.Random(config.seed + 2)
     by_group: dict[str, list[int]] = defaultdict(list)
     for i, p in enumerate(positives):
         by_group[p.group].append(i)
@@ -457,6 +465,9 @@ def mine_examples(
                     chosen += evidence_negatives(evidence_rng, evidence_pool, group, gold[q] | set(chosen), speaker,
                                                   config.evidence_negatives)
                 chosen += model_negatives(by_model, sessions | set(chosen), speaker, speaker_of, config.model_negatives)
+                if config.chitchat_negatives:
+                    chosen += chitchat_negatives(chitchat_rng, rendered_speaker(p.passage), gold[q] | set(chosen),
+                                                 config.chitchat_negatives)
                 blocks.append([LabelledPair(q, p.passage, 1.0)] + [LabelledPair(q, n, 0.0) for n in chosen])
         logger.info("mined group %s: %d positives over %d passages", group, len(members), len(passages))
 

@@ -15,6 +15,12 @@ Beside them: the pool's recall of the evidence (the ceiling any reorder can reac
 the reranker's top 10, the share of turns spoken by the assistant (LongMemEval's evidence is mostly
 the user's: a reranker that prefers assistant turns shows up here).
 
+With ``chitchat`` > 0, that many short chit-chat user turns (:data:`bench.training.chitchat.HELD_OUT_PHRASES`,
+never trained on; a seeded draw per question) join each pool, as in a small tenant where every turn is
+a candidate. Each gets the lowest BM25 score of the pool, as the service's BM25 evidence gives a turn
+BM25 did not return (:func:`mnemos.features.retriever_scores`); ``chitchat_rerank`` is their share of
+the reranker's top 10 (docs/reranker.md "Chit-chat").
+
 Questions: one per conversation (:func:`bench.common.datasets.load_longmemeval`), abstention
 (category 5) and evidence-less ones skipped, and only those whose conversation the model was not
 trained on (or, for a check of fit, only those it was). Pure: no file, no click.
@@ -22,6 +28,7 @@ trained on (or, for a check of fit, only those it was). Pure: no file, no click.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +37,7 @@ import numpy as np
 from bench.common.datasets import Conversation, Question
 from bench.common.questions import overall_question
 from bench.common.stats import PairedComparison, bootstrap_ci, compare_paired
+from bench.training.chitchat import HELD_OUT_PHRASES, chitchat_turns
 from mnemos.bm25_index import BM25Index
 from mnemos.evaluation import ndcg_at_k
 from mnemos.rendering import render_turn
@@ -54,7 +62,7 @@ __all__ = [
 NDCG_K = 10
 """Rank cut-off of NDCG and of the assistant share."""
 
-METRICS = ("bm25", "rerank", "interp", "recall_pool", "assistant_bm25", "assistant_rerank")
+METRICS = ("bm25", "rerank", "interp", "recall_pool", "assistant_bm25", "assistant_rerank", "chitchat_rerank")
 """The per-question values of a :class:`PoolRow`, in table order."""
 
 ALL = "all"
@@ -68,8 +76,9 @@ class PoolRow:
     ``bm25``, ``rerank``, ``interp``: NDCG@10 in [0, 1] of the three orders (module docstring);
     ``recall_pool``: share of the evidence turns in the pool; ``assistant_bm25`` and ``assistant_rerank``:
     share of assistant turns among the first 10 of BM25's and the reranker's order (0.0 for an empty
-    pool); ``pool``: turns in the pool (fewer than the pool size when fewer turns share a token with
-    the question).
+    pool); ``chitchat_rerank``: share of added chit-chat turns among the reranker's first 10 (0.0
+    without them); ``pool``: turns in the pool (fewer than the pool size when fewer turns share a token
+    with the question), added chit-chat turns included.
     """
 
     question_id: str
@@ -81,6 +90,11 @@ class PoolRow:
     recall_pool: float
     assistant_bm25: float
     assistant_rerank: float
+    chitchat_rerank: float = 0.0
+
+
+CHITCHAT_ID = "chitchat:"
+"""Turn-id prefix of the chit-chat turns a check adds to a pool (no LongMemEval turn id has it)."""
 
 
 @dataclass(frozen=True)
@@ -152,8 +166,27 @@ def _assistant_share(roles: Sequence[str]) -> float:
     return sum(role == "assistant" for role in top) / len(top) if top else 0.0
 
 
-def pool_row(conv: Conversation, question: Question, reranker: Reranker, pool_size: int = 30) -> PoolRow:
-    """Index ``conv``'s rendered turns, pool BM25's best ``pool_size`` for ``question``, rerank and measure.
+def _with_chitchat(question: Question, turns: list[_PoolTurn], texts: list[str], scores: list[float],
+                   chitchat: int) -> None:
+    """Append ``chitchat`` held-out chit-chat user turns (a draw seeded by the question id) to a pool, in place."""
+    phrases = random.Random(question.question_id).sample(HELD_OUT_PHRASES, min(chitchat, len(HELD_OUT_PHRASES)))
+    lowest = min(scores) if scores else 0.0
+    for i, text in enumerate(chitchat_turns(phrases, "user")):
+        turns.append(_PoolTurn(f"{CHITCHAT_ID}{i}", "user"))
+        texts.append(text)
+        scores.append(lowest)
+
+
+@dataclass(frozen=True)
+class _PoolTurn:
+    turn_id: str
+    role: str
+
+
+def pool_row(conv: Conversation, question: Question, reranker: Reranker, pool_size: int = 30,
+             chitchat: int = 0) -> PoolRow:
+    """Index ``conv``'s rendered turns, pool BM25's best ``pool_size`` for ``question`` (plus ``chitchat``
+    held-out chit-chat turns, module docstring), rerank and measure.
 
     One reranker call per question (none for an empty pool, whose NDCGs and shares are 0.0).
 
@@ -164,26 +197,32 @@ def pool_row(conv: Conversation, question: Question, reranker: Reranker, pool_si
     index = BM25Index()
     index.add(list(range(len(rendered))), rendered)
     hits = index.search(question.text, pool_size)
-    turns = [conv.turns[position] for position, _ in hits]
+    turns = [_PoolTurn(conv.turns[position].turn_id, conv.turns[position].role) for position, _ in hits]
     texts = [rendered[position] for position, _ in hits]
+    scores = [float(score) for _, score in hits]
+    bm25_ids = [t.turn_id for t in turns]
+    if chitchat:
+        _with_chitchat(question, turns, texts, scores, chitchat)
     logits = np.asarray(reranker.score(question.text, texts)) if texts else np.zeros(0, dtype=np.float32)
     if logits.shape != (len(texts),):
         raise ValueError(f"the reranker gave {logits.shape} scores for a pool of {len(texts)} turns")
-    bm25_scores = np.asarray([score for _, score in hits], dtype=np.float64)
+    bm25_scores = np.asarray(scores, dtype=np.float64)
     by_rerank = np.argsort(-logits, kind="stable")
     by_interp = interpolated_order(logits, bm25_scores) if texts else by_rerank
     ids = [t.turn_id for t in turns]
     relevant = question.relevant_turn_ids
+    top = [ids[i] for i in by_rerank[:NDCG_K]]
     return PoolRow(
         question_id=question.question_id,
         question_type=question.question_type or "unknown",
         pool=len(turns),
-        bm25=ndcg_at_k(ids, relevant, NDCG_K),
+        bm25=ndcg_at_k(bm25_ids, relevant, NDCG_K),
         rerank=ndcg_at_k([ids[i] for i in by_rerank], relevant, NDCG_K),
         interp=ndcg_at_k([ids[i] for i in by_interp], relevant, NDCG_K),
         recall_pool=len(relevant & set(ids)) / len(relevant),
-        assistant_bm25=_assistant_share([t.role for t in turns]),
+        assistant_bm25=_assistant_share([t.role for t in turns[:len(bm25_ids)]]),
         assistant_rerank=_assistant_share([turns[i].role for i in by_rerank]),
+        chitchat_rerank=sum(i.startswith(CHITCHAT_ID) for i in top) / len(top) if top else 0.0,
     )
 
 
@@ -230,7 +269,7 @@ def _nothing_selected(conversations: Sequence[Conversation], trained: Collection
 def check_pools(
     conversations: Sequence[Conversation], reranker: Reranker, *, trained: Collection[str],
     on_training: bool = False, pool_size: int = 30, limit: int | None = None, n_resamples: int = 10_000,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, chitchat: int = 0,
 ) -> PoolCheck:
     """Measure every selected question's pool (:func:`select_questions`, :func:`pool_row`) and summarise.
 
@@ -243,19 +282,22 @@ def check_pools(
         limit: check only the first ``limit`` selected questions.
         n_resamples: bootstrap resamples and permutations of the statistics.
         progress: called as ``progress(done, total)`` after each question.
+        chitchat: held-out chit-chat turns added to each pool (>= 0; module docstring).
 
     Raises:
-        ValueError: if ``pool_size`` < 1, or no question is selected (the message says whether the data
+        ValueError: if ``pool_size`` < 1 or ``chitchat`` < 0, or no question is selected (the message says whether the data
             has none with evidence or every one is on the other side of ``trained``).
     """
     if pool_size < 1:
         raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+    if chitchat < 0:
+        raise ValueError(f"chitchat must be >= 0, got {chitchat}")
     chosen = select_questions(conversations, trained, on_training=on_training, limit=limit)
     if not chosen:
         raise ValueError(_nothing_selected(conversations, trained, on_training))
     rows = []
     for done, (conv, question) in enumerate(chosen, start=1):
-        rows.append(pool_row(conv, question, reranker, pool_size))
+        rows.append(pool_row(conv, question, reranker, pool_size, chitchat))
         if progress is not None:
             progress(done, len(chosen))
     return summarise(rows, n_resamples=n_resamples)
@@ -264,8 +306,9 @@ def check_pools(
 def markdown_table(check: PoolCheck, pool_size: int) -> str:
     """A markdown table: one line per group (n, mean NDCG@10 of the three orders with their 95% CI,
     recall of the pool, assistant share of each top 10), then the paired comparisons with BM25."""
-    lines = [f"| questions | n | bm25 | rerank | interp | recall@{pool_size} | assistant@10 bm25 | assistant@10 rerank |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| questions | n | bm25 | rerank | interp | recall@{pool_size} | assistant@10 bm25 | assistant@10 rerank "
+             "| chit-chat@10 rerank |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for group in check.groups:
         cells = []
         for metric in METRICS:

@@ -56,13 +56,14 @@ def training_conversations(model_dir: Path) -> frozenset[str]:
 def run_pools(
     *, model_dir: Path, longmemeval: Path, pool_size: int = 30, windows: int = 1, max_length: int = 128,
     precision: str = "fp32", on_training: bool = False, limit: int | None = None, threads: int = 2,
-    json_out: Path | None = None, markdown_out: Path | None = None,
+    json_out: Path | None = None, markdown_out: Path | None = None, chitchat: int = 0,
 ) -> int:
     """Check ``model_dir``'s reranking of BM25 pools on ``longmemeval``'s held-out (or trained-on) questions.
 
     Reads the provenance first (a model without one is refused before anything loads), then the
     data, then the model (:class:`mnemos.rerank.CrossEncoderReranker` on the CPU with ``threads``
-    torch threads). Prints the markdown table of :func:`bench.training.pool_check.markdown_table`
+    torch threads). ``chitchat`` held-out chit-chat turns join each pool
+    (:mod:`bench.training.pool_check`). Prints the markdown table of :func:`bench.training.pool_check.markdown_table`
     and writes it to ``markdown_out``; ``json_out`` gets the arguments (files by name only, never a
     path), the model digest, the groups, the paired comparisons and one row per question.
 
@@ -97,7 +98,7 @@ def run_pools(
                 click.echo(f"{done}/{total} questions, {time.perf_counter() - started:.0f} s", err=True)
 
         check = check_pools(conversations, model, trained=trained, on_training=on_training, pool_size=pool_size,
-                            limit=limit, progress=progress)
+                            limit=limit, progress=progress, chitchat=chitchat)
     except (DatasetError, ModelLoadError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         return 2
@@ -105,7 +106,8 @@ def run_pools(
     table = markdown_table(check, pool_size)
     which = "trained-on" if on_training else "held-out"
     click.echo(f"model {model_dir.resolve().name} ({model.model_version}); {len(check.rows)} {which} questions "
-               f"of {longmemeval.name}; pool {pool_size}; {seconds:.0f} s")
+               f"of {longmemeval.name}; pool {pool_size}"
+               + (f" + {chitchat} chit-chat turns" if chitchat else "") + f"; {seconds:.0f} s")
     click.echo(table, nl=False)
     if markdown_out is not None:
         markdown_out.write_text(table, encoding="utf-8")
@@ -114,7 +116,7 @@ def run_pools(
             "command": "mnemos reranker pools",
             "arguments": {"model": model_dir.resolve().name, "longmemeval": longmemeval.name, "pool_size": pool_size,
                           "windows": windows, "max_length": max_length, "precision": model.precision.value,
-                          "on_training": on_training, "limit": limit, "threads": threads},
+                          "on_training": on_training, "limit": limit, "threads": threads, "chitchat": chitchat},
             "model_digest": model_digest(model_dir.resolve()),
             "model_version": model.model_version,
             "seconds": round(seconds, 1),
@@ -146,6 +148,8 @@ def _comparison(comparison: PairedComparison) -> dict[str, object]:
 @click.option("--max-length", type=click.IntRange(min=3), default=128, show_default=True,
               help="Tokens per (question, turn) pair.")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32", show_default=True)
+@click.option("--chitchat", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Held-out chit-chat user turns ('thx', 'yep') added to each pool, as in a small tenant.")
 @click.option("--on-training", is_flag=True, help="Check the questions the model was trained on (a check of fit).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N selected questions.")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="torch CPU threads.")
@@ -154,7 +158,8 @@ def _comparison(comparison: PairedComparison) -> dict[str, object]:
 @click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the table here.")
 def pools(model_dir: Path, longmemeval: Path, pool_size: int, windows: int, max_length: int, precision: str,
-          on_training: bool, limit: int | None, threads: int, json_out: Path | None, markdown_out: Path | None) -> None:
+          chitchat: int, on_training: bool, limit: int | None, threads: int, json_out: Path | None,
+          markdown_out: Path | None) -> None:
     """NDCG@10 of BM25's top-N pools as BM25, the reranker and their z-score sum order them.
 
     Held-out LongMemEval questions only (those whose conversation is not in the model's provenance),
@@ -162,4 +167,4 @@ def pools(model_dir: Path, longmemeval: Path, pool_size: int, windows: int, max_
     """
     sys.exit(run_pools(model_dir=model_dir, longmemeval=longmemeval, pool_size=pool_size, windows=windows,
                        max_length=max_length, precision=precision, on_training=on_training, limit=limit,
-                       threads=threads, json_out=json_out, markdown_out=markdown_out))
+                       threads=threads, json_out=json_out, markdown_out=markdown_out, chitchat=chitchat))

@@ -104,7 +104,7 @@ def _rows_of(name: str, report: object) -> tuple[dict[str, object], list[dict[st
 def load_side(reports: Sequence[tuple[str, object]]) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
     """Join the rows of ``reports`` (``(file name, parsed JSON of mnemos reranker pools --json)`` pairs).
 
-    Returns ``(rows by question_id, {"longmemeval": data file name, "pool_size": int})``.
+    Returns ``(rows by question_id, {"longmemeval": data file name, "pool_size": int, "chitchat": int})``.
 
     Raises:
         PoolsCompareError: if a report is not a pools report, is a check of fit (``--on-training``) or has
@@ -118,7 +118,8 @@ def load_side(reports: Sequence[tuple[str, object]]) -> tuple[dict[str, dict[str
     source: dict[str, object] = {}
     for name, report in reports:
         arguments, rows = _rows_of(name, report)
-        here = {"longmemeval": arguments.get("longmemeval"), "pool_size": arguments.get("pool_size")}
+        here = {"longmemeval": arguments.get("longmemeval"), "pool_size": arguments.get("pool_size"),
+                "chitchat": arguments.get("chitchat", 0)}
         if source and here != source:
             raise PoolsCompareError(f"{name}: {here} where the other reports have {source}")
         source = here

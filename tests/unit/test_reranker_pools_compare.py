@@ -22,8 +22,12 @@ def _row(qid: str, qtype: str, bm25: float, rerank: float, interp: float) -> dic
             "interp": interp, "recall_pool": 1.0, "assistant_bm25": 0.0, "assistant_rerank": 0.0}
 
 
-def _report(rows: list[dict[str, object]], *, data: str = "longmemeval_s.json.xz", pool: int = 30) -> dict[str, object]:
-    return {"command": "mnemos reranker pools", "arguments": {"longmemeval": data, "pool_size": pool}, "rows": rows}
+def _report(rows: list[dict[str, object]], *, data: str = "longmemeval_s.json.xz", pool: int = 30,
+            chitchat: int | None = None) -> dict[str, object]:
+    arguments: dict[str, object] = {"longmemeval": data, "pool_size": pool}
+    if chitchat is not None:  # reports written before --chitchat have no such argument
+        arguments["chitchat"] = chitchat
+    return {"command": "mnemos reranker pools", "arguments": arguments, "rows": rows}
 
 
 # Treatment: one report per fold (q1, q2 | q3). Control: a single report of the same three questions.
@@ -37,7 +41,7 @@ def test_two_fold_reports_join_and_pair_per_question_and_type() -> None:
     treatment, source = load_side([("fold1.json", FOLD_1), ("fold2.json", FOLD_2)])
     control, _ = load_side([("control.json", CONTROL)])
     assert sorted(treatment) == ["q1", "q2", "q3"]
-    assert source == {"longmemeval": "longmemeval_s.json.xz", "pool_size": 30}
+    assert source == {"longmemeval": "longmemeval_s.json.xz", "pool_size": 30, "chitchat": 0}
     groups = {g.name: g for g in compare_pools(treatment, control, order="rerank")}
     assert list(groups) == ["all", "a-type", "b-type"]
     everything = groups["all"]
@@ -69,10 +73,16 @@ def test_a_question_in_two_reports_of_one_side_is_refused() -> None:
         load_side([("fold2.json", FOLD_2), ("fold2.json", FOLD_2)])
 
 
-@pytest.mark.parametrize("other", [_report(FOLD_2["rows"], data="longmemeval_m.json"), _report(FOLD_2["rows"], pool=20)])
-def test_reports_of_other_data_or_pool_sizes_are_refused(other: dict[str, object]) -> None:
+@pytest.mark.parametrize("other", [_report(FOLD_2["rows"], data="longmemeval_m.json"), _report(FOLD_2["rows"], pool=20),
+                                   _report(FOLD_2["rows"], chitchat=5)])
+def test_reports_of_other_data_pool_sizes_or_chitchat_are_refused(other: dict[str, object]) -> None:
     with pytest.raises(PoolsCompareError, match="where the other reports have"):
         load_side([("fold1.json", FOLD_1), ("other.json", other)])
+
+
+def test_a_report_from_before_chitchat_pairs_with_one_without_chitchat() -> None:
+    _, source = load_side([("fold1.json", FOLD_1), ("fold2.json", _report(FOLD_2["rows"], chitchat=0))])
+    assert source["chitchat"] == 0
 
 
 @pytest.mark.parametrize("report", [{"command": "mnemos bench quality", "rows": []}, [1, 2],
