@@ -30,7 +30,13 @@ from typing import Any, TextIO
 
 import click
 
-from workers.runtime.errors import ModelSetupError, SettingsError, StoreStateError, WorkerError
+from workers.runtime.errors import (
+    ModelSetupError,
+    SettingsError,
+    StoreStateError,
+    TenantMoveRefused,
+    WorkerError,
+)
 from workers.runtime.exit_codes import EXIT_FAILED, EXIT_MISCONFIGURED
 from workers.runtime.redaction import install_redaction, redact, secrets_of
 from workers.settings import Settings, prepare_offline_models
@@ -53,7 +59,7 @@ def describe_failure(exc: Exception) -> tuple[str, int]:
 
     from api.errors import InvalidInputError, MnemosClientError
 
-    if isinstance(exc, (SettingsError, StoreStateError, ModelSetupError, InvalidInputError)):
+    if isinstance(exc, (SettingsError, StoreStateError, ModelSetupError, InvalidInputError, TenantMoveRefused)):
         return str(exc), EXIT_MISCONFIGURED  # a refused turn or request: the input must change first
     if isinstance(exc, (WorkerError, MnemosClientError)):
         return str(exc), EXIT_FAILED

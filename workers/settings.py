@@ -136,6 +136,7 @@ class Settings:
     job_timeout_s: int = 60  # rq kills a job after this
     result_ttl_s: int = 600
     retrieve_timeout_s: float = 30.0  # the client's own wait; then RetrievalTimeout
+    move_wait_s: float = 30.0  # with shards: how long a client call for a tenant being moved waits; then TenantMoving
     # metrics
     ingest_metrics_port: int = 9101
     query_metrics_port: int = 9102
@@ -209,10 +210,9 @@ class Settings:
             raise SettingsError(f"update_rule must be rank_gap or uniform, not {self.update_rule!r}")
         if not (math.isfinite(self.suppression_threshold) and self.suppression_threshold >= 0):
             raise SettingsError(f"suppression_threshold must be a finite number >= 0, got {self.suppression_threshold}")
-        if self.rerank_cache_pairs < 0:
-            raise SettingsError(f"rerank_cache_pairs must be >= 0, got {self.rerank_cache_pairs}")
-        if self.packet_cache_size < 0:
-            raise SettingsError(f"packet_cache_size must be >= 0, got {self.packet_cache_size}")
+        for name in ("rerank_cache_pairs", "packet_cache_size"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("packet_mmr_lambda", "packet_redundancy_threshold", "packet_session_share"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise SettingsError(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -224,7 +224,7 @@ class Settings:
             raise SettingsError(f"blas_threads must be >= 1 or none, got {self.blas_threads}")
         for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",
                      "ingest_batch_size", "outcome_batch_size", "max_k", "default_k", "max_text_bytes",
-                     "rerank_windows"):
+                     "rerank_windows", "reindex_batch_size"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.session_top < 1 or self.temporal_slack_days < 0:
@@ -247,8 +247,6 @@ class Settings:
         if self.index_memory_mb < 1 or self.max_cached_tenants < 1:
             raise SettingsError(f"index_memory_mb and max_cached_tenants must be >= 1, got {self.index_memory_mb}, "
                                 f"{self.max_cached_tenants}")
-        if self.reindex_batch_size < 1:
-            raise SettingsError(f"reindex_batch_size must be >= 1, got {self.reindex_batch_size}")
         self._resolve_shard_map()
         check_redis_url(self.redis_url)
         check_database_url(self.database_url)
@@ -308,6 +306,8 @@ class Settings:
             raise SettingsError(f"db_statement_timeout_s must be positive or none, got {self.db_statement_timeout_s}")
         if not (math.isfinite(self.intermediate_grace_s) and self.intermediate_grace_s > 0):
             raise SettingsError(f"intermediate_grace_s must be positive, got {self.intermediate_grace_s}")
+        if not (math.isfinite(self.move_wait_s) and self.move_wait_s >= 0):
+            raise SettingsError(f"move_wait_s must be a number of seconds >= 0, got {self.move_wait_s}")
         if not (math.isfinite(self.mcp_ingest_wait_s) and self.mcp_ingest_wait_s >= 0):
             raise SettingsError(f"mcp_ingest_wait_s must be a number of seconds >= 0, got {self.mcp_ingest_wait_s}")
         for name in ("mcp_port", "mcp_metrics_port"):

@@ -258,11 +258,12 @@ def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[st
         key = sharding.directory_key(settings.stream_prefix, shard, SHARDS)
         assert redis_client(settings.for_shard(shard)).hget(key, tenant) == (None if shard == 0 else b"0")
     again = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant, "--to", "0"], env=env)
-    assert again.exit_code == 1 and "served by shard 0 already" in again.output
+    # new-operator session: running a move twice failed with exit code 1, "a service failed"
+    assert again.exit_code == 0 and f"tenant {tenant} is served by shard 0 already: nothing moved" in again.output
     # new-operator session: a mistyped id "moved", leaving a directory marker for a tenant that never was
     elsewhere = str(1 - sharding.shard_of(tenant + "-typo", SHARDS))
     typo = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant + "-typo", "--to", elsewhere], env=env)
-    assert typo.exit_code == 1 and "nothing to move (a mistyped id?)" in typo.output
+    assert typo.exit_code == 2 and "nothing to move (a mistyped id?)" in typo.output  # the command must change
     assert not any(redis_client(settings.for_shard(shard)).hexists(
         sharding.directory_key(settings.stream_prefix, shard, SHARDS), tenant + "-typo") for shard in range(SHARDS))
 
@@ -298,8 +299,12 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
     assert client.connections[0].hget(marker, t) == b"frozen" and len(_turn_ids(b, t)) == 8 == len(_turn_ids(a, t))
 
     monkeypatch.undo()
-    report = move_tenant(settings, t, 1, echo=lambda _: None)
+    lines: list[str] = []
+    report = move_tenant(settings, t, 1, echo=lines.append)
     assert report.resumed and report.turns.moved == 2 and client.shard_of(t) == 1
+    # new-operator session: the summary said "copied 8 entries ... 0 tombstones" for a copy it did not make
+    assert report.copied_before and "8 entries found copied by the stopped run" in report.line()
+    assert f"found 8 entries of tenant {t} on shard 1, copied by the stopped run" in lines
     assert factories.drain_shard(settings, client, 1) == 2
     assert set(_turn_ids(b, t)) == {f"T-{n}" for n in range(8)} | {"late-0", "late-1"}
     assert t not in postgres_tenants(a) and t not in redis_tenants(client.connections[0])
@@ -406,7 +411,7 @@ def test_a_stopped_move_is_finished_where_it_went_or_not_at_all(settings: Settin
     # stored a turn on shard 0 since; a move to shard 2 then took shard 1's stale rows there and left
     # that turn behind, unreachable
     import workers.ops.tenant_move as tenant_move
-    from workers.runtime.errors import StoreError, TenantMoveError
+    from workers.runtime.errors import StoreError, TenantMoveError, TenantMoveRefused
 
     with shard_cluster(settings, tmp_path, 3) as cluster:
         three = cluster.settings
@@ -424,7 +429,7 @@ def test_a_stopped_move_is_finished_where_it_went_or_not_at_all(settings: Settin
         with pytest.raises(TenantMoveError, match="stays frozen"):
             move_tenant(three, t, 0, echo=lambda _: None)
         monkeypatch.undo()
-        with pytest.raises(TenantMoveError, match="finish that move with --to 0"):
+        with pytest.raises(TenantMoveRefused, match="finish that move with --to 0"):
             move_tenant(three, t, 2, echo=lambda _: None)
         assert not postgres_tenants(cluster.database_urls[2]) and client.shard_of(t) == 0
         assert move_tenant(three, t, 0, echo=lambda _: None).resumed
@@ -534,7 +539,7 @@ def test_a_stopped_move_of_a_tenant_with_only_pending_turns_is_not_resumed_elsew
     # break-it session, round 4: the refusal above looked at rows only; a tenant with nothing stored
     # yet had its pending turns moved to shard 1's stream, and a move to shard 2 left them there
     import workers.ops.tenant_move as tenant_move
-    from workers.runtime.errors import StoreError, TenantMoveError
+    from workers.runtime.errors import StoreError, TenantMoveError, TenantMoveRefused
 
     with shard_cluster(settings, tmp_path, 3) as cluster:
         three = cluster.settings
@@ -551,6 +556,6 @@ def test_a_stopped_move_of_a_tenant_with_only_pending_turns_is_not_resumed_elsew
             move_tenant(three, t, 1, echo=lambda _: None)
         monkeypatch.undo()
         assert not postgres_tenants(cluster.database_urls[1])  # only its message is there
-        with pytest.raises(TenantMoveError, match="finish that move with --to 1"):
+        with pytest.raises(TenantMoveRefused, match="finish that move with --to 1"):
             move_tenant(three, t, 2, echo=lambda _: None)
         assert move_tenant(three, t, 1, echo=lambda _: None).resumed and client.shard_of(t) == 1

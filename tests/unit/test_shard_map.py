@@ -98,3 +98,16 @@ def test_every_client_gets_one_redis_per_shard_from_the_map() -> None:
     assert [c.connection_pool.connection_kwargs["port"] for c in connections] == [7000, 7001, 7002]
     single = client_connections(Settings.from_env({}))
     assert not isinstance(single, list)
+
+
+def test_the_cli_client_waits_for_a_moved_tenant_as_long_as_move_wait_s_says() -> None:
+    # new-operator session: move_wait_s was a MnemosClient argument only, so the CLI and the MCP server
+    # always waited 30 s for a tenant being moved
+    from workers.runtime.connections import settings_client
+
+    settings = Settings.from_env(_env(MAP, MNEMOS_MOVE_WAIT_S="2.5"))
+    assert settings.move_wait_s == 2.5
+    client = settings_client(settings)
+    assert client.directory is not None and client.directory.wait_s == 2.5
+    with pytest.raises(SettingsError, match="move_wait_s must be a number of seconds >= 0"):
+        Settings.from_env(_env(MAP, MNEMOS_MOVE_WAIT_S="-1"))

@@ -59,7 +59,7 @@ from workers.ops.tenant_move_streams import (
     tenant_entries,
 )
 from workers.runtime.connections import redis_client
-from workers.runtime.errors import SettingsError, TenantMoveError
+from workers.runtime.errors import SettingsError, TenantMoveError, TenantMoveRefused
 from workers.settings import Settings
 from workers.store import PostgresStore
 from workers.store.postgres_tenant import PostgresTenantSession
@@ -97,11 +97,23 @@ class MoveReport:
     dead_letters: StreamMove
     seconds: float
 
+    copied_before: bool = False  # a resumed move found the rows a stopped run had copied: counted, not copied
+
+    @classmethod
+    def nothing(cls, tenant_id: str, shard: int, seconds: float) -> MoveReport:
+        """The report of a move to the shard that serves the tenant already: nothing moved."""
+        none = StreamMove(0, 0, 0)
+        return cls(tenant_id, shard, shard, False, 0, 0, 0, 0, 0, none, none, none, seconds)
+
     def line(self) -> str:
         """One line for the operator."""
+        if self.source == self.target:
+            return f"tenant {self.tenant_id} is served by shard {self.target} already: nothing moved"
+        rows = (f"{self.entries} entries found copied by the stopped run" if self.copied_before else
+                f"{self.entries} entries ({self.aliases} aliases), {self.scores} suppression scores, "
+                f"{self.tombstones} tombstones")
         return (f"moved tenant {self.tenant_id} from shard {self.source} to shard {self.target}"
-                f"{' (resumed)' if self.resumed else ''} in {self.seconds:.1f}s: {self.entries} entries "
-                f"({self.aliases} aliases), {self.scores} suppression scores, {self.tombstones} tombstones; "
+                f"{' (resumed)' if self.resumed else ''} in {self.seconds:.1f}s: {rows}; "
                 f"{self.forgets} pending forgets applied; {self.turns.moved} pending turns moved "
                 f"({self.turns.dropped} not: covered by a forget, or forgets applied above), {self.outcomes.moved} pending outcomes moved, "
                 f"{self.dead_letters.moved} dead letters moved ({self.dead_letters.dropped} forgotten)")
@@ -145,8 +157,11 @@ def locate(settings: Settings, tenant_id: str) -> tuple[int, bool]:
 def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[[str], None] = log.info) -> MoveReport:
     """Move ``tenant_id`` to shard ``target`` (module docstring); returns what moved.
 
-    Raises SettingsError without a shard map or for a shard the map does not have; TenantMoveError when
-    the tenant is on ``target`` already, or a step failed (the message says where the tenant is left)."""
+    A tenant that ``target`` serves already is not touched: the report says nothing moved (running a
+    move twice is no error). Raises SettingsError without a shard map or for a shard the map does not
+    have; TenantMoveRefused, before anything changed, for a tenant id with no rows and no messages or a
+    stopped move resumed towards another shard than one holding its copy; TenantMoveError when a step
+    failed (the message says where the tenant is left)."""
     if settings.shard_map is None or settings.shards < 2:
         raise SettingsError("mnemos reshard move needs MNEMOS_SHARDS >= 2 and MNEMOS_SHARD_MAP (each shard on its "
                             "own servers)")
@@ -154,12 +169,14 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
     started = time.monotonic()
     connections = [redis_client(settings.for_shard(s)) for s in range(settings.shards)]
     source, resumed = _locate(connections, settings, tenant_id)
-    if source == target:
-        raise TenantMoveError(f"tenant {tenant_id!r} is served by shard {target} already")
+    if source == target:  # never frozen here: _locate returns a frozen tenant's source, never its target
+        for connection in connections:
+            connection.close()
+        return MoveReport.nothing(tenant_id, target, time.monotonic() - started)
     if resumed:
         _refuse_another_target(settings, connections, tenant_id, source, target)
     elif not _known(settings, connections[source], source, tenant_id):
-        raise TenantMoveError(f"tenant {tenant_id!r} has no rows and no messages on shard {source}: nothing to move "
+        raise TenantMoveRefused(f"tenant {tenant_id!r} has no rows and no messages on shard {source}: nothing to move "
                               "(a mistyped id?)")
     src, dst = settings.for_shard(source), settings.for_shard(target)
     connections[source].hset(src_key := sharding.directory_key(settings.stream_prefix, source, settings.shards),
@@ -173,9 +190,10 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
             lock_tenant(a, tenant_id)
             with target_store.tenant_tx(tenant_id) as b:
                 lock_tenant(b, tenant_id)
-                id_map, counts = _copy_rows(a, b, tenant_id, resumed)
+                id_map, counts, copied_before = _copy_rows(a, b, tenant_id, resumed)
             copied = True
-            echo(f"copied {counts[0]} entries of tenant {tenant_id} to shard {target}")
+            echo(f"found {counts[0]} entries of tenant {tenant_id} on shard {target}, copied by the stopped run"
+                 if copied_before else f"copied {counts[0]} entries of tenant {tenant_id} to shard {target}")
             forgets = _apply_pending_forgets(target_store, connections[source], src, tenant_id, limits_of(settings),
                                              id_map)
             with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
@@ -199,7 +217,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
             connection.close()
     echo(f"routing of tenant {tenant_id} flipped to shard {target}")
     return MoveReport(tenant_id, source, target, resumed, *counts, forgets, *moves,
-                      seconds=time.monotonic() - started)
+                      seconds=time.monotonic() - started, copied_before=copied_before)
 
 
 def _known(settings: Settings, connection: redis.Redis, shard: int, tenant_id: str) -> bool:
@@ -214,7 +232,7 @@ def _known(settings: Settings, connection: redis.Redis, shard: int, tenant_id: s
 
 def _refuse_another_target(settings: Settings, connections: list[redis.Redis], tenant_id: str, source: int,
                            target: int) -> None:
-    """Raise TenantMoveError when a third shard holds rows or turns-stream messages of the frozen
+    """Raise TenantMoveRefused when a third shard holds rows or turns-stream messages of the frozen
     tenant: a stopped move copied it there, or moved its pending messages there, or clients wrote there
     after its streams step; resumed towards another target, it would leave those behind, unreachable
     (break-it sessions, 2026-12-07)."""
@@ -222,21 +240,23 @@ def _refuse_another_target(settings: Settings, connections: list[redis.Redis], t
         if shard in (source, target):
             continue
         if _known(settings, connections[shard], shard, tenant_id):
-            raise TenantMoveError(
+            raise TenantMoveRefused(
                 f"tenant {tenant_id!r} is frozen on shard {source} by a move that stopped, and shard {shard} "
                 f"holds rows or messages of it: finish that move with --to {shard}, or roll it back "
                 "(docs/scaling.md \"Moving a tenant between shards\")")
 
 
 def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
-               resumed: bool) -> tuple[dict[int, int], tuple[int, int, int, int]]:
+               resumed: bool) -> tuple[dict[int, int], tuple[int, int, int, int], bool]:
     """Copy the rows (or, resuming a move whose copy committed, rebuild its id map by turn id); returns the
-    id map and (entries, aliases, scores, tombstones) copied."""
+    id map, (entries, aliases, scores, tombstones) copied (only the entries found, for a copy a stopped run
+    made), and whether the copy was found rather than made."""
     if resumed and tenant_present(b, tenant_id):
         old, new = entry_ids_by_turn(a, tenant_id), entry_ids_by_turn(b, tenant_id)
-        return {entry: new[turn] for turn, entry in old.items() if turn in new}, (len(new), 0, 0, 0)
+        return {entry: new[turn] for turn, entry in old.items() if turn in new}, (len(new), 0, 0, 0), True
     report = copy_tenant(a, b, tenant_id)
-    return dict(report.id_map), (report.entries, report.aliases, report.suppression, len(report.tombstones))
+    return (dict(report.id_map), (report.entries, report.aliases, report.suppression, len(report.tombstones)),
+            False)
 
 
 def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Settings, tenant_id: str,

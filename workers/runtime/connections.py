@@ -28,16 +28,17 @@ def redis_client(settings: Settings, **overrides: object) -> redis.Redis:
 
 def settings_client(settings: Settings) -> MnemosClient:
     """A :class:`api.client.MnemosClient` configured as the service is (``MNEMOS_*`` settings: Redis
-    URL or shard map, stream prefix, queue, limits, timeouts, result TTL, shards): what the CLI and
-    the MCP server use, and what code that shares the workers' environment should use
-    (``settings_client(Settings.from_env())``)."""
+    URL or shard map, stream prefix, queue, limits, timeouts, result TTL, shards, the wait for a tenant
+    being moved): what the CLI and the MCP server use, and what code that shares the workers'
+    environment should use (``settings_client(Settings.from_env())``)."""
     from api.client import MnemosClient
     from api.validation import limits_of
 
     return MnemosClient(client_connections(settings), stream_prefix=settings.stream_prefix,
                         queue_name=settings.queue_name, limits=limits_of(settings),
                         retrieve_timeout_s=settings.retrieve_timeout_s, job_timeout_s=settings.job_timeout_s,
-                        result_ttl_s=settings.result_ttl_s, shards=settings.shards)
+                        result_ttl_s=settings.result_ttl_s, shards=settings.shards,
+                        move_wait_s=settings.move_wait_s)
 
 
 __all__ = ["client_connections", "redis_client", "settings_client"]

@@ -106,6 +106,12 @@ class ReindexError(WorkerError):
 
 
 class TenantMoveError(WorkerError):
-    """Raised by ``mnemos reshard move`` when a tenant cannot be moved between shards (no shard map, the
-    tenant already on the target, a move of it under way, or a step that failed); the message says
-    where the tenant is left (serving from its source, or frozen until the move is run again)."""
+    """Raised by ``mnemos reshard move`` when a tenant cannot be moved between shards (a move of it under
+    way, or a step that failed); the message says where the tenant is left (serving from its source, or
+    frozen until the move is run again)."""
+
+
+class TenantMoveRefused(TenantMoveError):
+    """Raised by ``mnemos reshard move`` before it changes anything, when the command itself must change:
+    a tenant id with no rows and no messages (a mistyped id?), or a stopped move resumed towards another
+    shard than one that holds its copy (exit code 2, as for a setting that must change first)."""
