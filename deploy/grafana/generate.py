@@ -119,11 +119,14 @@ OVERVIEW = Dashboard(
         )),
         Row("Backlog", (
             Panel("Stream lag", "Entries not yet delivered, per stream and consumer group.",
-                  (Query(f"max by (stream, group) (mnemos_stream_lag{sel()})", "{{stream}} / {{group}}"),), width=8),
+                  (Query(f"max by (stream, group) (mnemos_stream_lag{sel()})", "{{stream}} / {{group}}"),), width=6),
             Panel("Pending entries", "Entries delivered but not acknowledged, per stream and consumer group.",
-                  (Query(f"max by (stream, group) (mnemos_stream_pending{sel()})", "{{stream}} / {{group}}"),), width=8),
+                  (Query(f"max by (stream, group) (mnemos_stream_pending{sel()})", "{{stream}} / {{group}}"),), width=6),
             Panel("Retrieval queue", "rq jobs waiting for a query worker.",
-                  (Query(f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),), width=8),
+                  (Query(f"max by (queue) (mnemos_queue_length{sel()})", "{{queue}}"),), width=6),
+            Panel("Frozen tenants", "Tenants frozen by a tenant move (mnemos reshard move), per shard's directory; "
+                  "one held for long is a stopped move (runbook MnemosTenantFrozen). Shards only.",
+                  (Query(f"max by (directory) (mnemos_tenants_frozen{sel()})", "{{directory}}"),), width=6),
         )),
         Row("Agents (mnemos mcp)", (
             Panel("MCP tool calls", "Tool calls per second of the MCP servers, by tool and outcome (ok, or a tool "

@@ -65,6 +65,7 @@ CODE_EXTRA_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mnemos_query_tenant_cache_evictions_total": ("counter", ()),
     "mnemos_query_tenant_cache_bytes": ("gauge", ()),
     "mnemos_query_tenant_cache_tenants": ("gauge", ()),
+    "mnemos_tenants_frozen": ("gauge", ("directory",)),
 }
 # Label values the code uses (docs/architecture.md "Contracts"); a matcher on another value selects nothing.
 LABEL_VALUES: dict[str, frozenset[str]] = {

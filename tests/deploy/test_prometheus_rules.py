@@ -108,8 +108,8 @@ def test_every_aggregation_keeps_the_namespace(rule):
 
 @pytest.mark.parametrize("rule", RECORDS, ids=_id)
 def test_worker_series_are_summed_per_job(rule):
-    if rule["record"].startswith(("mnemos:stream_", "mnemos:queue_")):
-        return  # every worker samples the same backlog: combined per namespace with max
+    if rule["record"].startswith(("mnemos:stream_", "mnemos:queue_", "mnemos:tenants_frozen")):
+        return  # every worker samples the same backlog (or directory): combined per namespace with max
     assert re.search(r"by \([^)]*\bjob\b", " ".join(str(rule["expr"]).split())), _id(rule)
 
 
@@ -161,7 +161,8 @@ def test_stream_and_queue_gauges_are_never_summed_across_replicas():
     # every worker process samples every stream and the queue: a sum counts each backlog once per pod
     for rule in RULES:
         expr = " ".join(str(rule["expr"]).split())
-        for gauge in ("mnemos_stream_lag", "mnemos_stream_pending", "mnemos_stream_length", "mnemos_queue_length"):
+        for gauge in ("mnemos_stream_lag", "mnemos_stream_pending", "mnemos_stream_length", "mnemos_queue_length",
+                      "mnemos_tenants_frozen"):
             assert f"sum({gauge}" not in expr and not (gauge in expr and expr.startswith("sum")), _id(rule)
 
 

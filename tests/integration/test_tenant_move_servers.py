@@ -310,6 +310,20 @@ def test_a_move_that_fails_is_undone_before_its_copy_and_resumed_after_it(cluste
     assert t not in postgres_tenants(a) and t not in redis_tenants(client.connections[0])
 
 
+def _frozen_gauges(settings: Settings) -> dict[int, float]:
+    """``mnemos_tenants_frozen`` as a worker of each shard samples it (its own Redis, its directory key)."""
+    from workers.runtime.metrics import ServiceMetrics
+    from workers.runtime.streams import StreamSampler
+
+    out = {}
+    for shard in range(SHARDS):
+        own, metrics = settings.for_shard(shard), ServiceMetrics()
+        key = sharding.directory_key(settings.stream_prefix, shard, SHARDS)
+        StreamSampler(redis_client(own), metrics, [], [], 60.0, key).sample()
+        out[shard] = metrics.tenants_frozen.labels(directory=key)._value.get()
+    return out
+
+
 def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_resumed(
         cluster: ShardCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     # break-it session: the streams step removes the target's marker; the ring shard had none left,
@@ -345,8 +359,11 @@ def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_res
     health = CliRunner().invoke(cli, ["health", "--all-shards", "--no-models"], env=env)  # it said all was well
     assert health.exit_code == 0 and f"shard 1 tenant moves: 1 tenant(s) frozen by a move running or stopped: {t!r}" \
         in health.output and "shard 0 tenant moves: no tenant frozen" in health.output
+    frozen = _frozen_gauges(settings)  # new-operator session: no metric, so no alert, for a frozen tenant
+    assert frozen == {0: 0.0, 1: 1.0}
     report = move_tenant(settings, t, 0, echo=lambda _: None)
     assert (report.source, report.target, report.resumed) == (1, 0, True) and client.shard_of(t) == 0
+    assert _frozen_gauges(settings) == {0: 0.0, 1: 0.0}
     assert len(_turn_ids(a, t)) == 8 and t not in postgres_tenants(b)
 
 

@@ -25,6 +25,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from api import sharding
 from workers.ingest import worker as ingest
 from workers.runtime.connections import redis_client
 from workers.runtime.errors import ModelSetupError, StoreError, StoreStateError
@@ -70,8 +71,10 @@ def _metrics(settings: Settings, port: int, worker: str, connection: redis.Redis
     if settings.metrics_enabled:
         serve(metrics, port, worker, liveness, settings.metrics_host)
     streams = [(settings.turns_stream, ingest.GROUP), (settings.outcomes_stream, suppression.GROUP)]
+    directory = (sharding.directory_key(settings.stream_prefix, settings.shard, settings.shards)
+                 if settings.shards > 1 else None)
     sampler = StreamSampler(connection, metrics, streams, [settings.retrieval_queue],
-                           settings.sample_interval_s)
+                           settings.sample_interval_s, directory)
     return metrics, sampler.start()
 
 

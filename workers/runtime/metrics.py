@@ -177,6 +177,9 @@ class ServiceMetrics:
         self.stream_lag = Gauge("mnemos_stream_lag", "Entries not yet delivered to the group", ["stream", "group"],
                                 registry=r)
         self.queue_length = Gauge("mnemos_queue_length", "Jobs waiting in an rq queue", ["queue"], registry=r)
+        self.tenants_frozen = Gauge(
+            "mnemos_tenants_frozen", "Tenants a shard's tenant directory holds frozen: a move (mnemos reshard move) "
+            "running or stopped; their clients wait, then get TenantMoving", ["directory"], registry=r)
         # every worker
         self.worker_up = Gauge("mnemos_worker_up", "1 while the worker runs", ["worker"], registry=r)
         self.dead_letters = Counter("mnemos_dead_letters_total", "Messages dead-lettered or lost", ["reason"],

@@ -34,6 +34,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+from api.directory import FROZEN
 from workers.runtime.consumers import PRUNE_IDLE_MS, prune_idle_consumers
 from workers.runtime.errors import StoreError
 from workers.runtime.metrics import ServiceMetrics
@@ -231,18 +232,20 @@ def stream_position(stream_id: str) -> tuple[int, int]:
 
 
 class StreamSampler:
-    """Background thread: stream length / pending / lag per (stream, group) and rq queue lengths.
+    """Background thread: stream length / pending / lag per (stream, group), rq queue lengths and, given
+    the shard's tenant directory key (``directory``, with shards), the tenants frozen there by a move.
 
     Sampling errors are logged and skipped; the thread is a daemon and stops with :meth:`stop`.
     """
 
     def __init__(self, connection: redis.Redis, metrics: ServiceMetrics, streams: Sequence[tuple[str, str]],
-                 queues: Sequence[str], interval_s: float) -> None:
+                 queues: Sequence[str], interval_s: float, directory: str | None = None) -> None:
         self.connection = connection
         self.metrics = metrics
         self.streams = list(streams)
         self.queues = list(queues)
         self.interval_s = interval_s
+        self.directory = directory
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mnemos-sampler", daemon=True)
 
@@ -267,6 +270,9 @@ class StreamSampler:
             self.metrics.stream_state(stream, group, length=length, pending=pending, lag=lag)
         for queue in self.queues:
             self.metrics.queue_length.labels(queue=queue).set(int(self.connection.llen(f"rq:queue:{queue}")))
+        if self.directory is not None:  # markers: "frozen", or the shard a moved tenant is served by
+            frozen = sum(value == FROZEN.encode() for _, value in self.connection.hscan_iter(self.directory))
+            self.metrics.tenants_frozen.labels(directory=self.directory).set(frozen)
 
     def _run(self) -> None:
         while not self._stop.is_set():
