@@ -104,7 +104,7 @@ class Directory:
         """The shard serving ``tenant_id`` now, from its ``home`` shard by the markers (waiting while it
         is frozen). Raises TenantMoving after ``wait_s``, ShardUnavailable when a shard's Redis fails."""
         deadline = time.monotonic() + self.wait_s
-        shard = home
+        shard, hops = home, 0
         while True:
             try:
                 marker = self.connections[shard].hget(self.key(shard), tenant_id)
@@ -114,18 +114,26 @@ class Directory:
                 return shard
             if _text(marker) == FROZEN:
                 time.sleep(self.poll_s)
-            shard = self._next(shard, tenant_id, _text(marker), deadline)
+            else:
+                hops += 1
+            shard = self._next(shard, tenant_id, _text(marker), deadline, hops)
 
-    def _next(self, shard: int, tenant_id: str, marker: str, deadline: float) -> int:
+    def _next(self, shard: int, tenant_id: str, marker: str, deadline: float, hops: int) -> int:
         """The shard to ask next after ``marker`` was read on ``shard``: the one it names, or (frozen) the
-        same again; TenantMoving past ``deadline`` (also for a loop of markers)."""
-        if time.monotonic() >= deadline:
-            raise TenantMoving(shard, tenant_id, self.wait_s)
+        same again. TenantMoving once a frozen tenant is still frozen past ``deadline``; the wait applies to
+        frozen markers only, so a moved tenant is followed however small ``wait_s`` is (a break-it session
+        found every call for a moved tenant failing with ``MNEMOS_MOVE_WAIT_S=0``). ShardUnavailable for a
+        marker that names no shard of this client, and after ``hops`` shard markers followed beyond twice
+        the shards (markers that loop)."""
         if marker == FROZEN:
+            if time.monotonic() >= deadline:
+                raise TenantMoving(shard, tenant_id, self.wait_s)
             return shard
-        target = int(marker)
+        if hops > 2 * self.shards:
+            raise ShardUnavailable(shard, f"the tenant directory's markers for {tenant_id!r} loop between shards")
+        target = int(marker) if marker.isdecimal() and marker.isascii() else -1
         if not 0 <= target < self.shards:
-            raise ShardUnavailable(shard, f"the tenant directory names shard {target} for {tenant_id!r}, "
+            raise ShardUnavailable(shard, f"the tenant directory names shard {marker!r} for {tenant_id!r}, "
                                           f"which this client (shards={self.shards}) does not have")
         return target
 
@@ -140,6 +148,7 @@ class Directory:
         todo = [(index, home_of(tenant)) for index, (tenant, _) in enumerate(messages)]
         deadline = time.monotonic() + self.wait_s
         done: set[int] = set()
+        hops: dict[str, int] = {}  # tenant -> shard markers followed
         while todo:
             by_shard: dict[int, list[int]] = {}
             for index, shard in todo:
@@ -156,7 +165,8 @@ class Directory:
                         continue
                     tenant = messages[index][0]
                     if tenant not in after:
-                        after[tenant] = self._next(shard, tenant, value, deadline)
+                        hops[tenant] = hops.get(tenant, 0) + (value != FROZEN)
+                        after[tenant] = self._next(shard, tenant, value, deadline, hops[tenant])
                     todo.append((index, after[tenant]))
                     frozen = frozen or value == FROZEN
             if frozen:

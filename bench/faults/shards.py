@@ -35,12 +35,11 @@ from typing import Any
 from api import sharding
 from api.client import MnemosClient
 from api.errors import MnemosClientError, ShardUnavailable
-from api.validation import limits_of
 from bench.faults.phases import dedupe_violations, turn_traffic
 from bench.faults.run import FaultPlan, FaultRun, PhaseReport, count_turns, publish_paced, words
 from bench.faults.servers import RedisServer, WorkerProcess
 from bench.faults.shard_figures import ShardFigures
-from workers.runtime.connections import redis_client
+from workers.runtime.connections import settings_client
 from workers.settings import Settings, to_environment
 from workers.store.audit import Audit
 
@@ -170,11 +169,9 @@ def shard_settings(run: FaultRun, plan: FaultPlan, servers: Sequence[RedisServer
 
 
 def sharded_client(settings: Settings) -> MnemosClient:
-    """A client of every shard, each on its shard's Redis, built as the ``mnemos`` processes build theirs."""
-    connections = [redis_client(settings.for_shard(n)) for n in range(settings.shards)]
-    return MnemosClient(connections, stream_prefix=settings.stream_prefix, queue_name=settings.queue_name,
-                        limits=limits_of(settings), retrieve_timeout_s=settings.retrieve_timeout_s,
-                        job_timeout_s=settings.job_timeout_s, shards=settings.shards)
+    """A client of every shard, each on its shard's Redis, built as the ``mnemos`` processes build theirs
+    (:func:`workers.runtime.connections.settings_client`, with the shard map's servers)."""
+    return settings_client(settings)
 
 
 def wait_until(done: Callable[[], object], timeout_s: float, what: str) -> None:

@@ -264,6 +264,10 @@ def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[st
     elsewhere = str(1 - sharding.shard_of(tenant + "-typo", SHARDS))
     typo = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant + "-typo", "--to", elsewhere], env=env)
     assert typo.exit_code == 2 and "nothing to move (a mistyped id?)" in typo.output  # the command must change
+    # break-it session: a typo whose ring shard is the target read "served by shard N already: nothing moved"
+    home = str(sharding.shard_of(tenant + "-typo", SHARDS))
+    typo = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant + "-typo", "--to", home], env=env)
+    assert typo.exit_code == 2 and "nothing to move (a mistyped id?)" in typo.output
     assert not any(redis_client(settings.for_shard(shard)).hexists(
         sharding.directory_key(settings.stream_prefix, shard, SHARDS), tenant + "-typo") for shard in range(SHARDS))
 
@@ -361,6 +365,10 @@ def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_res
         in health.output and "shard 0 tenant moves: no tenant frozen" in health.output
     frozen = _frozen_gauges(settings)  # new-operator session: no metric, so no alert, for a frozen tenant
     assert frozen == {0: 0.0, 1: 1.0}
+    # break-it session: "--to" the frozen source said "served by shard 1 already: nothing moved", exit 0
+    back = CliRunner().invoke(cli, ["reshard", "move", "--tenant", t, "--to", "1"], env=env)
+    assert back.exit_code == 2 and f"tenant {t!r} is frozen on shard 1" in back.output
+    assert "shard 0 holds its copy or messages: finish that move with --to 0" in back.output
     report = move_tenant(settings, t, 0, echo=lambda _: None)
     assert (report.source, report.target, report.resumed) == (1, 0, True) and client.shard_of(t) == 0
     assert _frozen_gauges(settings) == {0: 0.0, 1: 0.0}
@@ -576,3 +584,30 @@ def test_a_stopped_move_of_a_tenant_with_only_pending_turns_is_not_resumed_elsew
         with pytest.raises(TenantMoveRefused, match="finish that move with --to 1"):
             move_tenant(three, t, 2, echo=lambda _: None)
         assert move_tenant(three, t, 1, echo=lambda _: None).resumed and client.shard_of(t) == 1
+
+
+def test_directory_markers_that_name_no_shard_are_refused_by_name(cluster: ShardCluster) -> None:
+    # break-it session: such a marker ended `reshard move` and `reshard where` in a raw ValueError or IndexError
+    from click.testing import CliRunner
+
+    from workers.cli import cli
+
+    settings = cluster.settings
+    assert settings.shard_map is not None
+    migrate_shards(settings, echo=lambda _: None)
+    t, _, _ = _tenants()
+    home = sharding.shard_of(t, SHARDS)
+    key = sharding.directory_key(settings.stream_prefix, home, SHARDS)
+    env = {"MNEMOS_SHARDS": str(SHARDS), "MNEMOS_SHARD_MAP": settings.shard_map,
+           "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
+    connection = redis_client(settings.for_shard(home))
+    try:
+        for bad in ("not-a-shard", "7", "-1"):
+            connection.hset(key, t, bad)
+            for args in (["reshard", "move", "--tenant", t, "--to", str(1 - home)], ["reshard", "where", "--tenant", t]):
+                result = CliRunner().invoke(cli, args, env=env)
+                assert result.exit_code == 2, (bad, args, result.output)
+                assert f"holds {bad!r} for tenant {t!r}, which is not a shard of this map" in result.output
+    finally:
+        connection.delete(key)
+        connection.close()

@@ -132,3 +132,29 @@ def test_the_client_follows_the_tenant_directory_and_holds_a_frozen_tenant() -> 
     assert caught.value.shard == 1 and len(redis.streams["unit:turns:{shard-1}"]) == 2
     with pytest.raises(TenantMoving):
         client.shard_of("dave")
+
+
+def test_a_moved_tenant_is_followed_with_no_wait_and_bad_markers_are_named() -> None:
+    # break-it session: with move_wait_s 0 (MNEMOS_MOVE_WAIT_S=0) every call for a moved tenant, not
+    # frozen, failed with TenantMoving: the deadline was checked before the marker was read
+    from api.directory import FROZEN
+    from api.errors import ShardUnavailable, TenantMoving
+
+    redis = RecordingRedis()
+    client = MnemosClient(redis, stream_prefix="unit", shards=3, move_wait_s=0.0)  # type: ignore[arg-type]
+    turn = {"session_id": "s", "role": "user", "text": "hi", "occurred_at": "2024-03-01T09:00:00+00:00"}
+    redis.hashes[sharding.directory_key("unit", 2, 3)] = {"dave": "1"}  # dave (ring shard 2) moved to shard 1
+    client.publish_turn({**turn, "tenant_id": "dave", "turn_id": "d1"})
+    assert client.shard_of("dave") == 1 and len(redis.streams["unit:turns:{shard-1}"]) == 1
+    redis.hashes[sharding.directory_key("unit", 1, 3)] = {"dave": FROZEN}
+    with pytest.raises(TenantMoving):  # frozen: no wait at all
+        client.shard_of("dave")
+    redis.hashes[sharding.directory_key("unit", 1, 3)] = {"dave": "2"}  # 2 -> 1 -> 2: markers that loop
+    with pytest.raises(ShardUnavailable, match="loop between shards"):
+        client.shard_of("dave")
+    with pytest.raises(ShardUnavailable, match="loop between shards"):
+        client.publish_turn({**turn, "tenant_id": "dave", "turn_id": "d2"})
+    for bad in ("not-a-shard", "7", "-1", "١"):
+        redis.hashes[sharding.directory_key("unit", 1, 3)] = {"dave": bad}
+        with pytest.raises(ShardUnavailable, match="which this client .shards=3. does not have"):
+            client.shard_of("dave")

@@ -134,11 +134,16 @@ def _locate(connections: list[redis.Redis], settings: Settings, tenant_id: str) 
             frozen = [s for s in range(settings.shards) if s != shard and connections[s].hget(
                 sharding.directory_key(settings.stream_prefix, s, settings.shards), tenant_id) == FROZEN.encode()]
             return (frozen[0], True) if frozen else (shard, False)
-        text = marker.decode() if isinstance(marker, bytes) else str(marker)
+        text = marker.decode(errors="replace") if isinstance(marker, bytes) else str(marker)
         if text == FROZEN:
             return shard, True
+        if not (text.isascii() and text.isdecimal() and int(text) < settings.shards):
+            raise TenantMoveRefused(
+                f"the tenant directory of shard {shard} holds {text!r} for tenant {tenant_id!r}, which is not a "
+                f"shard of this map (0..{settings.shards - 1}): fix or remove that marker "
+                f"({sharding.directory_key(settings.stream_prefix, shard, settings.shards)}) first")
         shard = int(text)
-    raise TenantMoveError(f"the tenant directory of {tenant_id!r} loops between shards; fix the markers "
+    raise TenantMoveRefused(f"the tenant directory of {tenant_id!r} loops between shards; fix the markers "
                           f"{settings.stream_prefix}:directory:* by hand")
 
 
@@ -150,34 +155,39 @@ def locate(settings: Settings, tenant_id: str) -> tuple[int, bool]:
     try:
         return _locate(connections, settings, tenant_id)
     finally:
-        for connection in connections:
-            connection.close()
+        _close(connections)
 
 
 def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[[str], None] = log.info) -> MoveReport:
     """Move ``tenant_id`` to shard ``target`` (module docstring); returns what moved.
 
-    A tenant that ``target`` serves already is not touched: the report says nothing moved (running a
-    move twice is no error). Raises SettingsError without a shard map or for a shard the map does not
-    have; TenantMoveRefused, before anything changed, for a tenant id with no rows and no messages or a
-    stopped move resumed towards another shard than one holding its copy; TenantMoveError when a step
-    failed (the message says where the tenant is left)."""
+    A tenant that ``target`` serves already, unfrozen, is not touched: the report says nothing moved
+    (running a move twice is no error). Raises SettingsError without a shard map or for a shard the map
+    does not have; TenantMoveRefused, before anything changed, for a tenant id with no rows and no
+    messages, a tenant frozen on ``target`` by a stopped move (the message names the shard holding its
+    copy), a stopped move resumed towards another shard than one holding its copy, or directory
+    markers that name no shard or loop; TenantMoveError when a step failed (the message says where the
+    tenant is left)."""
     if settings.shard_map is None or settings.shards < 2:
         raise SettingsError("mnemos reshard move needs MNEMOS_SHARDS >= 2 and MNEMOS_SHARD_MAP (each shard on its "
                             "own servers)")
     settings.servers_of(target)
     started = time.monotonic()
     connections = [redis_client(settings.for_shard(s)) for s in range(settings.shards)]
-    source, resumed = _locate(connections, settings, tenant_id)
-    if source == target:  # never frozen here: _locate returns a frozen tenant's source, never its target
-        for connection in connections:
-            connection.close()
+    try:
+        source, resumed = _locate(connections, settings, tenant_id)
+        if source == target:
+            _refuse_no_op(settings, connections, tenant_id, source, resumed)
+        elif resumed:
+            _refuse_another_target(settings, connections, tenant_id, source, target)
+        else:
+            _refuse_unknown(settings, connections, tenant_id, source)
+    except BaseException:
+        _close(connections)
+        raise
+    if source == target:
+        _close(connections)
         return MoveReport.nothing(tenant_id, target, time.monotonic() - started)
-    if resumed:
-        _refuse_another_target(settings, connections, tenant_id, source, target)
-    elif not _known(settings, connections[source], source, tenant_id):
-        raise TenantMoveRefused(f"tenant {tenant_id!r} has no rows and no messages on shard {source}: nothing to move "
-                              "(a mistyped id?)")
     src, dst = settings.for_shard(source), settings.for_shard(target)
     connections[source].hset(src_key := sharding.directory_key(settings.stream_prefix, source, settings.shards),
                              tenant_id, FROZEN)
@@ -213,8 +223,7 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
         raise TenantMoveError(f"moving tenant {tenant_id!r} failed after its rows were copied to shard {target} "
                               f"({exc}); it stays frozen: run the same move again to finish it") from exc
     finally:
-        for connection in connections:
-            connection.close()
+        _close(connections)
     echo(f"routing of tenant {tenant_id} flipped to shard {target}")
     return MoveReport(tenant_id, source, target, resumed, *counts, forgets, *moves,
                       seconds=time.monotonic() - started, copied_before=copied_before)
@@ -228,6 +237,41 @@ def _known(settings: Settings, connection: redis.Redis, shard: int, tenant_id: s
         if tenant_present(conn, tenant_id):
             return True
     return next(iter(tenant_entries(connection, own.turns_stream, tenant_id)), None) is not None
+
+
+def _close(connections: Sequence[redis.Redis]) -> None:
+    for connection in connections:
+        connection.close()
+
+
+def _refuse_unknown(settings: Settings, connections: list[redis.Redis], tenant_id: str, shard: int) -> None:
+    """Raise TenantMoveRefused when ``shard`` holds no row and no turns-stream message of the tenant."""
+    if not _known(settings, connections[shard], shard, tenant_id):
+        raise TenantMoveRefused(f"tenant {tenant_id!r} has no rows and no messages on shard {shard}: nothing to move "
+                                "(a mistyped id?)")
+
+
+def _refuse_no_op(settings: Settings, connections: list[redis.Redis], tenant_id: str, shard: int,
+                  resumed: bool) -> None:
+    """Raise TenantMoveRefused for a move to the shard ``_locate`` found, unless the tenant is served
+    there, unfrozen, and known there. A break-it session (2026-12-07) found "nothing moved" (exit 0)
+    for a tenant frozen on that shard by a stopped move, whose clients kept failing, and for a
+    mistyped id whose ring shard was the target."""
+    if not resumed:
+        _refuse_unknown(settings, connections, tenant_id, shard)
+        return
+    holders = [s for s in range(settings.shards) if s != shard and _known(settings, connections[s], s, tenant_id)]
+    where = (f"shard {holders[0]} holds its copy or messages: finish that move with --to {holders[0]}"
+             if len(holders) == 1 else
+             f"shards {', '.join(map(str, holders))} hold rows or messages of it: finish the stopped move with "
+             "the --to it was given" if holders else
+             "no other shard holds rows or messages of it (the move stopped before its copy): finish it with "
+             f"--to another shard, or, when no move of it runs, unfreeze it with HDEL "
+             f"{sharding.directory_key(settings.stream_prefix, shard, settings.shards)} {tenant_id} on shard "
+             f"{shard}'s Redis")
+    raise TenantMoveRefused(f"tenant {tenant_id!r} is frozen on shard {shard} by a move that is running or stopped, "
+                            f"so it is not served there yet; {where} (docs/scaling.md \"Moving a tenant between "
+                            "shards\")")
 
 
 def _refuse_another_target(settings: Settings, connections: list[redis.Redis], tenant_id: str, source: int,

@@ -231,9 +231,18 @@ def stream_position(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+DIRECTORY_SAMPLE_S = 60.0
+"""Seconds between two scans of the tenant directory by one worker (``mnemos_tenants_frozen``; its alert
+waits 15 minutes)."""
+
+DIRECTORY_SCAN_COUNT = 1000
+"""Fields one ``HSCAN`` call of the directory scan asks for."""
+
+
 class StreamSampler:
     """Background thread: stream length / pending / lag per (stream, group), rq queue lengths and, given
-    the shard's tenant directory key (``directory``, with shards), the tenants frozen there by a move.
+    the shard's tenant directory key (``directory``, with shards), the tenants frozen there by a move
+    (at most every :data:`DIRECTORY_SAMPLE_S`: the hash grows with every tenant ever moved).
 
     Sampling errors are logged and skipped; the thread is a daemon and stops with :meth:`stop`.
     """
@@ -246,6 +255,7 @@ class StreamSampler:
         self.queues = list(queues)
         self.interval_s = interval_s
         self.directory = directory
+        self._directory_due = 0.0  # monotonic time of the next directory scan
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mnemos-sampler", daemon=True)
 
@@ -270,9 +280,13 @@ class StreamSampler:
             self.metrics.stream_state(stream, group, length=length, pending=pending, lag=lag)
         for queue in self.queues:
             self.metrics.queue_length.labels(queue=queue).set(int(self.connection.llen(f"rq:queue:{queue}")))
-        if self.directory is not None:  # markers: "frozen", or the shard a moved tenant is served by
-            frozen = sum(value == FROZEN.encode() for _, value in self.connection.hscan_iter(self.directory))
+        if self.directory is not None and time.monotonic() >= self._directory_due:
+            # markers: "frozen", or the shard a moved tenant is served by; one per tenant a move ever
+            # touched, so the scan reads the whole hash: in pages of 1000, at most once a minute
+            frozen = sum(value == FROZEN.encode()
+                         for _, value in self.connection.hscan_iter(self.directory, count=DIRECTORY_SCAN_COUNT))
             self.metrics.tenants_frozen.labels(directory=self.directory).set(frozen)
+            self._directory_due = time.monotonic() + DIRECTORY_SAMPLE_S
 
     def _run(self) -> None:
         while not self._stop.is_set():
