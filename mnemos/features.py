@@ -136,9 +136,9 @@ _OPTIONAL: dict[Feature, frozenset[str]] = {
     Feature.SESSION: frozenset(),
     Feature.TEMPORAL: frozenset(),
     Feature.IMPORTANCE: frozenset({"neighbours", "damping", "iterations"}),
-    Feature.FIRST_STAGE: frozenset(),
-    Feature.BM25: frozenset(),
-    Feature.BM25_SCORE: frozenset(),
+    Feature.FIRST_STAGE: frozenset({"floor"}),
+    Feature.BM25: frozenset({"floor"}),
+    Feature.BM25_SCORE: frozenset({"floor"}),
 }
 
 
@@ -151,7 +151,10 @@ class FeatureSetting:
     ``importance``: ``weight`` and optionally ``neighbours``, ``damping``, ``iterations``;
     ``first_stage``: ``weight`` (in standard deviations of the pool's logits per standard
     deviation of its fused ranks); ``bm25``: ``weight`` (the same, per standard deviation of its
-    BM25 ranks). Weights are rerank-logit units. Hashable, so a :class:`~mnemos.pipeline.RetrievalConfig`
+    BM25 ranks); ``bm25_score``: ``weight`` (per standard deviation of its BM25 scores); each of these
+    three optionally ``floor`` (>= 0, logits): the spread the evidence is scaled to is at least this,
+    so a cross-encoder that cannot tell the pool apart yields to the evidence. Weights are
+    rerank-logit units. Hashable, so a :class:`~mnemos.pipeline.RetrievalConfig`
     holding settings stays hashable.
 
     Raises:
@@ -179,8 +182,8 @@ class FeatureSetting:
         for name, value in params.items():
             if not np.isfinite(float(value)):
                 raise InvalidParameterError(f"{feature.value}: {name} must be finite, got {value}")
-        if params.get("top", 1) < 1 or params.get("slack_days", 0) < 0:
-            raise InvalidParameterError(f"{feature.value}: top must be >= 1 and slack_days >= 0, got {params}")
+        if params.get("top", 1) < 1 or params.get("slack_days", 0) < 0 or params.get("floor", 0) < 0:
+            raise InvalidParameterError(f"{feature.value}: top must be >= 1, slack_days and floor >= 0, got {params}")
         object.__setattr__(self, "feature", feature)
         object.__setattr__(self, "params", params)
 
@@ -376,23 +379,29 @@ def importance_adjustment(
     return np.asarray(weight * (rank - rank.mean()) / spread, dtype=np.float64)
 
 
-def _rank_evidence(ranks: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
-    """``weight * sd(scores) * z(-ranks)`` over the pool; zeros when the ranks carry no order."""
-    return _evidence(-np.asarray(ranks, dtype=np.float64), scores, weight)
+def _rank_evidence(ranks: np.ndarray, scores: np.ndarray, weight: float, floor: float = 0.0) -> np.ndarray:
+    """``weight * max(sd(scores), floor) * z(-ranks)`` over the pool; zeros when the ranks carry no order."""
+    return _evidence(-np.asarray(ranks, dtype=np.float64), scores, weight, floor)
 
 
-def _evidence(values: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
-    """``weight * sd(scores) * z(values)`` over the pool (higher value = better evidence); zeros when
-    the values are missing, fewer than 2, or all equal."""
+def _evidence(values: np.ndarray, scores: np.ndarray, weight: float, floor: float = 0.0) -> np.ndarray:
+    """``weight * max(sd(scores), floor) * z(values)`` over the pool (higher value = better evidence);
+    zeros when the values are missing, fewer than 2, or all equal.
+
+    ``floor`` (logits) keeps evidence from vanishing with the cross-encoder's spread: with logits that
+    differ by less than the model's noise (short chit-chat beside a short answer, all scored as
+    unrelated), z-scoring would weigh those differences as fully as a confident ranking's."""
     evidence = np.asarray(values, dtype=np.float64)
     logits = np.asarray(scores, dtype=np.float64)
     if evidence.size != logits.size or evidence.size < 2 or evidence.std() == 0:
         return np.zeros(logits.size, dtype=np.float64)
-    return np.asarray(weight * logits.std() * (evidence - evidence.mean()) / evidence.std(), dtype=np.float64)
+    spread = max(float(logits.std()), floor)
+    return np.asarray(weight * spread * (evidence - evidence.mean()) / evidence.std(), dtype=np.float64)
 
 
-def first_stage_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
-    """``weight * sd(logits) * z(-initial_rank)`` for each pool turn (``(p,)`` float64).
+def first_stage_adjustment(pool: PoolView, context: QueryContext, *, weight: float,
+                           floor: float = 0.0) -> np.ndarray:
+    """``weight * max(sd(logits), floor) * z(-initial_rank)`` for each pool turn (``(p,)`` float64).
 
     Interpolating a cross-encoder with the first-stage ranking: the final score is then a
     monotone map of ``z(logit) + weight * z(first stage)``, z-scores taken over the pool (score
@@ -400,15 +409,16 @@ def first_stage_adjustment(pool: PoolView, context: QueryContext, *, weight: flo
     2023, here with the fused rank as the first-stage score, which is what reciprocal rank
     fusion scores by), kept in logit units so the other features' weights keep their meaning.
     When the cross-encoder is unsure (logits close together) its spread is small and the term
-    small with it; ranks that carry no order (fewer than 2 turns, equal ranks, no ranks) give 0.
+    small with it, down to ``floor`` logits (:func:`_evidence`); ranks that carry no order (fewer than 2 turns, equal ranks, no ranks) give 0.
     ``context`` is unused (the signature every feature shares).
     """
     del context
-    return _rank_evidence(pool.initial_ranks, pool.scores, weight)
+    return _rank_evidence(pool.initial_ranks, pool.scores, weight, floor)
 
 
-def bm25_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
-    """``weight * sd(logits) * z(-bm25_rank)`` for each pool turn (``(p,)`` float64).
+def bm25_adjustment(pool: PoolView, context: QueryContext, *, weight: float,
+                    floor: float = 0.0) -> np.ndarray:
+    """``weight * max(sd(logits), floor) * z(-bm25_rank)`` for each pool turn (``(p,)`` float64).
 
     The form of :func:`first_stage_adjustment` with the turn's rank in BM25's own candidate list
     (:func:`retriever_ranks`) instead of its fused rank: the lexical retriever's evidence alone,
@@ -417,11 +427,12 @@ def bm25_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> 
     the cross-encoder"). Zero when the ranks carry no order or are missing. ``context`` is unused.
     """
     del context
-    return _rank_evidence(pool.bm25_ranks, pool.scores, weight)
+    return _rank_evidence(pool.bm25_ranks, pool.scores, weight, floor)
 
 
-def bm25_score_adjustment(pool: PoolView, context: QueryContext, *, weight: float) -> np.ndarray:
-    """``weight * sd(logits) * z(bm25_score)`` for each pool turn (``(p,)`` float64).
+def bm25_score_adjustment(pool: PoolView, context: QueryContext, *, weight: float,
+                          floor: float = 0.0) -> np.ndarray:
+    """``weight * max(sd(logits), floor) * z(bm25_score)`` for each pool turn (``(p,)`` float64).
 
     :func:`bm25_adjustment` with the turn's BM25 score (:func:`retriever_scores`) in place of its
     rank: a turn that matches the question's words far better than the rest of the pool keeps that
@@ -431,7 +442,7 @@ def bm25_score_adjustment(pool: PoolView, context: QueryContext, *, weight: floa
     cross-encoder". Zero when the scores carry no spread or are missing. ``context`` is unused.
     """
     del context
-    return _evidence(pool.bm25_scores, pool.scores, weight)
+    return _evidence(pool.bm25_scores, pool.scores, weight, floor)
 
 
 def retriever_scores(entry_ids: Sequence[int], candidates: Sequence[tuple[int, float]], depth: int) -> np.ndarray:

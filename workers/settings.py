@@ -116,6 +116,7 @@ class Settings:
     first_stage_weight: float = 0.5
     bm25_weight: float = 0.0
     bm25_score_weight: float = 0.5
+    evidence_floor: float = 0.0  # logits: the least spread those three weights scale by (0 = the logits' own)
     dedupe_threshold: float = DEFAULT_DEDUPE_THRESHOLD
     default_k: int = DEFAULT_K  # the k of a request that names none (the client's and the query worker's)
     max_k: int = Limits.max_k
@@ -227,14 +228,13 @@ class Settings:
                      "rerank_windows", "reindex_batch_size"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.session_top < 1 or self.temporal_slack_days < 0:
-            raise SettingsError(f"session_top must be >= 1 and temporal_slack_days >= 0, got {self.session_top}, "
-                                f"{self.temporal_slack_days}")
-        if not (math.isfinite(self.session_weight) and math.isfinite(self.temporal_weight)
-                and math.isfinite(self.temporal_slack_days) and math.isfinite(self.first_stage_weight)
-                and math.isfinite(self.bm25_weight) and math.isfinite(self.bm25_score_weight)):
-            raise SettingsError("session_weight, temporal_weight, temporal_slack_days, first_stage_weight, "
-                                "bm25_weight and bm25_score_weight must be finite")
+        if self.session_top < 1 or self.temporal_slack_days < 0 or self.evidence_floor < 0:
+            raise SettingsError(f"session_top must be >= 1, temporal_slack_days and evidence_floor >= 0, got "
+                                f"{self.session_top}, {self.temporal_slack_days}, {self.evidence_floor}")
+        for name in ("session_weight", "temporal_weight", "temporal_slack_days", "first_stage_weight", "bm25_weight",
+                     "bm25_score_weight", "evidence_floor"):
+            if not math.isfinite(getattr(self, name)):
+                raise SettingsError(f"{name} must be finite, got {getattr(self, name)}")
         if not 1 <= self.default_k <= self.max_k:
             raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
         # a loop renews its heartbeat between blocking reads (block_ms; the query worker's at least 1 s)

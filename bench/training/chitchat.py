@@ -1,4 +1,5 @@
-"""Short chit-chat turns as negatives, and a held-out set to check a model with (docs/reranker.md "Chit-chat").
+"""Short chit-chat turns as negatives, and a held-out set to check a model with (docs/reranker.md
+"Chit-chat and an unsure cross-encoder").
 
 A cross-encoder trained only on LongMemEval's haystacks has hardly ever seen a turn such as "ok"
 or "hi": its turns are long requests and long answers. Asked a question that no turn answers well,

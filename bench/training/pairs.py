@@ -123,7 +123,7 @@ class MiningConfig:
     ``chitchat_negatives`` adds that many short chit-chat turns ("ok", "thanks") per positive,
     rendered as the positive's own speaker's turns (always: the prefix must not be a label), from a
     generator seeded apart (``seed + 2``) so the other negatives stay as they are
-    (:mod:`bench.training.chitchat`; docs/reranker.md "Chit-chat").
+    (:mod:`bench.training.chitchat`; docs/reranker.md "Chit-chat and an unsure cross-encoder").
     """
 
     hard_negatives: int = 3

@@ -19,7 +19,7 @@ With ``chitchat`` > 0, that many short chit-chat user turns (:data:`bench.traini
 never trained on; a seeded draw per question) join each pool, as in a small tenant where every turn is
 a candidate. Each gets the lowest BM25 score of the pool, as the service's BM25 evidence gives a turn
 BM25 did not return (:func:`mnemos.features.retriever_scores`); ``chitchat_rerank`` is their share of
-the reranker's top 10 (docs/reranker.md "Chit-chat").
+the reranker's top 10 (docs/reranker.md "Chit-chat and an unsure cross-encoder").
 
 Questions: one per conversation (:func:`bench.common.datasets.load_longmemeval`), abstention
 (category 5) and evidence-less ones skipped, and only those whose conversation the model was not

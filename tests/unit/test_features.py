@@ -133,6 +133,8 @@ def test_feature_scores_are_logits_plus_adjustments() -> None:
         (Feature.SESSION, {"top": 0, "weight": 1.0}),
         (Feature.TEMPORAL, {"slack_days": -1, "weight": 1.0}),
         (Feature.TEMPORAL, {"slack_days": 7, "weight": float("nan")}),
+        (Feature.BM25_SCORE, {"weight": 0.5, "floor": -1.0}),
+        (Feature.SESSION, {"top": 1, "weight": 1.0, "floor": 1.0}),  # floors belong to evidence features
     ],
 )
 def test_bad_settings_are_refused(feature, params) -> None:
@@ -246,3 +248,29 @@ def test_retriever_ranks_cut_the_list_at_its_depth() -> None:
     assert retriever_ranks([1], [], depth=30).tolist() == [31]
     with pytest.raises(InvalidParameterError):
         retriever_ranks([1], candidates, depth=0)
+
+
+def test_a_floor_keeps_evidence_when_the_cross_encoder_cannot_tell_the_pool_apart() -> None:
+    # "Where do I live now?" over "user: hi", "user: ok", "user: I live in Lisbon." in a small tenant: the
+    # shipped cross-encoder rated all three within 0.2 logits, greetings first, and z-scoring weighed that
+    # noise as fully as a confident ranking, so BM25's match of "live" could not lift the answer
+    from mnemos.features import bm25_score_adjustment, first_stage_adjustment
+
+    date0 = datetime(2023, 1, 1, tzinfo=UTC)
+    logits = np.asarray([-3.656, -3.609, -3.781])
+    pool = PoolView(logits, ("s",) * 3, (date0,) * 3, np.zeros((3, 0)), initial_ranks=np.asarray([2, 3, 1]),
+                    bm25_scores=np.asarray([0.0, 0.0, 1.2]))
+    settings = [FeatureSetting(Feature.FIRST_STAGE, {"weight": 0.5}), FeatureSetting(Feature.BM25_SCORE, {"weight": 0.5})]
+    floored = [FeatureSetting(s.feature, {**s.params, "floor": 1.0}) for s in settings]
+    assert apply_features(pool, QueryContext(), settings)[0] != 2  # without a floor: a greeting first
+    assert apply_features(pool, QueryContext(), floored)[0] == 2  # with it: the answer
+    # a confident cross-encoder (spread above the floor) is left exactly as it was
+    sharp = PoolView(np.asarray([4.0, -2.0, 1.0]), ("s",) * 3, (date0,) * 3, np.zeros((3, 0)),
+                     initial_ranks=np.asarray([2, 3, 1]), bm25_scores=np.asarray([0.0, 0.0, 1.2]))
+    np.testing.assert_array_equal(feature_scores(sharp, QueryContext(), settings),
+                                  feature_scores(sharp, QueryContext(), floored))
+    low = bm25_score_adjustment(pool, QueryContext(), weight=0.5)
+    high = bm25_score_adjustment(pool, QueryContext(), weight=0.5, floor=1.0)
+    np.testing.assert_allclose(high, low * 1.0 / logits.std())
+    np.testing.assert_allclose(first_stage_adjustment(pool, QueryContext(), weight=0.5, floor=1.0),
+                               first_stage_adjustment(pool, QueryContext(), weight=0.5) / logits.std())

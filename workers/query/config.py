@@ -17,7 +17,7 @@ __all__ = ["FEATURE_FIELDS", "feature_settings", "retrieval_config"]
 
 
 FEATURE_FIELDS = ("session_top", "session_weight", "temporal_slack_days", "temporal_weight", "first_stage_weight",
-                  "bm25_weight", "bm25_score_weight")
+                  "bm25_weight", "bm25_score_weight", "evidence_floor")
 """The :class:`Settings` fields :func:`feature_settings` reads."""
 
 
@@ -30,12 +30,13 @@ def feature_settings(settings: Settings) -> tuple[FeatureSetting, ...]:
     if settings.temporal_weight != 0:
         features.append(FeatureSetting(Feature.TEMPORAL, {"slack_days": settings.temporal_slack_days,
                                                           "weight": settings.temporal_weight}))
+    floor = {"floor": settings.evidence_floor} if settings.evidence_floor else {}  # labels unchanged without one
     if settings.first_stage_weight != 0:
-        features.append(FeatureSetting(Feature.FIRST_STAGE, {"weight": settings.first_stage_weight}))
+        features.append(FeatureSetting(Feature.FIRST_STAGE, {"weight": settings.first_stage_weight, **floor}))
     if settings.bm25_weight != 0:
-        features.append(FeatureSetting(Feature.BM25, {"weight": settings.bm25_weight}))
+        features.append(FeatureSetting(Feature.BM25, {"weight": settings.bm25_weight, **floor}))
     if settings.bm25_score_weight != 0:
-        features.append(FeatureSetting(Feature.BM25_SCORE, {"weight": settings.bm25_score_weight}))
+        features.append(FeatureSetting(Feature.BM25_SCORE, {"weight": settings.bm25_score_weight, **floor}))
     return tuple(features)
 
 
