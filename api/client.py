@@ -100,10 +100,11 @@ class MnemosClient:
             one instead, up to the timeout (workers older than heartbeats write none).
         shards: how many shards the deployment routes tenants to (``MNEMOS_SHARDS``; 1: unsharded).
         move_wait_s: with shards, how long a call for a tenant being moved between shards waits for
-            the move to finish before :class:`~api.errors.TenantMoving` (seconds).
+            the move to finish before :class:`~api.errors.TenantMoving` (seconds, finite, >= 0).
 
     Raises:
-        ValueError: if ``shards`` < 1, or ``connection`` is a sequence not of ``shards`` clients.
+        ValueError: if ``shards`` < 1, ``connection`` is a sequence not of ``shards`` clients, or
+            ``move_wait_s`` is not a finite number >= 0.
     """
 
     def __init__(self, connection: redis.Redis | Sequence[redis.Redis], *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",

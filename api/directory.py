@@ -21,6 +21,7 @@ A deployment of one shard has no directory: nothing can move.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,9 +42,9 @@ while i <= #ARGV do
   local tenant = ARGV[i]
   local n = tonumber(ARGV[i + 1])
   if where[tenant] == nil then
-    where[tenant] = redis.call('HGET', KEYS[1], tenant) or ''
+    where[tenant] = redis.call('HGET', KEYS[1], tenant)
   end
-  if where[tenant] == '' then
+  if where[tenant] == false then
     local fields = {}
     for j = 1, n do fields[j] = ARGV[i + 1 + j] end
     out[#out + 1] = 'id:' .. redis.call('XADD', KEYS[2], '*', unpack(fields))
@@ -56,7 +57,8 @@ return out
 """
 """KEYS: a shard's directory hash and its turns stream. ARGV: per message its tenant, the number of
 field and value strings, then those strings. Returns per message ``id:<stream id>`` (appended) or
-``to:<marker>`` (not appended: the tenant is frozen here, or served by the shard named)."""
+``to:<marker>`` (not appended: the tenant is frozen here, or served by the shard named; any marker, an
+empty one included, holds the message back, as the shard's workers leave a marked tenant's turns alone)."""
 
 
 MOVED_RESULT_TTL_S = 60
@@ -75,7 +77,8 @@ def marked(connection: redis.Redis, stream_prefix: str, shard: int, shards: int,
 
 
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A marker as text; bytes that are not UTF-8 read as U+FFFD (no shard number: refused by name)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class Directory:
@@ -90,6 +93,8 @@ class Directory:
 
     def __init__(self, connections: Sequence[redis.Redis], stream_prefix: str, *, wait_s: float = 30.0,
                  poll_s: float = 0.05) -> None:
+        if not (math.isfinite(wait_s) and wait_s >= 0):  # NaN would wait for ever, a negative value as 0
+            raise ValueError(f"move_wait_s must be a number of seconds >= 0, got {wait_s}")
         self.connections = list(connections)
         self.shards = len(self.connections)
         self.stream_prefix = stream_prefix
@@ -114,6 +119,7 @@ class Directory:
                 return shard
             if _text(marker) == FROZEN:
                 time.sleep(self.poll_s)
+                hops = 0  # markers followed since the last wait: moves back to back are no loop
             else:
                 hops += 1
             shard = self._next(shard, tenant_id, _text(marker), deadline, hops)
@@ -123,8 +129,9 @@ class Directory:
         same again. TenantMoving once a frozen tenant is still frozen past ``deadline``; the wait applies to
         frozen markers only, so a moved tenant is followed however small ``wait_s`` is (a break-it session
         found every call for a moved tenant failing with ``MNEMOS_MOVE_WAIT_S=0``). ShardUnavailable for a
-        marker that names no shard of this client, and after ``hops`` shard markers followed beyond twice
-        the shards (markers that loop)."""
+        marker that names no shard of this client (an empty one included), and after ``hops`` shard
+        markers followed since the last frozen one beyond twice the shards (markers that loop; a
+        break-it session found a count over the whole call tripping on moves back to back)."""
         if marker == FROZEN:
             if time.monotonic() >= deadline:
                 raise TenantMoving(shard, tenant_id, self.wait_s)
@@ -165,7 +172,7 @@ class Directory:
                         continue
                     tenant = messages[index][0]
                     if tenant not in after:
-                        hops[tenant] = hops.get(tenant, 0) + (value != FROZEN)
+                        hops[tenant] = 0 if value == FROZEN else hops.get(tenant, 0) + 1
                         after[tenant] = self._next(shard, tenant, value, deadline, hops[tenant])
                     todo.append((index, after[tenant]))
                     frozen = frozen or value == FROZEN

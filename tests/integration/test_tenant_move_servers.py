@@ -611,3 +611,39 @@ def test_directory_markers_that_name_no_shard_are_refused_by_name(cluster: Shard
     finally:
         connection.delete(key)
         connection.close()
+
+
+def test_a_second_move_of_a_tenant_is_refused_while_one_runs(cluster: ShardCluster) -> None:
+    # break-it session: a second move started while the first copied took the frozen source for a
+    # stopped move, then "moved" the emptied source to a third shard and routed the tenant away from its rows
+    from api.errors import ShardUnavailable
+    from workers.runtime.errors import TenantMoveRefused
+    from workers.store.tenant_copy import try_move_lock
+
+    settings = cluster.settings
+    migrate_shards(settings, echo=lambda _: None)
+    t, _, _ = _tenants()
+    client = factories.sharded_client(settings)
+    client.publish_turns(factories.conversation_turns(t, "T-"))
+    assert factories.drain_shard(settings, client, 0) == 8
+    ring = settings.for_shard(sharding.shard_of(t, SHARDS))
+    with psycopg.connect(ring.database_url, autocommit=True) as running:  # the first move, still at work
+        assert try_move_lock(running, t)
+        with pytest.raises(TenantMoveRefused, match=f"another `mnemos reshard move` of tenant {t!r} is running"):
+            move_tenant(settings, t, 1, echo=lambda _: None)
+        assert client.shard_of(t) == 0 and len(_turn_ids(cluster.database_urls[0], t)) == 8  # nothing touched
+    assert move_tenant(settings, t, 1, echo=lambda _: None).entries == 8  # its connection closed: the lock went
+
+    # break-it session: an empty marker let the publish script append turns the shard's workers never
+    # ingest (they leave a marked tenant alone), while every reader refused it as no shard
+    key = sharding.directory_key(settings.stream_prefix, 0, SHARDS)
+    own = redis_client(settings.for_shard(0))
+    try:
+        own.hset(key, t, "")
+        before = own.xlen(settings.for_shard(0).turns_stream)
+        with pytest.raises(ShardUnavailable, match="does not have"):
+            client.publish_turn(factories.turn(t, "late", "a turn after the marker was emptied"))
+        assert own.xlen(settings.for_shard(0).turns_stream) == before
+    finally:
+        own.hset(key, t, "1")
+        own.close()

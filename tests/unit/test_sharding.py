@@ -158,3 +158,59 @@ def test_a_moved_tenant_is_followed_with_no_wait_and_bad_markers_are_named() -> 
         redis.hashes[sharding.directory_key("unit", 1, 3)] = {"dave": bad}
         with pytest.raises(ShardUnavailable, match="which this client .shards=3. does not have"):
             client.shard_of("dave")
+
+
+class _MovingMarkers:
+    """Both shards' directories of one tenant as moves back and forth write them: each read returns the
+    next state of the shard read (0 or 1); the last state of each shard stays."""
+
+    def __init__(self, states: dict[int, list[str | None]]) -> None:
+        self.states = states
+
+    def on(self, shard: int) -> object:
+        markers = self.states[shard]
+
+        class Shard:
+            def hget(self, key: str, tenant: str) -> bytes | None:
+                marker = markers.pop(0) if len(markers) > 1 else markers[0]
+                return None if marker is None else marker.encode()
+
+        return Shard()
+
+
+def test_moves_back_to_back_are_no_loop_but_a_real_loop_is() -> None:
+    # break-it session: hops were counted over the whole wait, so a client waiting through more than
+    # 2 x shards moves of one tenant got "markers loop between shards" although they never did
+    from api.directory import Directory
+    from api.errors import ShardUnavailable
+
+    frozen = "frozen"
+    # shard 0 is the ring shard; moves 0->1, 1->0, 0->1, ... each freeze, then flip
+    states: dict[int, list[str | None]] = {0: ["1"], 1: []}
+    for _ in range(6):
+        states[1] += [frozen, "0"]
+        states[0] += [frozen, "1"]
+    states[1].append(None)  # the last move ends on shard 1, which serves the tenant
+    flips = _MovingMarkers(states)
+    directory = Directory([flips.on(0), flips.on(1)], "unit", wait_s=30.0, poll_s=0.0)  # type: ignore[list-item]
+    assert directory.resolve("t", 0) == 1
+    looping = _MovingMarkers({0: ["1"], 1: ["0"]})
+    directory = Directory([looping.on(0), looping.on(1)], "unit", wait_s=30.0, poll_s=0.0)  # type: ignore[list-item]
+    with pytest.raises(ShardUnavailable, match="loop between shards"):
+        directory.resolve("t", 0)
+
+
+@pytest.mark.parametrize("wait_s", [float("nan"), -1.0, float("inf")])
+def test_a_wait_that_is_no_number_of_seconds_is_refused(wait_s: float) -> None:
+    with pytest.raises(ValueError, match="move_wait_s must be a number of seconds >= 0"):
+        MnemosClient(RecordingRedis(), stream_prefix="unit", shards=3, move_wait_s=wait_s)  # type: ignore[arg-type]
+
+
+def test_a_marker_that_is_not_utf8_is_refused_by_name() -> None:
+    from api.errors import ShardUnavailable
+
+    redis = RecordingRedis()
+    client = MnemosClient(redis, stream_prefix="unit", shards=3)  # type: ignore[arg-type]
+    redis.hashes[sharding.directory_key("unit", 2, 3)] = {"dave": b"\xff"}
+    with pytest.raises(ShardUnavailable, match="does not have"):
+        client.shard_of("dave")

@@ -34,9 +34,10 @@ steps 4 to 7. One move of a tenant at a time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -72,6 +73,7 @@ from workers.store.tenant_copy import (
     lock_tenant,
     tenant_present,
     tenant_tombstones,
+    try_move_lock,
 )
 from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
 
@@ -158,8 +160,29 @@ def locate(settings: Settings, tenant_id: str) -> tuple[int, bool]:
         _close(connections)
 
 
+@contextlib.contextmanager
+def _move_lock(settings: Settings, tenant_id: str) -> Iterator[None]:
+    """Hold the tenant's move lock (:func:`workers.store.tenant_copy.try_move_lock`, on the tenant's ring
+    shard's database, from before the move locates the tenant to its end), or raise TenantMoveRefused
+    when another move of it holds it. A
+    second move started while the first copied found the source still frozen, took it for a stopped
+    move, waited for the source's locks, then "moved" the emptied source elsewhere and routed the
+    tenant away from its rows (break-it session, 2026-12-07). The lock is the ring shard's, which no
+    move changes; it is released when the move's connection closes, so a killed move leaves none."""
+    ring = sharding.shard_of(tenant_id, settings.shards)
+    with psycopg.connect(settings.for_shard(ring).database_url, autocommit=True) as conn:
+        if not try_move_lock(conn, tenant_id):
+            raise TenantMoveRefused(f"another `mnemos reshard move` of tenant {tenant_id!r} is running (it holds the "
+                                    f"tenant's move lock in shard {ring}'s database): let it end, then check with "
+                                    "`mnemos reshard where`")
+        yield
+
+
 def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[[str], None] = log.info) -> MoveReport:
     """Move ``tenant_id`` to shard ``target`` (module docstring); returns what moved.
+
+    One move of a tenant runs at a time: it holds the tenant's move lock (:func:`_move_lock`) while it
+    runs, and another move of the same tenant is refused meanwhile.
 
     A tenant that ``target`` serves already, unfrozen, is not touched: the report says nothing moved
     (running a move twice is no error). Raises SettingsError without a shard map or for a shard the map
@@ -172,6 +195,12 @@ def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[
         raise SettingsError("mnemos reshard move needs MNEMOS_SHARDS >= 2 and MNEMOS_SHARD_MAP (each shard on its "
                             "own servers)")
     settings.servers_of(target)
+    with _move_lock(settings, tenant_id):
+        return _move(settings, tenant_id, target, echo)
+
+
+def _move(settings: Settings, tenant_id: str, target: int, echo: Callable[[str], None]) -> MoveReport:
+    """The steps of :func:`move_tenant`, under the tenant's move lock."""
     started = time.monotonic()
     connections = [redis_client(settings.for_shard(s)) for s in range(settings.shards)]
     try:

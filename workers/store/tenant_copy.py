@@ -70,6 +70,17 @@ def lock_tenant(conn: psycopg.Connection, tenant_id: str) -> None:
     conn.execute("SELECT tenant_id FROM tenants WHERE tenant_id = %s FOR UPDATE", (tenant_id,))
 
 
+MOVE_LOCK = 0x4D4E4D31  # "MNM1"
+"""Class key of the session-level advisory lock ``(MOVE_LOCK, hashtext(tenant_id))`` of a tenant move."""
+
+
+def try_move_lock(conn: psycopg.Connection, tenant_id: str) -> bool:
+    """Take the tenant's move lock for ``conn``'s session (held until it unlocks or closes, a crash
+    included); False, taking nothing, when another session holds it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (MOVE_LOCK, tenant_id)).fetchone()
+    return bool(row and row[0])
+
+
 def tenant_present(conn: psycopg.Connection, tenant_id: str) -> bool:
     """Whether any row of the tenant is in this database (its tenant row, an entry, a tombstone, ...)."""
     tables = ("tenants", "entries", *_TABLES)
