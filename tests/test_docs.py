@@ -73,6 +73,7 @@ def test_architecture_states_the_feature_defaults_the_settings_have() -> None:
     d = Settings()
     expected = (f"session top {d.session_top:g},\nweight {d.session_weight:g}; temporal slack "
                 f"{d.temporal_slack_days:g} days, weight {d.temporal_weight:g}; first stage weight "
-                f"{d.first_stage_weight:g}; BM25 weight {d.bm25_weight:g}; BM25 score weight {d.bm25_score_weight:g}.")
+                f"{d.first_stage_weight:g}; BM25 weight {d.bm25_weight:g}; BM25 score weight {d.bm25_score_weight:g}; "
+                f"evidence floor {d.evidence_floor:g} (logits).")
     text = (README.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert " ".join(expected.split()) in " ".join(text.split())

@@ -116,7 +116,7 @@ class Settings:
     first_stage_weight: float = 0.5
     bm25_weight: float = 0.0
     bm25_score_weight: float = 0.5
-    evidence_floor: float = 0.0  # logits: the least spread those three weights scale by (0 = the logits' own)
+    evidence_floor: float = 1.0  # logits: the least spread those weights scale by (0: the logits' own; reranker.md)
     dedupe_threshold: float = DEFAULT_DEDUPE_THRESHOLD
     default_k: int = DEFAULT_K  # the k of a request that names none (the client's and the query worker's)
     max_k: int = Limits.max_k

@@ -68,7 +68,7 @@ def test_each_worker_registers_its_own_families_and_the_shared_ones() -> None:
     per_worker = {kind: _families(ServiceMetrics(worker=kind)) for kind in (*WORKERS, MCP)}
     shared = {"mnemos_stream_length", "mnemos_stream_pending", "mnemos_stream_lag", "mnemos_queue_length",
               "mnemos_worker_up", "mnemos_dead_letters", "mnemos_worker_heartbeat_timestamp_seconds",
-              "mnemos_embedding_version_refusals"}
+              "mnemos_embedding_version_refusals", "mnemos_tenants_frozen"}
     for kind, names in per_worker.items():
         others = {n for n in names if n.startswith("mnemos_") and not n.startswith(f"mnemos_{kind}_")}
         assert others == shared, kind

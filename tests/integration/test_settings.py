@@ -186,11 +186,15 @@ def test_the_evidence_weights_turn_their_features_on_and_off() -> None:
     from workers.query.config import feature_settings
 
     on = {s.feature: s.params for s in feature_settings(Settings.from_env({"MNEMOS_BM25_WEIGHT": "1.5"}))}
-    assert on[Feature.BM25] == {"weight": 1.5} and Feature.FIRST_STAGE in on
+    assert on[Feature.BM25] == {"weight": 1.5, "floor": 1.0} and Feature.FIRST_STAGE in on  # the default floor
     off = {s.feature for s in feature_settings(Settings.from_env({"MNEMOS_BM25_WEIGHT": "0",
                                                                   "MNEMOS_FIRST_STAGE_WEIGHT": "0"}))}
     assert Feature.BM25 not in off and Feature.FIRST_STAGE not in off
     scored = {s.feature: s.params for s in feature_settings(Settings.from_env({"MNEMOS_BM25_SCORE_WEIGHT": "1"}))}
-    assert scored[Feature.BM25_SCORE] == {"weight": 1.0}
+    assert scored[Feature.BM25_SCORE] == {"weight": 1.0, "floor": 1.0}
+    unfloored = feature_settings(Settings.from_env({"MNEMOS_EVIDENCE_FLOOR": "0"}))
+    assert {s.feature: s.params for s in unfloored}[Feature.BM25_SCORE] == {"weight": 0.5}  # 0: the logits' own spread
+    with pytest.raises(SettingsError, match="evidence_floor >= 0"):
+        Settings.from_env({"MNEMOS_EVIDENCE_FLOOR": "-1"})
     unscored = feature_settings(Settings.from_env({"MNEMOS_BM25_SCORE_WEIGHT": "0"}))
     assert Feature.BM25_SCORE not in {s.feature for s in unscored}

@@ -380,7 +380,7 @@ def test_the_service_defaults_follow_the_settings_passed_and_name_the_variables(
                       dataset={"name": "synthetic", "path": "-"}, service_settings=service)
     assert run.document["service_environment"] == ["MNEMOS_BM25_SCORE_WEIGHT", "MNEMOS_BM25_WEIGHT"]
     features = run.document["service_defaults"][0]["features"]
-    assert "bm25_score(weight=0.5)" in features
+    assert "bm25_score(floor=1,weight=0.5)" in features  # the default evidence floor, 1 logit
     assert not any(f.startswith("bm25(") for f in features)
     assert "Service defaults (settings from MNEMOS_BM25_SCORE_WEIGHT, MNEMOS_BM25_WEIGHT)" in run.markdown
 
