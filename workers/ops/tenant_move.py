@@ -71,6 +71,7 @@ from workers.store.tenant_copy import (
     entry_ids_by_turn,
     handled,
     lock_tenant,
+    release_move_lock,
     tenant_present,
     tenant_tombstones,
     try_move_lock,
@@ -78,7 +79,6 @@ from workers.store.tenant_copy import (
 from workers.suppression.worker import GROUP as SUPPRESSION_GROUP
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -164,18 +164,23 @@ def locate(settings: Settings, tenant_id: str) -> tuple[int, bool]:
 def _move_lock(settings: Settings, tenant_id: str) -> Iterator[None]:
     """Hold the tenant's move lock (:func:`workers.store.tenant_copy.try_move_lock`, on the tenant's ring
     shard's database, from before the move locates the tenant to its end), or raise TenantMoveRefused
-    when another move of it holds it. A
-    second move started while the first copied found the source still frozen, took it for a stopped
-    move, waited for the source's locks, then "moved" the emptied source elsewhere and routed the
+    when another move of it holds it. A second move started while the first copied found the source
+    still frozen, took it for a stopped move, waited for the source's locks, then "moved" the emptied source elsewhere and routed the
     tenant away from its rows (break-it session, 2026-12-07). The lock is the ring shard's, which no
-    move changes; it is released when the move's connection closes, so a killed move leaves none."""
+    move changes. It is released when the move ends, before its connection closes (a close releases it
+    only once the server's backend has ended, so a move right after a failed one found it held); a
+    killed move's goes with its connection."""
     ring = sharding.shard_of(tenant_id, settings.shards)
     with psycopg.connect(settings.for_shard(ring).database_url, autocommit=True) as conn:
         if not try_move_lock(conn, tenant_id):
             raise TenantMoveRefused(f"another `mnemos reshard move` of tenant {tenant_id!r} is running (it holds the "
                                     f"tenant's move lock in shard {ring}'s database): let it end, then check with "
                                     "`mnemos reshard where`")
-        yield
+        try:
+            yield
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a broken connection has released it
+                release_move_lock(conn, tenant_id)
 
 
 def move_tenant(settings: Settings, tenant_id: str, target: int, echo: Callable[[str], None] = log.info) -> MoveReport:

@@ -81,6 +81,13 @@ def try_move_lock(conn: psycopg.Connection, tenant_id: str) -> bool:
     return bool(row and row[0])
 
 
+def release_move_lock(conn: psycopg.Connection, tenant_id: str) -> None:
+    """Release the tenant's move lock held by ``conn``'s session now. Closing the connection releases it
+    too, but only once the server's backend has ended, after the close returns: a move run right after
+    a failed one could find it still held."""
+    conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (MOVE_LOCK, tenant_id))
+
+
 def tenant_present(conn: psycopg.Connection, tenant_id: str) -> bool:
     """Whether any row of the tenant is in this database (its tenant row, an entry, a tombstone, ...)."""
     tables = ("tenants", "entries", *_TABLES)
