@@ -76,9 +76,17 @@ def marked(connection: redis.Redis, stream_prefix: str, shard: int, shards: int,
     return bool(connection.hexists(sharding.directory_key(stream_prefix, shard, shards), tenant_id))
 
 
-def _text(value: bytes | str) -> str:
-    """A marker as text; bytes that are not UTF-8 read as U+FFFD (no shard number: refused by name)."""
+def marker_text(value: bytes | str) -> str:
+    """A directory marker (or a publish reply) as text; bytes that are not UTF-8 read as U+FFFD, which
+    :func:`marker_shard` refuses like any other non-number."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def marker_shard(marker: str, shards: int) -> int | None:
+    """The shard a directory marker names, or None when it names no shard of ``shards``: anything but
+    plain ASCII digits (:data:`FROZEN`, an empty marker, signs, spaces, other scripts' digits) or a
+    number past the last shard. The one reading of a marker for clients and ``mnemos reshard``."""
+    return int(marker) if marker.isascii() and marker.isdecimal() and int(marker) < shards else None
 
 
 class Directory:
@@ -117,12 +125,12 @@ class Directory:
                 raise ShardUnavailable(shard, f"cannot read the tenant directory {self.key(shard)}: {exc}") from exc
             if marker is None:
                 return shard
-            if _text(marker) == FROZEN:
+            if marker_text(marker) == FROZEN:
                 time.sleep(self.poll_s)
                 hops = 0  # markers followed since the last wait: moves back to back are no loop
             else:
                 hops += 1
-            shard = self._next(shard, tenant_id, _text(marker), deadline, hops)
+            shard = self._next(shard, tenant_id, marker_text(marker), deadline, hops)
 
     def _next(self, shard: int, tenant_id: str, marker: str, deadline: float, hops: int) -> int:
         """The shard to ask next after ``marker`` was read on ``shard``: the one it names, or (frozen) the
@@ -138,8 +146,8 @@ class Directory:
             return shard
         if hops > 2 * self.shards:
             raise ShardUnavailable(shard, f"the tenant directory's markers for {tenant_id!r} loop between shards")
-        target = int(marker) if marker.isdecimal() and marker.isascii() else -1
-        if not 0 <= target < self.shards:
+        target = marker_shard(marker, self.shards)
+        if target is None:
             raise ShardUnavailable(shard, f"the tenant directory names shard {marker!r} for {tenant_id!r}, "
                                           f"which this client (shards={self.shards}) does not have")
         return target
@@ -165,7 +173,7 @@ class Directory:
                 replies = self._run(shard, [messages[i] for i in indexes], done)
                 after: dict[str, int] = {}  # tenant -> the shard its messages go to next
                 for index, reply in zip(indexes, replies, strict=True):
-                    kind, _, value = _text(reply).partition(":")
+                    kind, _, value = marker_text(reply).partition(":")
                     if kind == "id":
                         ids[index] = value
                         done.add(shard)

@@ -166,6 +166,14 @@ def _assistant_share(roles: Sequence[str]) -> float:
     return sum(role == "assistant" for role in top) / len(top) if top else 0.0
 
 
+@dataclass(frozen=True)
+class _PoolTurn:
+    """What a pool row reads of a turn: a haystack turn's, or an added chit-chat turn's (:data:`CHITCHAT_ID`)."""
+
+    turn_id: str
+    role: str
+
+
 def _with_chitchat(question: Question, turns: list[_PoolTurn], texts: list[str], scores: list[float],
                    chitchat: int) -> None:
     """Append ``chitchat`` held-out chit-chat user turns (a draw seeded by the question id) to a pool, in place."""
@@ -175,12 +183,6 @@ def _with_chitchat(question: Question, turns: list[_PoolTurn], texts: list[str],
         turns.append(_PoolTurn(f"{CHITCHAT_ID}{i}", "user"))
         texts.append(text)
         scores.append(lowest)
-
-
-@dataclass(frozen=True)
-class _PoolTurn:
-    turn_id: str
-    role: str
 
 
 def pool_row(conv: Conversation, question: Question, reranker: Reranker, pool_size: int = 30,

@@ -237,36 +237,41 @@ def test_a_tenant_moves_to_another_shard_s_servers_while_its_turns_arrive(cluste
         _move_home_with_the_cli(cluster, t, expected)
 
 
-def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[str]) -> None:
-    """``mnemos reshard move`` back to the ring's shard: the directory has no marker of it left."""
+def _cli(settings: Settings, *args: str) -> Any:
+    """``mnemos *args`` in-process (click's runner) with the shard map's environment; the click Result."""
     from click.testing import CliRunner
 
     from workers.cli import cli
 
-    settings = cluster.settings
     assert settings.shard_map is not None
     env = {"MNEMOS_SHARDS": str(SHARDS), "MNEMOS_SHARD_MAP": settings.shard_map,
            "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
-    moved = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant, "--to", "0"], env=env)
+    return CliRunner().invoke(cli, list(args), env=env)
+
+
+def _move_home_with_the_cli(cluster: ShardCluster, tenant: str, expected: set[str]) -> None:
+    """``mnemos reshard move`` back to the ring's shard: the directory has no marker of it left."""
+    settings = cluster.settings
+    moved = _cli(settings, "reshard", "move", "--tenant", tenant, "--to", "0")
     assert moved.exit_code == 0, moved.output
     assert f"moved tenant {tenant} from shard 1 to shard 0" in moved.output
-    where = CliRunner().invoke(cli, ["reshard", "where", "--tenant", tenant], env=env)
+    where = _cli(settings, "reshard", "where", "--tenant", tenant)
     assert where.exit_code == 0 and f"tenant {tenant}: shard 0\n" in where.output
     a, b = cluster.database_urls
     assert set(_turn_ids(a, tenant)) == expected and tenant not in postgres_tenants(b)
     for shard in range(SHARDS):
         key = sharding.directory_key(settings.stream_prefix, shard, SHARDS)
         assert redis_client(settings.for_shard(shard)).hget(key, tenant) == (None if shard == 0 else b"0")
-    again = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant, "--to", "0"], env=env)
+    again = _cli(settings, "reshard", "move", "--tenant", tenant, "--to", "0")
     # new-operator session: running a move twice failed with exit code 1, "a service failed"
     assert again.exit_code == 0 and f"tenant {tenant} is served by shard 0 already: nothing moved" in again.output
     # new-operator session: a mistyped id "moved", leaving a directory marker for a tenant that never was
     elsewhere = str(1 - sharding.shard_of(tenant + "-typo", SHARDS))
-    typo = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant + "-typo", "--to", elsewhere], env=env)
+    typo = _cli(settings, "reshard", "move", "--tenant", tenant + "-typo", "--to", elsewhere)
     assert typo.exit_code == 2 and "nothing to move (a mistyped id?)" in typo.output  # the command must change
     # break-it session: a typo whose ring shard is the target read "served by shard N already: nothing moved"
     home = str(sharding.shard_of(tenant + "-typo", SHARDS))
-    typo = CliRunner().invoke(cli, ["reshard", "move", "--tenant", tenant + "-typo", "--to", home], env=env)
+    typo = _cli(settings, "reshard", "move", "--tenant", tenant + "-typo", "--to", home)
     assert typo.exit_code == 2 and "nothing to move (a mistyped id?)" in typo.output
     assert not any(redis_client(settings.for_shard(shard)).hexists(
         sharding.directory_key(settings.stream_prefix, shard, SHARDS), tenant + "-typo") for shard in range(SHARDS))
@@ -351,22 +356,16 @@ def test_a_move_back_to_the_ring_shard_that_fails_after_its_streams_moved_is_res
     with pytest.raises(TenantMoveError, match="stays frozen"):
         move_tenant(settings, t, 0, echo=lambda _: None)
     monkeypatch.undo()
-    from click.testing import CliRunner
-
-    from workers.cli import cli
-
-    assert settings.shard_map is not None  # `reshard where` said nothing for 30 s, then failed (new-operator session)
-    env = {"MNEMOS_SHARDS": str(SHARDS), "MNEMOS_SHARD_MAP": settings.shard_map,
-           "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
-    where = CliRunner().invoke(cli, ["reshard", "where", "--tenant", t], env=env)
+    # `reshard where` said nothing for 30 s, then failed (new-operator session)
+    where = _cli(settings, "reshard", "where", "--tenant", t)
     assert where.exit_code == 0 and f"tenant {t}: shard 1 (frozen" in where.output
-    health = CliRunner().invoke(cli, ["health", "--all-shards", "--no-models"], env=env)  # it said all was well
+    health = _cli(settings, "health", "--all-shards", "--no-models")  # it said all was well
     assert health.exit_code == 0 and f"shard 1 tenant moves: 1 tenant(s) frozen by a move running or stopped: {t!r}" \
         in health.output and "shard 0 tenant moves: no tenant frozen" in health.output
     frozen = _frozen_gauges(settings)  # new-operator session: no metric, so no alert, for a frozen tenant
     assert frozen == {0: 0.0, 1: 1.0}
     # break-it session: "--to" the frozen source said "served by shard 1 already: nothing moved", exit 0
-    back = CliRunner().invoke(cli, ["reshard", "move", "--tenant", t, "--to", "1"], env=env)
+    back = _cli(settings, "reshard", "move", "--tenant", t, "--to", "1")
     assert back.exit_code == 2 and f"tenant {t!r} is frozen on shard 1" in back.output
     assert "shard 0 holds its copy or messages: finish that move with --to 0" in back.output
     report = move_tenant(settings, t, 0, echo=lambda _: None)
@@ -588,24 +587,17 @@ def test_a_stopped_move_of_a_tenant_with_only_pending_turns_is_not_resumed_elsew
 
 def test_directory_markers_that_name_no_shard_are_refused_by_name(cluster: ShardCluster) -> None:
     # break-it session: such a marker ended `reshard move` and `reshard where` in a raw ValueError or IndexError
-    from click.testing import CliRunner
-
-    from workers.cli import cli
-
     settings = cluster.settings
-    assert settings.shard_map is not None
     migrate_shards(settings, echo=lambda _: None)
     t, _, _ = _tenants()
     home = sharding.shard_of(t, SHARDS)
     key = sharding.directory_key(settings.stream_prefix, home, SHARDS)
-    env = {"MNEMOS_SHARDS": str(SHARDS), "MNEMOS_SHARD_MAP": settings.shard_map,
-           "MNEMOS_STREAM_PREFIX": settings.stream_prefix, "MNEMOS_QUEUE_NAME": settings.queue_name}
     connection = redis_client(settings.for_shard(home))
     try:
         for bad in ("not-a-shard", "7", "-1"):
             connection.hset(key, t, bad)
             for args in (["reshard", "move", "--tenant", t, "--to", str(1 - home)], ["reshard", "where", "--tenant", t]):
-                result = CliRunner().invoke(cli, args, env=env)
+                result = _cli(settings, *args)
                 assert result.exit_code == 2, (bad, args, result.output)
                 assert f"holds {bad!r} for tenant {t!r}, which is not a shard of this map" in result.output
     finally:

@@ -44,7 +44,7 @@ import psycopg
 import redis
 
 from api import sharding
-from api.directory import FROZEN, MOVED_RESULT_TTL_S
+from api.directory import FROZEN, MOVED_RESULT_TTL_S, marker_shard, marker_text
 from api.forget import ForgetRequest
 from api.validation import Limits, limits_of
 from workers.ingest.forget import apply_forget
@@ -136,15 +136,16 @@ def _locate(connections: list[redis.Redis], settings: Settings, tenant_id: str) 
             frozen = [s for s in range(settings.shards) if s != shard and connections[s].hget(
                 sharding.directory_key(settings.stream_prefix, s, settings.shards), tenant_id) == FROZEN.encode()]
             return (frozen[0], True) if frozen else (shard, False)
-        text = marker.decode(errors="replace") if isinstance(marker, bytes) else str(marker)
+        text = marker_text(marker)
         if text == FROZEN:
             return shard, True
-        if not (text.isascii() and text.isdecimal() and int(text) < settings.shards):
+        named = marker_shard(text, settings.shards)
+        if named is None:
             raise TenantMoveRefused(
                 f"the tenant directory of shard {shard} holds {text!r} for tenant {tenant_id!r}, which is not a "
                 f"shard of this map (0..{settings.shards - 1}): fix or remove that marker "
                 f"({sharding.directory_key(settings.stream_prefix, shard, settings.shards)}) first")
-        shard = int(text)
+        shard = named
     raise TenantMoveRefused(f"the tenant directory of {tenant_id!r} loops between shards; fix the markers "
                           f"{settings.stream_prefix}:directory:* by hand")
 
@@ -165,11 +166,11 @@ def _move_lock(settings: Settings, tenant_id: str) -> Iterator[None]:
     """Hold the tenant's move lock (:func:`workers.store.tenant_copy.try_move_lock`, on the tenant's ring
     shard's database, from before the move locates the tenant to its end), or raise TenantMoveRefused
     when another move of it holds it. A second move started while the first copied found the source
-    still frozen, took it for a stopped move, waited for the source's locks, then "moved" the emptied source elsewhere and routed the
-    tenant away from its rows (break-it session, 2026-12-07). The lock is the ring shard's, which no
-    move changes. It is released when the move ends, before its connection closes (a close releases it
-    only once the server's backend has ended, so a move right after a failed one found it held); a
-    killed move's goes with its connection."""
+    still frozen, took it for a stopped move, waited for the source's locks, then "moved" the emptied
+    source elsewhere and routed the tenant away from its rows (break-it session, 2026-12-07). The lock
+    is the ring shard's, which no move changes. It is released when the move ends, before its
+    connection closes (a close releases it only once the server's backend has ended, so a move right
+    after a failed one found it held); a killed move's goes with its connection."""
     ring = sharding.shard_of(tenant_id, settings.shards)
     with psycopg.connect(settings.for_shard(ring).database_url, autocommit=True) as conn:
         if not try_move_lock(conn, tenant_id):
@@ -273,6 +274,11 @@ def _known(settings: Settings, connection: redis.Redis, shard: int, tenant_id: s
     return next(iter(tenant_entries(connection, own.turns_stream, tenant_id)), None) is not None
 
 
+def _holders(settings: Settings, connections: list[redis.Redis], tenant_id: str, skip: set[int]) -> list[int]:
+    """The shards outside ``skip`` that hold rows or turns-stream messages of the tenant (:func:`_known`)."""
+    return [s for s in range(settings.shards) if s not in skip and _known(settings, connections[s], s, tenant_id)]
+
+
 def _close(connections: Sequence[redis.Redis]) -> None:
     for connection in connections:
         connection.close()
@@ -294,7 +300,7 @@ def _refuse_no_op(settings: Settings, connections: list[redis.Redis], tenant_id:
     if not resumed:
         _refuse_unknown(settings, connections, tenant_id, shard)
         return
-    holders = [s for s in range(settings.shards) if s != shard and _known(settings, connections[s], s, tenant_id)]
+    holders = _holders(settings, connections, tenant_id, {shard})
     where = (f"shard {holders[0]} holds its copy or messages: finish that move with --to {holders[0]}"
              if len(holders) == 1 else
              f"shards {', '.join(map(str, holders))} hold rows or messages of it: finish the stopped move with "
@@ -314,14 +320,12 @@ def _refuse_another_target(settings: Settings, connections: list[redis.Redis], t
     tenant: a stopped move copied it there, or moved its pending messages there, or clients wrote there
     after its streams step; resumed towards another target, it would leave those behind, unreachable
     (break-it sessions, 2026-12-07)."""
-    for shard in range(settings.shards):
-        if shard in (source, target):
-            continue
-        if _known(settings, connections[shard], shard, tenant_id):
-            raise TenantMoveRefused(
-                f"tenant {tenant_id!r} is frozen on shard {source} by a move that stopped, and shard {shard} "
-                f"holds rows or messages of it: finish that move with --to {shard}, or roll it back "
-                "(docs/scaling.md \"Moving a tenant between shards\")")
+    holders = _holders(settings, connections, tenant_id, {source, target})
+    if holders:
+        raise TenantMoveRefused(
+            f"tenant {tenant_id!r} is frozen on shard {source} by a move that stopped, and shard {holders[0]} "
+            f"holds rows or messages of it: finish that move with --to {holders[0]}, or roll it back "
+            "(docs/scaling.md \"Moving a tenant between shards\")")
 
 
 def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
