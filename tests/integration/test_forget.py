@@ -271,6 +271,33 @@ def test_replace_turn_is_one_message_that_forgets_then_re_adds(settings: Setting
     assert _stored_texts(store, "bob") == [("k", "a key of another tenant")]
 
 
+def test_a_session_forget_read_first_keeps_a_turn_moved_out_of_the_session_before_it(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    """Two consumers of one group: a replacement that moved a turn id out of a session, published
+    before a forget of that session, is read after it. The forget erased the old value and used to
+    tombstone the turn id, which dropped the new value too; in stream order the forget does not
+    cover it (migration 0009, scope ``swept``). A retry of the erased value stays dropped."""
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", "I live in Lisbon", session="s1"),
+                          turn("alice", "other", "my dog is called Rex", session="s1")])
+    drain(ingest_worker(settings, redis_client, store))
+    moved = client.replace_turn(turn("alice", "k", "I live in Porto", session="s2"))
+    forget = client.forget("alice", session_id="s1")
+    messages = {sid.decode(): StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)}
+    ingest_worker(settings, redis_client, store).handle([messages[forget]])  # the other consumer was faster
+    assert _stored_texts(store, "alice") == []
+    ingest_worker(settings, redis_client, store).handle([messages[moved]])
+    assert _stored_texts(store, "alice") == [("k", "I live in Porto")]
+    client.publish_turns([turn("alice", "k", "I live in Lisbon", session="s1"),  # retries after the forget
+                          turn("alice", "other", "my dog is called Rex", session="s1")])
+    drain(ingest_worker(settings, redis_client, store))
+    assert _stored_texts(store, "alice") == [("k", "I live in Porto")]
+    with psycopg.connect(store.database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM dead_letters WHERE tenant_id = 'alice'").fetchone() == (0,)
+        scopes = conn.execute("SELECT scope, key FROM tombstones WHERE tenant_id = 'alice' ORDER BY 1, 2").fetchall()
+    assert scopes == [("replace", "k"), ("session", "s1"), ("swept", "k"), ("swept", "other")]
+
+
 def test_a_put_of_a_new_key_keeps_the_forget_version(settings: Settings, redis_client: redis.Redis,
                                                     store: PostgresStore) -> None:
     """Break-it session (2026-12-07): every replace bumped the forget version, so a put of a new key

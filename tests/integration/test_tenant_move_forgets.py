@@ -136,7 +136,7 @@ def test_a_turn_published_after_a_move_is_later_than_the_source_s_forgets(cluste
         client.forget(tenant)
         factories.drain(worker)
     assert sorted(_rows(a, "SELECT scope, stream_ms >= %s FROM tombstones WHERE tenant_id = %s", ahead_ms,
-                        tenant)) == [("tenant", True), ("turn", True)]
+                        tenant)) == [("swept", True), ("tenant", True)]
     move_tenant(settings, tenant, 1, echo=lambda _: None)
     client.publish_turn(factories.turn(tenant, "new", "my brother is a pilot", minutes=60))
     assert factories.drain_shard(settings, client, 1) == 1

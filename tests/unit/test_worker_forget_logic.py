@@ -133,6 +133,32 @@ def test_a_forgotten_turn_id_comes_back_only_when_re_added_after_the_forget(capl
     assert [letter.stream_id for letter in store.tables.dead_letters.values()] == ["6-0"]
 
 
+def test_a_turn_a_scope_forget_erased_is_swept_only_for_later_messages() -> None:
+    """A session or tenant forget read before an earlier message that moved one of its turn ids to
+    another session keeps that message (scope ``swept``, migration 0009); later retries of the turn
+    id are dropped, an explicit re-add after the forget stores it again."""
+    for scope in ("session", "tenant"):
+        store, redis = FakeStore(), RecordingRedis()
+        worker = ingest_worker(store, redis)
+        worker.handle([turn_message("1-0", "alice", "k", "I live in Lisbon", session="s1")])
+        forget = forget_message("4-0", "alice", session="s1") if scope == "session" else forget_message("4-0", "alice")
+        worker.handle([forget])  # read first by a faster consumer
+        worker.handle([turn_message("2-0", "alice", "k", "I live in Porto", session="s2", readd=True)])
+        expected = {"session": {"k"}, "tenant": set()}[scope]  # a tenant forget covers every session
+        assert set(_turns(store, "alice")) == expected
+        worker.handle([turn_message("5-0", "alice", "k", "I live in Lisbon", session="s1")])  # a retry
+        assert set(_turns(store, "alice")) == expected
+        with store.tenant("alice") as tx:
+            assert {(t.scope, t.key) for t in tx.tombstones(session_ids=["s1"], turn_ids=["k"])} >= {("swept", "k")}
+            assert not any(t.scope == "turn" for t in tx.tombstones(session_ids=["s1"], turn_ids=["k"]))
+    worker.handle([turn_message("6-0", "alice", "k", "I live in Braga", session="s3", readd=True)])
+    worker.handle([turn_message("5-0", "alice", "k", "I live in Lisbon", session="s1")])  # before the re-add
+    with store.tenant("alice") as tx:
+        assert [r.text for r in tx.entries_after(0)] == ["I live in Braga"]
+        assert [(t.scope, t.readd_position) for t in tx.tombstones(session_ids=[], turn_ids=["k"])
+                if t.key] == [("swept", (6, 0))]
+
+
 def test_a_tenant_forget_leaves_only_its_tenant_row_and_tombstones() -> None:
     store, redis = FakeStore(), RecordingRedis()
     worker = ingest_worker(store, redis)
@@ -148,7 +174,7 @@ def test_a_tenant_forget_leaves_only_its_tenant_row_and_tombstones() -> None:
     assert _turns(store, "alice") == {} and len(_turns(store, "bob")) == len(conversation("bob"))
     assert not tables.dead_letters and "alice" not in tables.buffer
     assert not [key for key in tables.ledger if key[0] == "alice"]
-    assert {(t, s) for t, s, _ in tables.tombstones} == {("alice", "tenant"), ("alice", "turn")}
+    assert {(t, s) for t, s, _ in tables.tombstones} == {("alice", "tenant"), ("alice", "swept")}
     # a turn published after the tenant forget is a new memory
     worker.handle([turn_message("80-0", "alice", "new", "a fresh start")])
     assert _turns(store, "alice") == {"new": None}

@@ -15,8 +15,9 @@ lock (so no turn of the tenant is written meanwhile), and:
    and counters) and its tombstones, unless it or a later tenant forget was applied already;
 3. deletes the tenant's dead letters of its scope (their payloads hold the text) but those of
    messages published after it;
-4. records tombstones: one for the scope (tenant or session) and one per forgotten turn id,
-   each with the forget's stream position.
+4. records tombstones, each with the forget's stream position: a turn-id forget one per named or
+   erased turn id; a session or tenant forget one for its scope and a sweep (scope ``swept``) per
+   turn id it erased.
 
 :func:`tombstone_verdict` then decides, for each turn message the ingest worker reads, whether a
 tombstone keeps it out. Both are idempotent: a redelivered forget deletes nothing more.
@@ -137,11 +138,17 @@ def _before(link: EntryLink, at: tuple[int, int]) -> bool:
 
 
 def _tombstones(request: ForgetRequest, links: Sequence[EntryLink], at: tuple[int, int]) -> list[Tombstone]:
-    turn_ids = dict.fromkeys([*request.turn_ids, *(link.turn_id for link in links)])
-    rows = [Tombstone("turn", turn_id, *at) for turn_id in turn_ids]
+    """A turn-id forget tombstones the ids it names (scope ``turn``); a session or tenant forget
+    tombstones its scope and sweeps the turn ids it erased (scope ``swept``: only their later retries
+    are dropped, so a message that moved one of them to another session before the forget, read
+    after it, is kept; migration 0009)."""
+    if request.scope is ForgetScope.TURNS:
+        return [Tombstone("turn", turn_id, *at) for turn_id in dict.fromkeys([*request.turn_ids,
+                                                                              *(link.turn_id for link in links)])]
+    rows = [Tombstone("swept", turn_id, *at) for turn_id in dict.fromkeys(link.turn_id for link in links)]
     if request.scope is ForgetScope.TENANT:
         rows.append(Tombstone("tenant", "", *at))
-    elif request.scope is ForgetScope.SESSION:
+    else:
         assert request.session_id is not None
         rows.append(Tombstone("session", request.session_id, *at))
     return rows
@@ -154,6 +161,16 @@ def readded(stone: Tombstone, stream_id: str) -> Tombstone:
     if stone.readd_position is not None and stone.readd_position <= at:
         return stone
     return dataclasses.replace(stone, readd_ms=at[0], readd_seq=at[1])
+
+
+def record_readd(tx: TenantSession, stones: dict[tuple[str, str], Tombstone], turn_id: str, stream_id: str) -> None:
+    """An explicit re-add at entry ``stream_id`` stores ``turn_id`` again (verdict ``READD``): the
+    tombstones that made it a retry (:func:`retry_stones`) keep its position, in ``stones`` (the
+    batch's view, keyed by ``(scope, key)``) and in ``tx``. Raises StoreError when the store fails."""
+    position = stream_position(stream_id)
+    for stone in retry_stones(stones, turn_id, position):
+        stones[(stone.scope, stone.key)] = readded(stone, stream_id)
+    tx.mark_readded([turn_id], position)
 
 
 class Verdict(Enum):
@@ -170,22 +187,32 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     ``(scope, key)``).
 
     A message published before a forget of its tenant, its session or its turn id, or before a
-    replacement of its turn id (scope ``replace``: a stale value), is dropped. A
-    message published after a forget of its turn id is dropped too (a replay or a retry must not
-    bring it back), unless it is an explicit re-add (``readd``), or published at or after the
-    earliest re-add applied since (the tombstone's ``readd_position``): those are ordinary again.
+    replacement of its turn id (scope ``replace``: a stale value), is dropped. A message published
+    after a forget of its turn id, or after a session or tenant forget erased that turn id (scope
+    ``swept``), is a retry or a replay and is dropped too, unless it is an explicit re-add
+    (``readd``), or published at or after the earliest re-add applied since (the tombstone's
+    ``readd_position``): those are ordinary again (:func:`retry_stones`).
     """
     position = stream_position(stream_id)
     replaced = tombstones.get(("replace", turn.turn_id))
     if (forgotten_before(tombstones, stream_id, turn.session_id, turn.turn_id)
             or replaced is not None and position < replaced.stream_position):
         return Verdict.DROP
-    own = tombstones.get(("turn", turn.turn_id))
-    if own is None:
-        return Verdict.KEEP
-    if own.readd_position is not None and position >= own.readd_position:  # the re-add and what came after it
+    if not retry_stones(tombstones, turn.turn_id, position):
         return Verdict.KEEP
     return Verdict.READD if readd else Verdict.DROP
+
+
+def retry_stones(tombstones: Mapping[tuple[str, str], Tombstone], turn_id: str,
+                 position: tuple[int, int]) -> list[Tombstone]:
+    """The tombstones of ``turn_id`` (scopes ``turn`` and ``swept``) that make its message at stream
+    position ``position`` a retry: their erasure came before it and no re-add applied since came at
+    or before it. A message before a sweep is not judged by the sweep but by its own session's and
+    tenant's tombstones: it may have moved the turn id to another session (docs/architecture.md
+    "Tombstones")."""
+    stones = (tombstones.get((scope, turn_id)) for scope in ("turn", "swept"))
+    return [stone for stone in stones if stone is not None and stone.stream_position < position
+            and (stone.readd_position is None or position < stone.readd_position)]
 
 
 def forgotten_before(tombstones: Mapping[tuple[str, str], Tombstone], stream_id: str, session_id: str,

@@ -47,7 +47,7 @@ from mnemos.canonical_set import CanonicalSet
 from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.ingest.forget import Verdict, apply_forget, readded, record_letters, tombstone_verdict
+from workers.ingest.forget import Verdict, apply_forget, record_letters, record_readd, tombstone_verdict
 from workers.ingest.forget_streams import (
     covered_dead_letters,
     covered_entries,
@@ -375,10 +375,8 @@ class IngestWorker:
                 log.info("dropped turn %r of tenant %r (%s): a forget or a later replacement covers it (publish "
                          "it with readd to store it again)", item.turn.turn_id, tx.tenant_id, item.message.stream_id)
                 continue
-            if verdict is Verdict.READD:  # the tombstone stays for messages published before the re-add
-                stone = stones[("turn", item.turn.turn_id)] = readded(stones[("turn", item.turn.turn_id)],
-                                                                      item.message.stream_id)
-                tx.mark_readded([item.turn.turn_id], stone.readd_position or stone.stream_position)
+            if verdict is Verdict.READD:  # the tombstones stay for messages published before the re-add
+                record_readd(tx, stones, item.turn.turn_id, item.message.stream_id)
             first = known.get(item.turn.turn_id)
             if first is None:
                 known[item.turn.turn_id] = item.turn

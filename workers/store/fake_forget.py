@@ -100,7 +100,7 @@ class FakeForget:
 
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
         keys = {("tenant", "")} | {("session", s) for s in session_ids} | {(scope, t) for t in turn_ids
-                                                                           for scope in ("turn", "replace")}
+                                                                           for scope in ("turn", "swept", "replace")}
         return sorted((t for (tenant, scope, key), t in self._t.tombstones.items()
                        if tenant == self._tenant_id and (scope, key) in keys), key=lambda t: (t.scope, t.key))
 
@@ -116,8 +116,7 @@ class FakeForget:
 
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         tables = self._write()
-        for turn_id in turn_ids:
-            key = (self._tenant_id, "turn", turn_id)
+        for key in [(self._tenant_id, scope, turn_id) for turn_id in turn_ids for scope in ("turn", "swept")]:
             stone = tables.tombstones.get(key)
             if stone is not None and stone.stream_position < at and (
                     stone.readd_position is None or at < stone.readd_position):

@@ -93,7 +93,7 @@ class PostgresForget:
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
         return self._links(
             Tombstone, "SELECT scope, key, stream_ms, stream_seq, readd_ms, readd_seq FROM tombstones WHERE tenant_id = %s"
-            " AND (scope = 'tenant' OR (scope = 'session' AND key = ANY(%s)) OR (scope IN ('turn', 'replace')"
+            " AND (scope = 'tenant' OR (scope = 'session' AND key = ANY(%s)) OR (scope IN ('turn', 'swept', 'replace')"
             " AND key = ANY(%s)))"
             " ORDER BY scope, key", (self._tenant_id, list(session_ids), list(turn_ids)))
 
@@ -114,7 +114,7 @@ class PostgresForget:
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         if turn_ids:
             self._conn.execute(
-                "UPDATE tombstones SET readd_ms = %s, readd_seq = %s WHERE tenant_id = %s AND scope = 'turn'"
+                "UPDATE tombstones SET readd_ms = %s, readd_seq = %s WHERE tenant_id = %s AND scope IN ('turn', 'swept')"
                 " AND key = ANY(%s) AND (stream_ms, stream_seq) < (%s, %s)"
                 " AND (readd_ms IS NULL OR (readd_ms, readd_seq) > (%s, %s))",
                 (*at, self._tenant_id, list(turn_ids), *at, *at))

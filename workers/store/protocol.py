@@ -221,7 +221,7 @@ class TenantSession(Protocol):
 
     def tombstones(self, *, session_ids: Sequence[str], turn_ids: Sequence[str]) -> list[Tombstone]:
         """The tenant's tombstone (if any) and those of ``session_ids`` and ``turn_ids`` (scopes
-        ``turn`` and ``replace``)."""
+        ``turn``, ``swept`` and ``replace``)."""
         ...
 
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
@@ -232,7 +232,7 @@ class TenantSession(Protocol):
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         """Record that an explicit re-add at stream position ``at`` stored ``turn_ids`` again: their
         tombstones (those before ``at``) keep the earliest such position; messages published before
-        it stay dropped, it and later ones are ordinary."""
+        it stay dropped, it and later ones are ordinary (scopes ``turn`` and ``swept``)."""
         ...
 
 

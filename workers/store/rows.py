@@ -144,8 +144,10 @@ class EntryLink:
 
 @dataclass(frozen=True)
 class Tombstone:
-    """What a forget leaves behind (ids only): its ``scope`` (``tenant``, ``session``, ``turn``, or
-    ``replace`` for a replacement's position, which drops older messages of the turn id but no letter),
+    """What a forget leaves behind (ids only): its ``scope`` (``tenant``, ``session``, ``turn``,
+    ``swept`` for a turn id a session or tenant forget erased, which drops only its later retries
+    (migration 0009), or ``replace`` for a replacement's position, which drops older messages of the
+    turn id but no letter),
     the ``key`` within it ('' for the tenant, else the session or turn id) and the stream id of the
     latest forget of that scope as ``(ms, seq)``; ``readd_ms``/``readd_seq``: the stream id of the
     earliest explicit re-add of the turn id applied since that forget, None before one (migration 0008)."""
