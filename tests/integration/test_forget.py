@@ -298,6 +298,35 @@ def test_a_session_forget_read_first_keeps_a_turn_moved_out_of_the_session_befor
     assert scopes == [("replace", "k"), ("session", "s1"), ("swept", "k"), ("swept", "other")]
 
 
+def test_retries_of_forgotten_text_read_out_of_order_leave_no_copy(settings: Settings, redis_client: redis.Redis,
+                                                                   store: PostgresStore) -> None:
+    """Two consumers of one group, and a client that retries its publish after a forget. A retry of
+    a turn id read before the turn-id forget it follows, and a turn of a forgotten session read after
+    that forget followed by its retry: stream order drops both retries, so no order may keep the
+    text (migration 0009); a re-add published after the forget and read before it stays."""
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "a1", SECRET, session="s1")])
+    turn_forget = client.forget("alice", turn_ids=["a1"])
+    client.publish_turns([turn("alice", "a1", SECRET, session="s1"),  # the client's retry
+                          turn("alice", "b1", SECRET + "!", session="s2")])
+    session_forget = client.forget("alice", session_id="s2")
+    client.publish_turns([turn("alice", "b1", SECRET + "!", session="s3")])  # a retry, moved to another session
+    client.forget("alice", turn_ids=["c1"])
+    client.publish_turns([turn("alice", "c1", "my sister lives in Lisbon")], readd=True)
+    ids = [sid.decode() for sid, _ in redis_client.xrange(settings.turns_stream)]
+    messages = {sid.decode(): StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)}
+    fast, slow = ingest_worker(settings, redis_client, store), ingest_worker(settings, redis_client, store)
+    # the fast consumer reads the retries and the re-add before the forgets, the slow one the rest
+    for stream_id in (ids[2], ids[5], ids[7], turn_forget, session_forget, ids[6], ids[0], ids[3]):
+        (fast if stream_id in (ids[2], ids[5], ids[7]) else slow).handle([messages[stream_id]])
+    assert _stored_texts(store, "alice") == [("c1", "my sister lives in Lisbon")]
+    assert _tables_holding(store, SECRET) == []
+    assert _streams_holding(redis_client, settings, SECRET) == []
+    with psycopg.connect(store.database_url) as conn:
+        scopes = conn.execute("SELECT scope, key FROM tombstones WHERE tenant_id = 'alice' ORDER BY 1, 2").fetchall()
+    assert scopes == [("session", "s2"), ("swept", "b1"), ("turn", "a1"), ("turn", "c1")]
+
+
 def test_a_put_of_a_new_key_keeps_the_forget_version(settings: Settings, redis_client: redis.Redis,
                                                     store: PostgresStore) -> None:
     """Break-it session (2026-12-07): every replace bumped the forget version, so a put of a new key

@@ -7,7 +7,7 @@ its key to another session), and forgets of a session, of keys or of the whole t
 handles the messages one by one in stream order; the property handles the same messages one by one
 in a random order (as several consumers may) and must store the same turns, with the same sessions
 and texts. Plain re-adds and plain retries of a used turn id are left out: their known order effects
-are listed in the docs ("Forget").
+are listed in docs/architecture.md ("Forget", "Reading order").
 """
 
 from __future__ import annotations

@@ -159,6 +159,50 @@ def test_a_turn_a_scope_forget_erased_is_swept_only_for_later_messages() -> None
                 if t.key] == [("swept", (6, 0))]
 
 
+def test_a_retry_after_a_forget_read_before_it_is_erased_by_it_but_a_re_add_is_kept() -> None:
+    """A plain message of a turn id published after a forget of that id is a retry, which stream order
+    drops. Read first (another consumer was faster) it used to be stored and to survive the forget,
+    which keeps values carried after it: the forgotten text came back (migration 0009)."""
+    store, redis = FakeStore(), RecordingRedis()
+    worker = ingest_worker(store, redis)
+    worker.handle([turn_message("3-0", "alice", "t", "my pin is 1234")])  # the retry, read first
+    worker.handle([forget_message("2-0", "alice", turn_ids=("t",))])
+    assert _turns(store, "alice") == {}
+    assert "3-0" in redis.deleted["unit:turns"]  # its stream copy too
+    worker.handle([turn_message("1-0", "alice", "t", "my pin is 1234")])  # the original, read last
+    assert _turns(store, "alice") == {}
+    # a re-add after the forget, read before it, is what stream order keeps, and so is its repetition
+    worker.handle([turn_message("5-0", "alice", "u", "my pin is 4321", readd=True),
+                   turn_message("6-0", "alice", "v", "my pin is 9999"),
+                   turn_message("8-0", "alice", "v", "my pin is 9999", readd=True)])
+    worker.handle([forget_message("4-0", "alice", turn_ids=("u",)), forget_message("7-0", "alice", turn_ids=("v",))])
+    with store.tenant("alice") as tx:
+        assert {r.turn_id: r.text for r in tx.entries_after(0)} == {"u": "my pin is 4321", "v": "my pin is 9999"}
+        stones = {t.key: t.readd_position for t in tx.tombstones(session_ids=[], turn_ids=["u", "v"])}
+    assert stones == {"u": (5, 0), "v": (8, 0)}  # the re-adds' positions: retries before them stay dropped
+
+
+def test_a_message_a_session_forget_covers_read_after_it_sweeps_its_turn_id() -> None:
+    """The forget of a session read before an earlier message of it (its consumer died): in stream
+    order that message was stored, then erased, and its turn id swept, so a retry published after
+    the forget is dropped, or erased if it was read first (migration 0009)."""
+    for order in (("2-0", "1-0", "3-0"), ("3-0", "2-0", "1-0")):
+        store, redis = FakeStore(), RecordingRedis()
+        worker = ingest_worker(store, redis)
+        messages = {"1-0": turn_message("1-0", "alice", "t", "my pin is 1234", session="s1"),
+                    "2-0": forget_message("2-0", "alice", session="s1"),
+                    "3-0": turn_message("3-0", "alice", "t", "my pin is 1234", session="s2")}
+        for stream_id in order:
+            worker.handle([messages[stream_id]])
+        assert _turns(store, "alice") == {}, order
+        assert {"1-0", "3-0"} <= set(redis.deleted["unit:turns"]), order
+        with store.tenant("alice") as tx:
+            assert [(t.scope, t.stream_position) for t in tx.tombstones(session_ids=[], turn_ids=["t"])] == [
+                ("swept", (2, 0))]
+        worker.handle([turn_message("4-0", "alice", "t", "my pin is 5678", session="s2", readd=True)])
+        assert _turns(store, "alice") == {"t": None}  # a re-add after the forget stores it again
+
+
 def test_a_tenant_forget_leaves_only_its_tenant_row_and_tombstones() -> None:
     store, redis = FakeStore(), RecordingRedis()
     worker = ingest_worker(store, redis)

@@ -8,7 +8,8 @@ lock (so no turn of the tenant is written meanwhile), and:
    transaction of the tenant) and bumps the tenant's memory and forget versions, unless the forget
    erases no turn (a turn-id or session forget of turns never stored, such as the forget half of a
    put of a new key: query workers and the suppression worker then keep what they hold);
-2. deletes the entries of its scope carried by messages before it, with their embeddings and
+2. deletes the entries of its scope carried by messages before it (a turn-id forget: of its turn
+   ids, whatever carried them), but values a re-add at or after it carried, with their embeddings and
    suppression scores; an alias whose canonical entry is forgotten while it is not is promoted
    (:func:`plan_promotions`), an alias forgotten alone leaves its canonical entry as it was; a
    tenant forget also deletes the tenant's rows in every other table but its ``tenants`` row (ids
@@ -45,14 +46,16 @@ from workers.store.rows import EntryLink, TenantLock, Tombstone
 @dataclass(frozen=True)
 class ForgetReport:
     """What one applied forget deleted: turns (canonical entries and aliases), aliases promoted to
-    canonical entries, dead letters, the erased entries' ids; ``bumped``: whether it moved the
-    tenant's forget version."""
+    canonical entries, dead letters, the erased entries' ids and the stream ids of erased values
+    carried by messages after the forget (``late``); ``bumped``: whether it moved the tenant's forget
+    version."""
 
     turns: int = 0
     promoted: int = 0
     dead_letters: int = 0
     bumped: bool = False
     entry_ids: tuple[int, ...] = ()  # of the erased entries
+    late: tuple[str, ...] = ()  # stream ids of erased values carried after the forget (retries read first)
 
 
 def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]) -> dict[int, int | None]:
@@ -84,8 +87,12 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     older messages of the turn id are dropped, but no refused message's letter is (it is no
     forget). Dead letters of messages published after the forget are kept in any case.
 
-    Only turns carried by messages before the forget are erased: another consumer may have stored a
-    later turn of the scope first (consumers of one group run side by side), and it stays.
+    Consumers of one group run side by side, so a value carried by a message after the forget may be
+    stored already. A session or tenant forget keeps it (a new turn of the scope); a turn-id forget
+    erases it (a plain message of a forgotten turn id after the forget is a retry, which stream order
+    drops) and reports its stream id as ``late``. Either keeps a value that a re-add at or after the
+    forget carried (the entry's re-add position, migration 0009): in stream order that re-add
+    stored it again.
     """
     at = stream_position(stream_id)
     tx.tenant(lock=True)  # the row lock first: it orders the forget with the suppression worker's transaction
@@ -95,13 +102,10 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
         links = tx.entry_links(session_id=request.session_id)
     else:
         links = tx.entry_links(turn_ids=request.turn_ids)
-    links = [link for link in links if _before(link, at)]
+    covered = [link for link in links if request.scope is ForgetScope.TURNS or _before(link, at)]
+    kept = [link for link in covered if _readded_since(link, at)]
+    links = [link for link in covered if not _readded_since(link, at)]
     wipe = request.scope is ForgetScope.TENANT and not _tenant_forgotten_since(tx, at)
-    bumped = bool(links) or wipe
-    if bumped:  # a forget that erases no turn leaves every cache of the tenant valid (a put of a new key)
-        tx.bump_forget_version()
-    changes = plan_promotions(links, tx.aliases_of([link.entry_id for link in links]))
-    tx.set_canonical(changes)
     through = (stream, stream_id)
     if request.scope is ForgetScope.TENANT:
         letters = tx.delete_dead_letters(through=through)
@@ -111,12 +115,59 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
         letters = tx.delete_dead_letters(session_id=request.session_id, through=through)
     else:
         letters = 0 if replace else tx.delete_dead_letters(turn_ids=request.turn_ids, through=through)
-    tx.delete_entries([link.entry_id for link in links])
+    promoted, bumped = _erase(tx, links, bump=wipe)
     tx.add_tombstones([Tombstone("replace", t, *at) for t in request.turn_ids] if replace
-                      else _tombstones(request, links, at))
-    promoted = sum(1 for canonical in changes.values() if canonical is None)
+                      else _tombstones(request, covered, at))
+    for link in kept:  # in stream order the re-add stored the value again, after this forget
+        tx.mark_readded([link.turn_id], link.readd_position or at)
     return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped,
-                        entry_ids=tuple(link.entry_id for link in links))
+                        entry_ids=tuple(link.entry_id for link in links), late=_late(links, at))
+
+
+def sweep_dropped(tx: TenantSession, stones: dict[tuple[str, str], Tombstone], turn: Turn,
+                  stream_id: str) -> ForgetReport | None:
+    """The turn message ``stream_id`` was dropped: does a session or tenant forget read before it (in
+    ``stones``, the batch's view keyed by ``(scope, key)``) cover it? Then, in stream order, it was
+    stored and that forget erased it and swept its turn id, so a plain message of the turn id after
+    the forget is a retry. Sweep the turn id now, at the earliest such forget, and erase a value
+    of it that such a retry carried, read before this message (one a re-add since carried stays).
+    Returns what was erased, None when nothing was; raises StoreError when the store fails. ``tx``
+    holds the tenant's ingest lock (docs/architecture.md "Tombstones")."""
+    position = stream_position(stream_id)
+    covering = [stone.stream_position for stone in (stones.get(("tenant", "")), stones.get(("session", turn.session_id)))
+                if stone is not None and position < stone.stream_position]
+    if not covering:
+        return None
+    at = min(covering)
+    tx.add_tombstones([Tombstone("swept", turn.turn_id, *at)])
+    stones.update({(t.scope, t.key): t for t in tx.tombstones(session_ids=[], turn_ids=[turn.turn_id])})
+    links = [link for link in tx.entry_links(turn_ids=[turn.turn_id])
+             if not _before(link, at) and not _readded_since(link, at)]
+    if not links:
+        return None
+    tx.tenant(lock=True)  # as a forget: it orders the erasure with the suppression worker's transaction
+    promoted, bumped = _erase(tx, links)
+    return ForgetReport(turns=len(links), promoted=promoted, bumped=bumped,
+                        entry_ids=tuple(link.entry_id for link in links), late=_late(links, at))
+
+
+def _erase(tx: TenantSession, links: Sequence[EntryLink], *, bump: bool = False) -> tuple[int, bool]:
+    """Delete the entries of ``links`` (embeddings and suppression scores go with them), promoting
+    the surviving aliases of erased canonical entries (:func:`plan_promotions`); bumps the tenant's
+    forget version when any is erased, or with ``bump``. Returns (aliases promoted, bumped). An
+    erasure of nothing leaves every cache of the tenant valid (a put of a new key)."""
+    bumped = bool(links) or bump
+    if bumped:
+        tx.bump_forget_version()
+    changes = plan_promotions(links, tx.aliases_of([link.entry_id for link in links]))
+    tx.set_canonical(changes)
+    tx.delete_entries([link.entry_id for link in links])
+    return sum(1 for canonical in changes.values() if canonical is None), bumped
+
+
+def _late(links: Sequence[EntryLink], at: tuple[int, int]) -> tuple[str, ...]:
+    """Stream ids of the erased values carried by messages after stream position ``at``."""
+    return tuple(link.stream_id for link in links if link.stream_id is not None and not _before(link, at))
 
 
 def _tenant_forgotten_since(tx: TenantSession, at: tuple[int, int]) -> bool:
@@ -135,6 +186,12 @@ def _before(link: EntryLink, at: tuple[int, int]) -> bool:
         return link.stream_id is None or stream_position(link.stream_id) < at
     except ValueError:
         return True
+
+
+def _readded_since(link: EntryLink, at: tuple[int, int]) -> bool:
+    """True when a re-add message at or after stream position ``at`` carried the stored value (at
+    ``at`` itself: the replacement whose forget half this is): the forget at ``at`` keeps it."""
+    return link.readd_position is not None and link.readd_position >= at
 
 
 def _tombstones(request: ForgetRequest, links: Sequence[EntryLink], at: tuple[int, int]) -> list[Tombstone]:

@@ -10,6 +10,8 @@ is committed, the ingest worker deletes (XDEL):
   and is deleted once acknowledged, by whichever ingest worker looks first: each worker sweeps
   the set after every acknowledgement (:func:`sweep_deferred`), and the forgetting worker once
   more after adding to it, so an acknowledgement racing with the deferral is never missed;
+* the entries after the forget that carried a value it erased (``late``: a retry read before the
+  forget, or one a dropped message's sweep erased), deferred in the same way while pending;
 * the entries of its own batch that a forget covered or a tombstone dropped (acknowledged and
   deleted together, in one MULTI);
 * every entry of the dead-letter stream ``<prefix>:turns:dead`` that copies a covered message;
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -38,6 +41,19 @@ from workers.runtime.dead_letters import copied_letter
 from workers.runtime.streams import stream_position
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What one applied forget erased, for its copies: its ``request``, its event's stream id
+    ``upto`` (None for a dropped message's sweep, :func:`workers.ingest.forget.sweep_dropped`, which
+    has no event and covers no earlier message), the erased ``entry_ids`` and the stream ids of the
+    erased values carried after it (``late``)."""
+
+    request: ForgetRequest
+    upto: str | None
+    entry_ids: tuple[int, ...] = ()
+    late: tuple[str, ...] = ()
 
 SCAN_COUNT = 500  # entries per XRANGE / XPENDING round trip
 
@@ -102,13 +118,20 @@ def _covered_letter(request: ForgetRequest, forget_id: str) -> Callable[[Mapping
     return covered
 
 
-def covered_entries(connection: redis.Redis, stream: str, group: str, request: ForgetRequest, forget_id: str,
-                    own: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Ids of the turns-stream entries up to the forget event ``forget_id`` that ``request`` covers:
-    ``(deletable now, pending for another consumer)`` (``own``: this consumer's batch, deletable)."""
-    others = _pending(connection, stream, group, forget_id) - set(own)
+def covered_entries(connection: redis.Redis, stream: str, group: str, request: ForgetRequest, forget_id: str | None,
+                    own: Iterable[str], late: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """Ids of the turns-stream entries up to the forget event ``forget_id`` that ``request`` covers
+    (None: none, a sweep's erasure), and the entries ``late`` (after it: values erased, retries
+    read before it): ``(deletable now, pending for another consumer)`` (``own``: this consumer's
+    batch, deletable)."""
+    late = list(late)
+    ends = [forget_id, *late] if forget_id is not None else late
+    if not ends:
+        return [], []
+    others = _pending(connection, stream, group, max(ends, key=stream_position)) - set(own)
     covered = _covered_turn(request)
-    ids = [sid for sid, fields in _entries(connection, stream, forget_id) if covered(fields)]
+    ids = [sid for sid, fields in _entries(connection, stream, forget_id) if covered(fields)] if forget_id else []
+    ids += late
     return [sid for sid in ids if sid not in others], [sid for sid in ids if sid in others]
 
 
@@ -145,10 +168,12 @@ def sweep_deferred(connection: redis.Redis, stream: str, group: str) -> int:
     return deleted
 
 
-def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: ForgetRequest, forget_id: str
+def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: ForgetRequest, forget_id: str | None
                          ) -> list[str]:
     """Ids of the dead-letter stream's entries that copy a message published before the forget event
-    ``forget_id`` that ``request`` covers."""
+    ``forget_id`` that ``request`` covers (None: no forget event, a sweep's erasure, deletes none)."""
+    if forget_id is None:
+        return []
     covered = _covered_letter(request, forget_id)
     return [sid for sid, fields in _entries(connection, dead_stream, "+") if covered(fields)]
 
@@ -271,3 +296,22 @@ def delete_entries(connection: redis.Redis, stream: str, group: str, ack: Iterab
     deleted = int(pipe.execute()[-1])
     log.info("deleted %d forgotten entries of %s", deleted, stream)
     return deleted
+
+
+def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: str, own: Iterable[str],
+                 dropped: Iterable[str], erasures: Sequence[Erasure]) -> None:
+    """Delete the streams' copies of what a batch forgot or dropped: the turns-stream entries each
+    erasure covers (:func:`covered_entries`; those pending for another consumer are deferred) and
+    ``dropped`` ones, acknowledging those of this consumer's batch (``own``) in the same MULTI; the
+    dead-stream copies of covered messages; the stored results that showed an erased turn."""
+    own, doomed = set(own), set(dropped)
+    for erasure in erasures:
+        now, later = covered_entries(connection, stream, group, erasure.request, erasure.upto, own, late=erasure.late)
+        doomed.update(now)
+        defer(connection, stream, group, later)
+        letters = covered_dead_letters(connection, dead_stream, erasure.request, erasure.upto)
+        if letters:
+            connection.xdel(dead_stream, *letters)
+        erase_results(connection, erasure.request, erasure.entry_ids)
+    delete_entries(connection, stream, group, ack=doomed & own, delete=doomed)
+

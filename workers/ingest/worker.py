@@ -47,15 +47,15 @@ from mnemos.canonical_set import CanonicalSet
 from mnemos.dedupe import Signature, turn_signature
 from mnemos.encoder import Encoder
 from mnemos.rendering import render_turn
-from workers.ingest.forget import Verdict, apply_forget, record_letters, record_readd, tombstone_verdict
-from workers.ingest.forget_streams import (
-    covered_dead_letters,
-    covered_entries,
-    defer,
-    delete_entries,
-    erase_results,
-    sweep_deferred,
+from workers.ingest.forget import (
+    Verdict,
+    apply_forget,
+    record_letters,
+    record_readd,
+    sweep_dropped,
+    tombstone_verdict,
 )
+from workers.ingest.forget_streams import Erasure, erase_copies, sweep_deferred
 from workers.runtime.dead_letters import DeadLetter, payload_of, publish_dead_letters, sent_id
 from workers.runtime.errors import EmbeddingVersionError
 from workers.runtime.heartbeats import Heartbeat
@@ -112,7 +112,6 @@ class _Forget:
     message: StreamMessage
     request: ForgetRequest
     replace: bool = False
-    erased: tuple[int, ...] = ()  # entry ids, once applied
 
 
 @dataclass
@@ -121,6 +120,8 @@ class _TenantOutcome:
     duplicates: int = 0
     conflicts: list[DeadLetter] | None = None
     dropped: list[str] = field(default_factory=list)  # stream ids a tombstone kept out
+    swept: list[Erasure] = field(default_factory=list)  # retries a dropped message's sweep erased
+    repeats: list[tuple[str, tuple[int, int]]] = field(default_factory=list)  # re-adds of a value: turn id, position
 
 
 @dataclass
@@ -132,13 +133,14 @@ class _BatchTotals:
     conflicts: list[DeadLetter] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     refused: set[str] = field(default_factory=set)  # left pending: another embedding version
-    forgets: list[_Forget] = field(default_factory=list)
+    erasures: list[Erasure] = field(default_factory=list)  # of the forgets by request, and sweeps
 
     def add(self, outcome: _TenantOutcome) -> None:
         self.indexed += outcome.indexed
         self.duplicates += outcome.duplicates
         self.conflicts.extend(outcome.conflicts or [])
         self.dropped.extend(outcome.dropped)
+        self.erasures.extend(outcome.swept)
 
 
 def _conflict_detail(turn_id: str, differences: Sequence[str]) -> str:
@@ -149,11 +151,12 @@ def _conflict_detail(turn_id: str, differences: Sequence[str]) -> str:
 
 
 def _new_entry(item: _Pending, entry_id: int, canonical: int | None) -> EntryRow:
-    turn = item.turn
+    turn, readd = item.turn, item.message.position if is_readd(item.message.fields) else None
     return EntryRow(turn_id=turn.turn_id, session_id=turn.session_id, role=turn.role, text=turn.text,
                     occurred_at=turn.occurred_at, metadata=dict(turn.metadata), entry_id=entry_id,
                     embedding=vector_to_bytes(item.vector), canonical_entry_id=canonical,
-                    encoder_truncated=item.unread is not None, stream_id=item.message.stream_id)
+                    encoder_truncated=item.unread is not None, stream_id=item.message.stream_id,
+                    readd_ms=readd and readd[0], readd_seq=readd and readd[1])
 
 
 class IngestWorker:
@@ -233,9 +236,9 @@ class IngestWorker:
                 if run:
                     totals.add(self._write_tenant(tenant_id, run))
                 if isinstance(item, _Forget):
-                    self._forget(tenant_id, item)
+                    erasure = self._forget(tenant_id, item)
                     if not item.replace:  # a replace updates a turn; copies of the old value age out
-                        totals.forgets.append(item)
+                        totals.erasures.append(erasure)
             except EmbeddingVersionError as exc:  # left pending for a worker of the tenant's version
                 log.error("ingest worker refuses %d turns: %s", len(items) - start, exc)
                 self.metrics.version_refusal("ingest", len(run))
@@ -247,9 +250,9 @@ class IngestWorker:
                 return
             start = position + 1
 
-    def _forget(self, tenant_id: str, item: _Forget) -> None:
+    def _forget(self, tenant_id: str, item: _Forget) -> Erasure:
         """Apply one forget event in its own transaction, under the tenant's ingest lock
-        (:func:`workers.ingest.forget.apply_forget`)."""
+        (:func:`workers.ingest.forget.apply_forget`); returns what its copies' erasure needs."""
         with self.store.tenant(tenant_id) as tx:
             tx.lock(TenantLock.INGEST)
             self._check_not_moved(tenant_id)
@@ -257,29 +260,18 @@ class IngestWorker:
                 require_tenant_version(tx, self.version)
             report = apply_forget(tx, item.request, self.settings.turns_stream, item.message.stream_id,
                                   replace=item.replace)
-        item.erased = report.entry_ids
         if report.bumped:
             self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
         log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",
                  item.message.stream_id, item.request.scope.value, report.turns, report.promoted, report.dead_letters)
+        return Erasure(item.request, item.message.stream_id, report.entry_ids, report.late)
 
     def _erase(self, batch: Sequence[StreamMessage], totals: _BatchTotals) -> None:
         """Delete the streams' copies of what this batch forgot or dropped (:mod:`workers.ingest.forget_streams`)."""
-        if not totals.forgets and not totals.dropped:
-            return
-        stream, own = self.settings.turns_stream, {m.stream_id for m in batch} - totals.refused
-        doomed = set(totals.dropped)
-        for item in totals.forgets:
-            now, later = covered_entries(self.connection, stream, GROUP, item.request, item.message.stream_id, own)
-            doomed.update(now)
-            defer(self.connection, stream, GROUP, later)
-            letters = covered_dead_letters(self.connection, self.settings.dead_letter_stream, item.request,
-                                           item.message.stream_id)
-            if letters:
-                self.connection.xdel(self.settings.dead_letter_stream, *letters)
-            erase_results(self.connection, item.request, item.erased)
-        delete_entries(self.connection, stream, GROUP, ack=doomed & own, delete=doomed)
+        if totals.erasures or totals.dropped:
+            erase_copies(self.connection, self.settings.turns_stream, self.settings.dead_letter_stream, GROUP,
+                         {m.stream_id for m in batch} - totals.refused, totals.dropped, totals.erasures)
 
     def _record_refused(self, letters: list[DeadLetter]) -> tuple[list[DeadLetter], list[DeadLetter]]:
         """:func:`workers.ingest.forget.record_letters` of the refused messages: ``(recorded, left)``."""
@@ -342,6 +334,8 @@ class IngestWorker:
                         outcome.duplicates += 1
                 if outcome.indexed or outcome.duplicates:
                     tx.bump_memory_version()
+            for turn_id, at in outcome.repeats:  # a forget before the re-add keeps the value
+                tx.mark_value_readded(turn_id, at)
             # the stream copies of letters recorded now, before the commit, under the lock: a forget
             # that waits for it finds them, and a retried batch does not copy them again
             publish_dead_letters(self.connection, self.settings.dead_letter_stream,
@@ -370,6 +364,11 @@ class IngestWorker:
         for item in pending:
             verdict = tombstone_verdict(stones, item.turn, item.message.stream_id, is_readd(item.message.fields))
             if verdict is Verdict.DROP:
+                if swept := sweep_dropped(tx, stones, item.turn, item.message.stream_id):  # a retry read first
+                    outcome.swept.append(Erasure(ForgetRequest.replacing(tx.tenant_id, item.turn.turn_id), None,
+                                                 swept.entry_ids, swept.late))
+                    known.pop(item.turn.turn_id, None)
+                    self._canonicals.pop(tx.tenant_id, None)
                 outcome.dropped.append(item.message.stream_id)
                 self.metrics.tombstoned()
                 log.info("dropped turn %r of tenant %r (%s): a forget or a later replacement covers it (publish "
@@ -386,6 +385,8 @@ class IngestWorker:
                 outcome.conflicts.append(self._dead_letter(
                     item.message, Reason.TURN_ID_CONFLICT.value, _conflict_detail(item.turn.turn_id, differences),
                     item.turn))
+            elif is_readd(item.message.fields):  # repeats the value (stored, or of this batch): recorded after
+                outcome.repeats.append((item.turn.turn_id, item.message.position))  # the inserts
         return fresh
 
     def _load_canonicals(self, tx: TenantSession, forget_version: int) -> _Canonicals:

@@ -53,6 +53,11 @@ class StreamMessage:
     fields: dict[bytes, bytes]
     claimed: bool = False
 
+    @property
+    def position(self) -> tuple[int, int]:
+        """:func:`stream_position` of the entry's id; raises ValueError when it is not a stream id."""
+        return stream_position(self.stream_id)
+
 
 def consumer_name(kind: str) -> str:
     """A consumer name unique to this process: ``<kind>-<host>-<pid>``."""

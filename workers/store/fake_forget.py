@@ -40,12 +40,14 @@ class FakeForget:
     def entry_links(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None
                     ) -> list[EntryLink]:
         wanted = None if turn_ids is None else set(turn_ids)
-        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id) for i, e in self._entries()
+        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id,
+                          e.row.readd_ms, e.row.readd_seq) for i, e in self._entries()
                 if (wanted is None or e.row.turn_id in wanted) and (session_id is None or e.row.session_id == session_id)]
 
     def aliases_of(self, entry_ids: Sequence[int]) -> list[EntryLink]:
         wanted = set(entry_ids)
-        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id) for i, e in self._entries()
+        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id,
+                          e.row.readd_ms, e.row.readd_seq) for i, e in self._entries()
                 if e.row.canonical_entry_id in wanted]
 
     def set_canonical(self, changes: Mapping[int, int | None]) -> None:
@@ -113,6 +115,14 @@ class FakeForget:
                 readd = None if old is None else old.readd_position
                 kept = readd if readd is not None and readd > row.stream_position else None
                 tables.tombstones[key] = replace(row, readd_ms=kept and kept[0], readd_seq=kept and kept[1])
+
+    def mark_value_readded(self, turn_id: str, at: tuple[int, int]) -> None:
+        tables = self._write()
+        for entry in tables.entries.values():
+            row = entry.row
+            if (entry.tenant_id == self._tenant_id and row.turn_id == turn_id
+                    and (row.readd_ms is None or (row.readd_ms, row.readd_seq or 0) < at)):
+                entry.row = replace(row, readd_ms=at[0], readd_seq=at[1])
 
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         tables = self._write()

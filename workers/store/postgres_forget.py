@@ -19,7 +19,7 @@ from workers.store.rows import EntryLink, Tombstone
 
 R = TypeVar("R")
 
-_LINK = "SELECT entry_id, turn_id, session_id, canonical_entry_id, stream_id FROM entries"
+_LINK = "SELECT entry_id, turn_id, session_id, canonical_entry_id, stream_id, readd_ms, readd_seq FROM entries"
 _TENANT_TABLES = ("suppression", "centroids", "query_buffer", "applied_outcomes")
 
 
@@ -110,6 +110,11 @@ class PostgresForget:
                 " tombstones.readd_seq) > (excluded.stream_ms, excluded.stream_seq) THEN tombstones.readd_seq END"
                 " WHERE (tombstones.stream_ms, tombstones.stream_seq) < (excluded.stream_ms, excluded.stream_seq)",
                 [(self._tenant_id, t.scope, t.key, t.stream_ms, t.stream_seq) for t in rows])
+
+    def mark_value_readded(self, turn_id: str, at: tuple[int, int]) -> None:
+        self._conn.execute(
+            "UPDATE entries SET readd_ms = %s, readd_seq = %s WHERE tenant_id = %s AND turn_id = %s"
+            " AND (readd_ms IS NULL OR (readd_ms, readd_seq) < (%s, %s))", (*at, self._tenant_id, turn_id, *at))
 
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         if turn_ids:

@@ -134,13 +134,13 @@ class PostgresTenantSession(PostgresForget):
         """One pipelined round trip (``ON CONFLICT (tenant_id, turn_id) DO NOTHING``)."""
         params = [(r.entry_id, self._tenant_id, r.turn_id, r.session_id, r.role, r.text, r.occurred_at,
                    r.embedding, r.canonical_entry_id, Jsonb(dict(r.metadata)), r.encoder_truncated,
-                   r.stream_id) for r in rows]
+                   r.stream_id, r.readd_ms, r.readd_seq) for r in rows]
         stored: set[int] = set()
         with self._conn.cursor(row_factory=dict_row) as cur:
             cur.executemany(
                 "INSERT INTO entries (entry_id, tenant_id, turn_id, session_id, role, text, occurred_at, embedding,"
-                " canonical_entry_id, metadata, encoder_truncated, stream_id)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " canonical_entry_id, metadata, encoder_truncated, stream_id, readd_ms, readd_seq)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (tenant_id, turn_id) DO NOTHING RETURNING entry_id", params, returning=True)
             for _ in cur.results():
                 row = cur.fetchone()

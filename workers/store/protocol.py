@@ -229,6 +229,12 @@ class TenantSession(Protocol):
         forward drops a re-add position before the new one)."""
         ...
 
+    def mark_value_readded(self, turn_id: str, at: tuple[int, int]) -> None:
+        """Record that a re-add message at stream position ``at`` repeated the stored value of
+        ``turn_id``: the entry's re-add position (``readd_ms``/``readd_seq``) becomes ``at`` unless it
+        is later already (a forget before ``at`` then keeps the value; migration 0009)."""
+        ...
+
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         """Record that an explicit re-add at stream position ``at`` stored ``turn_ids`` again: their
         tombstones (those before ``at``) keep the earliest such position; messages published before

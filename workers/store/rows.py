@@ -98,13 +98,16 @@ class EntryRow(TurnRecord):
     ``(dim,)`` float32 vector), the entry it is an alias of (``canonical_entry_id`` None: a canonical
     entry), whether the bi-encoder read only the start of its rendering and the stream id of the
     message that carried it. The one stored-entry row: ingest inserts it, the query worker indexes
-    it, the fake store keeps it as its table."""
+    it, the fake store keeps it as its table. ``readd_ms``/``readd_seq``: the stream id of the latest
+    re-add message (``readd`` or a replacement) that carried this value, None when none did."""
 
     entry_id: int
     embedding: bytes
     canonical_entry_id: int | None
     encoder_truncated: bool = False
     stream_id: str | None = None
+    readd_ms: int | None = None  # the latest re-add message that carried this value (migration 0009)
+    readd_seq: int | None = None
 
     @property
     def image_caption(self) -> str | None:
@@ -133,13 +136,20 @@ class LedgerRow:
 @dataclass(frozen=True)
 class EntryLink:
     """Where a stored turn sits, without its text: ids, session, the entry it is an alias of (None:
-    canonical) and the stream id of the message that carried it. What a forget reads."""
+    canonical), the stream id of the message that carried it and the stream id of the latest re-add
+    message that carried its value as ``readd_ms``/``readd_seq`` (None: none did). What a forget reads."""
 
     entry_id: int
     turn_id: str
     session_id: str
     canonical_entry_id: int | None
     stream_id: str | None
+    readd_ms: int | None = None
+    readd_seq: int | None = None
+
+    @property
+    def readd_position(self) -> tuple[int, int] | None:
+        return None if self.readd_ms is None or self.readd_seq is None else (self.readd_ms, self.readd_seq)
 
 
 @dataclass(frozen=True)

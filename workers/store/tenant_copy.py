@@ -35,7 +35,8 @@ CHUNK = 2000
 """Entries read, renumbered and written per round trip."""
 
 _ENTRY_COLUMNS = ("turn_id", "session_id", "role", "text", "occurred_at", "embedding", "metadata", "encoder_truncated",
-                  "stream_id", "created_at", "reindex_embedding", "reindex_rendering", "reindex_truncated")
+                  "stream_id", "created_at", "reindex_embedding", "reindex_rendering", "reindex_truncated", "readd_ms",
+                  "readd_seq")
 _TABLES = ("suppression", "centroids", "query_buffer", "applied_outcomes", "dead_letters", "tombstones")
 
 
