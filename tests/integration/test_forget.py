@@ -327,6 +327,28 @@ def test_retries_of_forgotten_text_read_out_of_order_leave_no_copy(settings: Set
     assert scopes == [("session", "s2"), ("swept", "b1"), ("turn", "a1"), ("turn", "c1")]
 
 
+def test_a_retry_read_before_its_original_leaves_no_copy_of_a_session_forget_s_text(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
+    """Break-it round 8: a turn, a forget of its session, and the client's retry of the turn, read
+    retry first, then the turn (taken for a redelivery of the stored retry), then the forget. The
+    stored value takes the turn's earlier position, so the forget erases it, and the retry's copy,
+    delivered and published after the forget, is deleted with the forget's copies (stream order
+    drops the retry)."""
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", SECRET, session="s1")])
+    client.forget("alice", session_id="s1")
+    client.publish_turns([turn("alice", "k", SECRET, session="s1")])
+    redis_client.xgroup_create(settings.turns_stream, "ingest", id="0")
+    delivered = redis_client.xreadgroup("ingest", "c1", {settings.turns_stream: ">"})[0][1]  # delivered, pending
+    first, forget, retry = (StreamMessage(sid.decode(), fields) for sid, fields in delivered)
+    for message in (retry, first, forget):  # each read by its own consumer
+        worker = ingest_worker(settings, redis_client, store)
+        redis_client.xack(settings.turns_stream, "ingest", *worker.handle([message]))
+    assert _stored_texts(store, "alice") == []
+    assert _tables_holding(store, SECRET) == []
+    assert _streams_holding(redis_client, settings, SECRET) == []
+
+
 def test_a_put_of_a_new_key_keeps_the_forget_version(settings: Settings, redis_client: redis.Redis,
                                                     store: PostgresStore) -> None:
     """Break-it session (2026-12-07): every replace bumped the forget version, so a put of a new key

@@ -31,7 +31,7 @@ DIM = 64
 
 class RecordingRedis:
     """What the workers call on Redis here (``xadd``, pipelines, and the forget's ``xrange``,
-    ``xpending_range``, ``xack``, ``xdel`` and a set), recorded per key. Only what the workers added
+    ``xpending_range``, ``xinfo_groups``, ``xack``, ``xdel`` and a set), recorded per key. Only what the workers added
     is in a stream (the tests hand batches to the ingest worker directly), so a range is empty."""
 
     def __init__(self) -> None:
@@ -51,6 +51,9 @@ class RecordingRedis:
 
     def xpending_range(self, name: str, group: str, *args: Any, **kwargs: Any) -> list[Any]:
         return []
+
+    def xinfo_groups(self, name: str) -> list[Any]:
+        return []  # no group: the range read after a forget would be empty anyway
 
     def scan_iter(self, *args: Any, **kwargs: Any) -> list[Any]:
         return []

@@ -46,9 +46,9 @@ from workers.store.rows import EntryLink, TenantLock, Tombstone
 @dataclass(frozen=True)
 class ForgetReport:
     """What one applied forget deleted: turns (canonical entries and aliases), aliases promoted to
-    canonical entries, dead letters, the erased entries' ids and the stream ids of erased values
-    carried by messages after the forget (``late``); ``bumped``: whether it moved the tenant's forget
-    version."""
+    canonical entries, dead letters, the erased entries' ids, the stream ids of erased values
+    carried by messages after the forget (``late``) and the turn ids its tombstones name (``named``);
+    ``bumped``: whether it moved the tenant's forget version."""
 
     turns: int = 0
     promoted: int = 0
@@ -56,6 +56,7 @@ class ForgetReport:
     bumped: bool = False
     entry_ids: tuple[int, ...] = ()  # of the erased entries
     late: tuple[str, ...] = ()  # stream ids of erased values carried after the forget (retries read first)
+    named: tuple[str, ...] = ()  # the turn ids its turn or swept tombstones name: later plain ones are retries
 
 
 def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]) -> dict[int, int | None]:
@@ -88,11 +89,12 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
     forget). Dead letters of messages published after the forget are kept in any case.
 
     Consumers of one group run side by side, so a value carried by a message after the forget may be
-    stored already. A session or tenant forget keeps it (a new turn of the scope); a turn-id forget
-    erases it (a plain message of a forgotten turn id after the forget is a retry, which stream order
-    drops) and reports its stream id as ``late``. Either keeps a value that a re-add at or after the
-    forget carried (the entry's re-add position, migration 0009): in stream order that re-add
-    stored it again.
+    stored already. A session or tenant forget keeps it (a new turn of the scope), and so does a
+    replacement's forget half (a newer value, or one stream order would refuse as a conflict); a
+    turn-id forget by request erases it (a plain message of a forgotten turn id after the forget is
+    a retry, which stream order drops) and reports its stream id as ``late``. A forget by request
+    keeps a value that a re-add at or after it carried (the entry's re-add position, migration
+    0009): in stream order that re-add stored it again.
     """
     at = stream_position(stream_id)
     tx.tenant(lock=True)  # the row lock first: it orders the forget with the suppression worker's transaction
@@ -102,9 +104,9 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
         links = tx.entry_links(session_id=request.session_id)
     else:
         links = tx.entry_links(turn_ids=request.turn_ids)
-    covered = [link for link in links if request.scope is ForgetScope.TURNS or _before(link, at)]
-    kept = [link for link in covered if _readded_since(link, at)]
-    links = [link for link in covered if not _readded_since(link, at)]
+    covered = [link for link in links if request.scope is ForgetScope.TURNS and not replace or _before(link, at)]
+    kept = [] if replace else [link for link in covered if _readded_since(link, at)]
+    links = [link for link in covered if link not in kept]
     wipe = request.scope is ForgetScope.TENANT and not _tenant_forgotten_since(tx, at)
     through = (stream, stream_id)
     if request.scope is ForgetScope.TENANT:
@@ -120,8 +122,9 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
                       else _tombstones(request, covered, at))
     for link in kept:  # in stream order the re-add stored the value again, after this forget
         tx.mark_readded([link.turn_id], link.readd_position or at)
+    named = () if replace else tuple(dict.fromkeys([*request.turn_ids, *(link.turn_id for link in covered)]))
     return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped,
-                        entry_ids=tuple(link.entry_id for link in links), late=_late(links, at))
+                        entry_ids=tuple(link.entry_id for link in links), late=_late(links, at), named=named)
 
 
 def sweep_dropped(tx: TenantSession, stones: dict[tuple[str, str], Tombstone], turn: Turn,
@@ -244,16 +247,21 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     ``(scope, key)``).
 
     A message published before a forget of its tenant, its session or its turn id, or before a
-    replacement of its turn id (scope ``replace``: a stale value), is dropped. A message published
-    after a forget of its turn id, or after a session or tenant forget erased that turn id (scope
-    ``swept``), is a retry or a replay and is dropped too, unless it is an explicit re-add
-    (``readd``), or published at or after the earliest re-add applied since (the tombstone's
-    ``readd_position``): those are ordinary again (:func:`retry_stones`).
+    replacement of its turn id (scope ``replace``: a stale value), is dropped, and so is a plain
+    one published before a session or tenant forget erased its turn id (scope ``swept``: in
+    stream order the erased value was there first, so it was a conflict or a redelivery); a re-add
+    or a replacement published before the sweep is judged by its own session's and tenant's
+    tombstones (it may have moved the turn id out of the forgotten session). A message published
+    after a forget of its turn id, or after a sweep of it, is a retry or a replay and is dropped
+    too, unless it is an explicit re-add (``readd``), or published at or after the earliest re-add
+    applied since (the tombstone's ``readd_position``): those are ordinary again
+    (:func:`retry_stones`).
     """
     position = stream_position(stream_id)
-    replaced = tombstones.get(("replace", turn.turn_id))
+    replaced, swept = tombstones.get(("replace", turn.turn_id)), tombstones.get(("swept", turn.turn_id))
     if (forgotten_before(tombstones, stream_id, turn.session_id, turn.turn_id)
-            or replaced is not None and position < replaced.stream_position):
+            or replaced is not None and position < replaced.stream_position
+            or swept is not None and position < swept.stream_position and not readd):
         return Verdict.DROP
     if not retry_stones(tombstones, turn.turn_id, position):
         return Verdict.KEEP
@@ -264,8 +272,7 @@ def retry_stones(tombstones: Mapping[tuple[str, str], Tombstone], turn_id: str,
                  position: tuple[int, int]) -> list[Tombstone]:
     """The tombstones of ``turn_id`` (scopes ``turn`` and ``swept``) that make its message at stream
     position ``position`` a retry: their erasure came before it and no re-add applied since came at
-    or before it. A message before a sweep is not judged by the sweep but by its own session's and
-    tenant's tombstones: it may have moved the turn id to another session (docs/architecture.md
+    or before it (a message before a sweep: :func:`tombstone_verdict`; docs/architecture.md
     "Tombstones")."""
     stones = (tombstones.get((scope, turn_id)) for scope in ("turn", "swept"))
     return [stone for stone in stones if stone is not None and stone.stream_position < position

@@ -36,7 +36,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from api.client import JOB_ID_PREFIX, tenant_job_prefix
-from api.forget import ForgetRequest, is_forget_message
+from api.forget import ForgetRequest, is_forget_message, is_readd
 from workers.runtime.dead_letters import copied_letter
 from workers.runtime.streams import stream_position
 
@@ -47,13 +47,14 @@ log = logging.getLogger(__name__)
 class Erasure:
     """What one applied forget erased, for its copies: its ``request``, its event's stream id
     ``upto`` (None for a dropped message's sweep, :func:`workers.ingest.forget.sweep_dropped`, which
-    has no event and covers no earlier message), the erased ``entry_ids`` and the stream ids of the
-    erased values carried after it (``late``)."""
+    has no event and covers no earlier message), the erased ``entry_ids``, the stream ids of the
+    erased values carried after it (``late``) and the turn ids its tombstones name (``named``)."""
 
     request: ForgetRequest
     upto: str | None
     entry_ids: tuple[int, ...] = ()
     late: tuple[str, ...] = ()
+    named: tuple[str, ...] = ()  # turn ids whose plain messages after it are retries (:func:`retry_entries`)
 
 SCAN_COUNT = 500  # entries per XRANGE / XPENDING round trip
 
@@ -62,9 +63,10 @@ def _text(value: bytes | str | None) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
 
 
-def _entries(connection: redis.Redis, stream: str, last: str) -> Iterator[tuple[str, dict[bytes, bytes]]]:
-    """Every entry of ``stream`` up to ``last`` (inclusive; "+" for all), in order."""
-    start = "-"
+def _entries(connection: redis.Redis, stream: str, last: str, first: str = "-"
+             ) -> Iterator[tuple[str, dict[bytes, bytes]]]:
+    """Every entry of ``stream`` from ``first`` up to ``last`` (inclusive; "-" and "+" for all), in order."""
+    start = first
     while True:
         chunk = connection.xrange(stream, min=start, max=last, count=SCAN_COUNT)
         for raw_id, fields in chunk:
@@ -298,6 +300,29 @@ def delete_entries(connection: redis.Redis, stream: str, group: str, ack: Iterab
     return deleted
 
 
+def retry_entries(connection: redis.Redis, stream: str, group: str, tenant_id: str, turn_ids: Iterable[str],
+                  forget_id: str) -> list[str]:
+    """Ids of the entries after the forget event ``forget_id`` that retry one of ``turn_ids`` (plain
+    messages of the tenant, before the first re-add of that id) and were delivered to ``group``
+    already. Stream order drops them; one read before the forget was stored, or taken for a
+    redelivery of the stored value, so its copy would keep the erased text. Undelivered ones are
+    dropped, and deleted, when they are read."""
+    wanted, readded, found = set(turn_ids), set(), []
+    info = next((g for g in connection.xinfo_groups(stream) if _text(g["name"]) == group), None) if wanted else None
+    if info is None:
+        return []
+    for sid, fields in _entries(connection, stream, _text(info["last-delivered-id"]), "(" + forget_id):
+        turn_id = _text(fields.get(b"turn_id"))
+        if (is_forget_message(fields) or _text(fields.get(b"tenant_id")) != tenant_id or turn_id not in wanted
+                or turn_id in readded):
+            continue
+        if is_readd(fields):
+            readded.add(turn_id)
+        else:
+            found.append(sid)
+    return found
+
+
 def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: str, own: Iterable[str],
                  dropped: Iterable[str], erasures: Sequence[Erasure]) -> None:
     """Delete the streams' copies of what a batch forgot or dropped: the turns-stream entries each
@@ -306,7 +331,9 @@ def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: 
     dead-stream copies of covered messages; the stored results that showed an erased turn."""
     own, doomed = set(own), set(dropped)
     for erasure in erasures:
-        now, later = covered_entries(connection, stream, group, erasure.request, erasure.upto, own, late=erasure.late)
+        late = [*erasure.late, *(retry_entries(connection, stream, group, erasure.request.tenant_id, erasure.named,
+                                               erasure.upto) if erasure.upto else ())]
+        now, later = covered_entries(connection, stream, group, erasure.request, erasure.upto, own, late=late)
         doomed.update(now)
         defer(connection, stream, group, later)
         letters = covered_dead_letters(connection, dead_stream, erasure.request, erasure.upto)

@@ -121,7 +121,7 @@ class _TenantOutcome:
     conflicts: list[DeadLetter] | None = None
     dropped: list[str] = field(default_factory=list)  # stream ids a tombstone kept out
     swept: list[Erasure] = field(default_factory=list)  # retries a dropped message's sweep erased
-    repeats: list[tuple[str, tuple[int, int]]] = field(default_factory=list)  # re-adds of a value: turn id, position
+    repeats: list[_Pending] = field(default_factory=list)  # messages that repeated a stored value or one of the batch
 
 
 @dataclass
@@ -265,7 +265,7 @@ class IngestWorker:
         self.metrics.forgotten(report.turns)
         log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",
                  item.message.stream_id, item.request.scope.value, report.turns, report.promoted, report.dead_letters)
-        return Erasure(item.request, item.message.stream_id, report.entry_ids, report.late)
+        return Erasure(item.request, item.message.stream_id, report.entry_ids, report.late, report.named)
 
     def _erase(self, batch: Sequence[StreamMessage], totals: _BatchTotals) -> None:
         """Delete the streams' copies of what this batch forgot or dropped (:mod:`workers.ingest.forget_streams`)."""
@@ -334,8 +334,8 @@ class IngestWorker:
                         outcome.duplicates += 1
                 if outcome.indexed or outcome.duplicates:
                     tx.bump_memory_version()
-            for turn_id, at in outcome.repeats:  # a forget before the re-add keeps the value
-                tx.mark_value_readded(turn_id, at)
+            for item in outcome.repeats:  # the value's earliest message, and its latest re-add
+                tx.record_repeat(item.turn.turn_id, item.message.stream_id, is_readd(item.message.fields))
             # the stream copies of letters recorded now, before the commit, under the lock: a forget
             # that waits for it finds them, and a retried batch does not copy them again
             publish_dead_letters(self.connection, self.settings.dead_letter_stream,
@@ -385,8 +385,8 @@ class IngestWorker:
                 outcome.conflicts.append(self._dead_letter(
                     item.message, Reason.TURN_ID_CONFLICT.value, _conflict_detail(item.turn.turn_id, differences),
                     item.turn))
-            elif is_readd(item.message.fields):  # repeats the value (stored, or of this batch): recorded after
-                outcome.repeats.append((item.turn.turn_id, item.message.position))  # the inserts
+            else:  # repeats the value (stored, or of this batch): recorded after the inserts
+                outcome.repeats.append(item)
         return fresh
 
     def _load_canonicals(self, tx: TenantSession, forget_version: int) -> _Canonicals:

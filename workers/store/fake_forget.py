@@ -116,13 +116,17 @@ class FakeForget:
                 kept = readd if readd is not None and readd > row.stream_position else None
                 tables.tombstones[key] = replace(row, readd_ms=kept and kept[0], readd_seq=kept and kept[1])
 
-    def mark_value_readded(self, turn_id: str, at: tuple[int, int]) -> None:
-        tables = self._write()
+    def record_repeat(self, turn_id: str, stream_id: str, readd: bool) -> None:
+        at, tables = stream_position(stream_id), self._write()
         for entry in tables.entries.values():
             row = entry.row
-            if (entry.tenant_id == self._tenant_id and row.turn_id == turn_id
-                    and (row.readd_ms is None or (row.readd_ms, row.readd_seq or 0) < at)):
-                entry.row = replace(row, readd_ms=at[0], readd_seq=at[1])
+            if entry.tenant_id != self._tenant_id or row.turn_id != turn_id:
+                continue
+            if row.readd_ms is None and row.stream_id is not None and at < stream_position(row.stream_id):
+                row = replace(row, stream_id=stream_id)
+            if readd and (row.readd_ms is None or (row.readd_ms, row.readd_seq or 0) < at):
+                row = replace(row, readd_ms=at[0], readd_seq=at[1])
+            entry.row = row
 
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         tables = self._write()

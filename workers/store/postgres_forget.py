@@ -111,10 +111,17 @@ class PostgresForget:
                 " WHERE (tombstones.stream_ms, tombstones.stream_seq) < (excluded.stream_ms, excluded.stream_seq)",
                 [(self._tenant_id, t.scope, t.key, t.stream_ms, t.stream_seq) for t in rows])
 
-    def mark_value_readded(self, turn_id: str, at: tuple[int, int]) -> None:
-        self._conn.execute(
-            "UPDATE entries SET readd_ms = %s, readd_seq = %s WHERE tenant_id = %s AND turn_id = %s"
-            " AND (readd_ms IS NULL OR (readd_ms, readd_seq) < (%s, %s))", (*at, self._tenant_id, turn_id, *at))
+    def record_repeat(self, turn_id: str, stream_id: str, readd: bool) -> None:
+        at = stream_position(stream_id)
+        self._conn.execute(  # the new stream id is computed from the row as it was, before its re-add position
+            "UPDATE entries SET stream_id = %s WHERE tenant_id = %s AND turn_id = %s AND readd_ms IS NULL"
+            " AND stream_id ~ '^[0-9]+-[0-9]+$'"
+            " AND (split_part(stream_id, '-', 1)::bigint, split_part(stream_id, '-', 2)::bigint) > (%s, %s)",
+            (stream_id, self._tenant_id, turn_id, *at))
+        if readd:
+            self._conn.execute(
+                "UPDATE entries SET readd_ms = %s, readd_seq = %s WHERE tenant_id = %s AND turn_id = %s"
+                " AND (readd_ms IS NULL OR (readd_ms, readd_seq) < (%s, %s))", (*at, self._tenant_id, turn_id, *at))
 
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
         if turn_ids:

@@ -229,10 +229,14 @@ class TenantSession(Protocol):
         forward drops a re-add position before the new one)."""
         ...
 
-    def mark_value_readded(self, turn_id: str, at: tuple[int, int]) -> None:
-        """Record that a re-add message at stream position ``at`` repeated the stored value of
-        ``turn_id``: the entry's re-add position (``readd_ms``/``readd_seq``) becomes ``at`` unless it
-        is later already (a forget before ``at`` then keeps the value; migration 0009)."""
+    def record_repeat(self, turn_id: str, stream_id: str, readd: bool) -> None:
+        """Record that the message ``stream_id`` repeated the stored value of ``turn_id`` (a
+        redelivery, a retry, a re-add of it). An entry no re-add ever carried gets the earlier of the
+        two as ``stream_id`` (in stream order the value was stored from the first, so a forget
+        between them erases it); one a re-add carried keeps its own (the re-add stored it again,
+        after what came between). A re-add (``readd``: a re-add or a replacement) makes the re-add
+        position (``readd_ms``/``readd_seq``) the later of the two (a forget by request before it
+        then keeps the value; migration 0009). Raises ValueError for an id that is not a stream id."""
         ...
 
     def mark_readded(self, turn_ids: Sequence[str], at: tuple[int, int]) -> None:
