@@ -1,7 +1,8 @@
 """Forgets, replacements and re-adds read out of stream order by consumers of one group, against
-the real Redis and Postgres (docs/architecture.md "Forget", "Reading order"). Break-it round 8
-(2026-12-07) found each of these on the first version of migration 0009's rules; every test
-asserts what stream order stores.
+the real Redis and Postgres (docs/architecture.md "Forget", "Reading order"). Break-it rounds 8
+and 9 (2026-12-07) found each of these on earlier versions of migration 0009's rules; every test
+asserts what stream order stores, and ``_delivered`` reads the stream through the consumer group,
+as workers do, so the forget sees what was delivered.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import pytest
 import redis
 
 from tests.integration.factories import client_for, ingest_worker, turn
-from tests.integration.test_forget import _stored_texts
+from tests.integration.test_forget import SECRET, _stored_texts, _streams_holding, _tables_holding
+from workers.ingest.worker import GROUP
 from workers.runtime.streams import StreamMessage
 from workers.settings import Settings
 from workers.store import PostgresStore
@@ -55,4 +57,74 @@ def test_a_batch_redelivered_after_its_commit_changes_nothing(settings: Settings
     ingest_worker(settings, redis_client, store).handle(batch)
     assert _stored_texts(store, "alice") == []
     ingest_worker(settings, redis_client, store).handle(batch)  # the worker died before its ack: claimed again
+    assert _stored_texts(store, "alice") == []
+
+
+def _delivered(settings: Settings, redis_client: redis.Redis) -> list[StreamMessage]:
+    """Every message of the stream, delivered to the ingest group (pending until a worker acks)."""
+    redis_client.xgroup_create(settings.turns_stream, GROUP, id="0")
+    return [StreamMessage(sid.decode(), f) for sid, f in redis_client.xreadgroup(
+        GROUP, "reader", {settings.turns_stream: ">"})[0][1]]
+
+
+def _handle(settings: Settings, redis_client: redis.Redis, store: PostgresStore, batch: list[StreamMessage]) -> None:
+    worker = ingest_worker(settings, redis_client, store)
+    acked = worker.handle(batch)
+    if acked:
+        redis_client.xack(settings.turns_stream, GROUP, *acked)
+
+
+def test_a_sweep_deletes_the_copies_of_every_delivered_retry(settings: Settings, redis_client: redis.Redis,
+                                                             store: PostgresStore) -> None:
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", SECRET)])
+    client.forget("alice", session_id="s1")
+    client.publish_turns([turn("alice", "k", SECRET)])  # two retries of the client's
+    client.publish_turns([turn("alice", "k", SECRET)])
+    first, forget, retry, again = _delivered(settings, redis_client)
+    for message in (forget, retry, again, first):  # the first read last: its sweep erases the retry
+        _handle(settings, redis_client, store, [message])
+    assert _stored_texts(store, "alice") == [] and _tables_holding(store, SECRET) == []
+    assert _streams_holding(redis_client, settings, SECRET) == []
+
+
+def test_a_sweep_after_a_replacement_still_deletes_the_retry_s_copy(settings: Settings, redis_client: redis.Redis,
+                                                                   store: PostgresStore) -> None:
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", SECRET)])
+    client.forget("alice")
+    client.publish_turns([turn("alice", "k", SECRET)])  # a retry
+    client.replace_turn(turn("alice", "k", "a new value"))
+    first, forget, retry, replacement = _delivered(settings, redis_client)
+    for message in (retry, forget, replacement, first):
+        _handle(settings, redis_client, store, [message])
+    assert _stored_texts(store, "alice") == [("k", "a new value")]
+    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
+
+
+def test_a_redelivered_batch_of_re_adds_and_forgets_changes_nothing(settings: Settings, redis_client: redis.Redis,
+                                                                    store: PostgresStore) -> None:
+    client = client_for(settings, redis_client)
+    client.forget("alice", turn_ids=["k"])
+    client.publish_turns([turn("alice", "k", "value A", session="s2")], readd=True)
+    client.publish_turns([turn("alice", "k", "value B", session="s1")], readd=True)  # the second: a conflict
+    client.forget("alice", session_id="s2")
+    batch = [StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)]
+    ingest_worker(settings, redis_client, store).handle(batch)
+    assert _stored_texts(store, "alice") == []
+    ingest_worker(settings, redis_client, store).handle(batch)  # the worker died before its ack: claimed again
+    assert _stored_texts(store, "alice") == []
+
+
+def test_a_forget_is_applied_when_the_stream_vanished_under_it(settings: Settings, redis_client: redis.Redis,
+                                                               store: PostgresStore) -> None:
+    """Redis restarted without persistence while a worker held the batch: the forget is still applied
+    and the worker returns (the retries' scan found no stream and raised)."""
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", "value A")])
+    client.forget("alice", turn_ids=["k"])
+    stored, forget = _delivered(settings, redis_client)
+    _handle(settings, redis_client, store, [stored])
+    redis_client.delete(settings.turns_stream)
+    assert ingest_worker(settings, redis_client, store).handle([forget]) == [forget.stream_id]
     assert _stored_texts(store, "alice") == []

@@ -25,6 +25,7 @@ from tests.unit.worker_fakes import (
     turn_message,
 )
 from workers.ingest.forget import plan_promotions
+from workers.runtime.streams import StreamMessage
 from workers.store import FakeStore
 from workers.store.rows import EntryLink
 
@@ -134,8 +135,8 @@ def test_a_forgotten_turn_id_comes_back_only_when_re_added_after_the_forget(capl
 
 
 def test_a_turn_a_scope_forget_erased_is_swept_only_for_later_messages() -> None:
-    """A session or tenant forget read before an earlier message that moved one of its turn ids to
-    another session keeps that message (scope ``swept``, migration 0009); later retries of the turn
+    """A session or tenant forget read before an earlier replacement that moved one of its turn ids
+    to another session keeps that replacement (scope ``swept``, migration 0009); later retries of the turn
     id are dropped, an explicit re-add after the forget stores it again."""
     for scope in ("session", "tenant"):
         store, redis = FakeStore(), RecordingRedis()
@@ -143,7 +144,8 @@ def test_a_turn_a_scope_forget_erased_is_swept_only_for_later_messages() -> None
         worker.handle([turn_message("1-0", "alice", "k", "I live in Lisbon", session="s1")])
         forget = forget_message("4-0", "alice", session="s1") if scope == "session" else forget_message("4-0", "alice")
         worker.handle([forget])  # read first by a faster consumer
-        worker.handle([turn_message("2-0", "alice", "k", "I live in Porto", session="s2", readd=True)])
+        moved = turn_message("2-0", "alice", "k", "I live in Porto", session="s2")
+        worker.handle([StreamMessage(moved.stream_id, {**moved.fields, b"readd": b"replace"})])  # a replacement
         expected = {"session": {"k"}, "tenant": set()}[scope]  # a tenant forget covers every session
         assert set(_turns(store, "alice")) == expected
         worker.handle([turn_message("5-0", "alice", "k", "I live in Lisbon", session="s1")])  # a retry
@@ -156,7 +158,7 @@ def test_a_turn_a_scope_forget_erased_is_swept_only_for_later_messages() -> None
     with store.tenant("alice") as tx:
         assert [r.text for r in tx.entries_after(0)] == ["I live in Braga"]
         assert [(t.scope, t.readd_position) for t in tx.tombstones(session_ids=[], turn_ids=["k"])
-                if t.key] == [("swept", (6, 0))]
+                if t.key and t.scope != "replace"] == [("swept", (6, 0))]
 
 
 def test_a_retry_after_a_forget_read_before_it_is_erased_by_it_but_a_re_add_is_kept() -> None:

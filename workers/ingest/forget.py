@@ -57,6 +57,7 @@ class ForgetReport:
     entry_ids: tuple[int, ...] = ()  # of the erased entries
     late: tuple[str, ...] = ()  # stream ids of erased values carried after the forget (retries read first)
     named: tuple[str, ...] = ()  # the turn ids its turn or swept tombstones name: later plain ones are retries
+    at: str = ""  # the stream id of the forget (of a sweep: of the forget it follows)
 
 
 def plan_promotions(forgotten: Sequence[EntryLink], aliases: Sequence[EntryLink]) -> dict[int, int | None]:
@@ -124,7 +125,8 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
         tx.mark_readded([link.turn_id], link.readd_position or at)
     named = () if replace else tuple(dict.fromkeys([*request.turn_ids, *(link.turn_id for link in covered)]))
     return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped,
-                        entry_ids=tuple(link.entry_id for link in links), late=_late(links, at), named=named)
+                        entry_ids=tuple(link.entry_id for link in links), late=_late(links, at), named=named,
+                        at=stream_id)
 
 
 def sweep_dropped(tx: TenantSession, stones: dict[tuple[str, str], Tombstone], turn: Turn,
@@ -134,8 +136,9 @@ def sweep_dropped(tx: TenantSession, stones: dict[tuple[str, str], Tombstone], t
     stored and that forget erased it and swept its turn id, so a plain message of the turn id after
     the forget is a retry. Sweep the turn id now, at the earliest such forget, and erase a value
     of it that such a retry carried, read before this message (one a re-add since carried stays).
-    Returns what was erased, None when nothing was; raises StoreError when the store fails. ``tx``
-    holds the tenant's ingest lock (docs/architecture.md "Tombstones")."""
+    Returns what was erased (its ``named`` and ``at``: the delivered retries after the forget go
+    with it), None when no such forget covers the message; raises StoreError when the store
+    fails. ``tx`` holds the tenant's ingest lock (docs/architecture.md "Tombstones")."""
     position = stream_position(stream_id)
     covering = [stone.stream_position for stone in (stones.get(("tenant", "")), stones.get(("session", turn.session_id)))
                 if stone is not None and position < stone.stream_position]
@@ -146,12 +149,11 @@ def sweep_dropped(tx: TenantSession, stones: dict[tuple[str, str], Tombstone], t
     stones.update({(t.scope, t.key): t for t in tx.tombstones(session_ids=[], turn_ids=[turn.turn_id])})
     links = [link for link in tx.entry_links(turn_ids=[turn.turn_id])
              if not _before(link, at) and not _readded_since(link, at)]
-    if not links:
-        return None
-    tx.tenant(lock=True)  # as a forget: it orders the erasure with the suppression worker's transaction
-    promoted, bumped = _erase(tx, links)
-    return ForgetReport(turns=len(links), promoted=promoted, bumped=bumped,
-                        entry_ids=tuple(link.entry_id for link in links), late=_late(links, at))
+    if links:
+        tx.tenant(lock=True)  # as a forget: it orders the erasure with the suppression worker's transaction
+    promoted, bumped = _erase(tx, links) if links else (0, False)
+    return ForgetReport(turns=len(links), promoted=promoted, bumped=bumped, entry_ids=tuple(link.entry_id for link in links),
+                        late=_late(links, at), named=(turn.turn_id,), at=f"{at[0]}-{at[1]}")
 
 
 def _erase(tx: TenantSession, links: Sequence[EntryLink], *, bump: bool = False) -> tuple[int, bool]:
@@ -242,16 +244,17 @@ class Verdict(Enum):
 
 
 def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Turn, stream_id: str,
-                      readd: bool) -> Verdict:
+                      readd: bool, *, replace: bool = False) -> Verdict:
     """Whether the turn message ``stream_id`` survives the tenant's ``tombstones`` (keyed by
     ``(scope, key)``).
 
     A message published before a forget of its tenant, its session or its turn id, or before a
-    replacement of its turn id (scope ``replace``: a stale value), is dropped, and so is a plain
-    one published before a session or tenant forget erased its turn id (scope ``swept``: in
-    stream order the erased value was there first, so it was a conflict or a redelivery); a re-add
-    or a replacement published before the sweep is judged by its own session's and tenant's
-    tombstones (it may have moved the turn id out of the forgotten session). A message published
+    replacement of its turn id (scope ``replace``: a stale value), is dropped, and so is one
+    published before a session or tenant forget erased its turn id (scope ``swept``: in stream
+    order the erased value was there first, so it was a conflict or a redelivery), unless it is a
+    replacement (``replace``), or the first re-add after a forget of its turn id: those set the
+    value and are judged by their own session's and tenant's tombstones (they may have moved the
+    turn id out of the forgotten session). A message published
     after a forget of its turn id, or after a sweep of it, is a retry or a replay and is dropped
     too, unless it is an explicit re-add (``readd``), or published at or after the earliest re-add
     applied since (the tombstone's ``readd_position``): those are ordinary again
@@ -261,11 +264,19 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     replaced, swept = tombstones.get(("replace", turn.turn_id)), tombstones.get(("swept", turn.turn_id))
     if (forgotten_before(tombstones, stream_id, turn.session_id, turn.turn_id)
             or replaced is not None and position < replaced.stream_position
-            or swept is not None and position < swept.stream_position and not readd):
+            or swept is not None and position < swept.stream_position and not (
+                replace or readd and _first_readd(tombstones.get(("turn", turn.turn_id)), position))):
         return Verdict.DROP
     if not retry_stones(tombstones, turn.turn_id, position):
         return Verdict.KEEP
     return Verdict.READD if readd else Verdict.DROP
+
+
+def _first_readd(forgotten: Tombstone | None, position: tuple[int, int]) -> bool:
+    """Whether a re-add at ``position`` is the first one after the forget of its turn id
+    (``forgotten``): a later one met the value the first stored, a conflict in stream order."""
+    return forgotten is not None and forgotten.stream_position < position and (
+        forgotten.readd_position is None or position <= forgotten.readd_position)
 
 
 def retry_stones(tombstones: Mapping[tuple[str, str], Tombstone], turn_id: str,

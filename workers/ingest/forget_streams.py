@@ -48,13 +48,15 @@ class Erasure:
     """What one applied forget erased, for its copies: its ``request``, its event's stream id
     ``upto`` (None for a dropped message's sweep, :func:`workers.ingest.forget.sweep_dropped`, which
     has no event and covers no earlier message), the erased ``entry_ids``, the stream ids of the
-    erased values carried after it (``late``) and the turn ids its tombstones name (``named``)."""
+    erased values carried after it (``late``), the turn ids its tombstones name (``named``) and
+    where their retries start (``after``: ``upto``, or for a sweep the forget it follows)."""
 
     request: ForgetRequest
     upto: str | None
     entry_ids: tuple[int, ...] = ()
     late: tuple[str, ...] = ()
     named: tuple[str, ...] = ()  # turn ids whose plain messages after it are retries (:func:`retry_entries`)
+    after: str | None = None  # where those retries start: ``upto``, or for a sweep the forget it follows
 
 SCAN_COUNT = 500  # entries per XRANGE / XPENDING round trip
 
@@ -308,7 +310,11 @@ def retry_entries(connection: redis.Redis, stream: str, group: str, tenant_id: s
     redelivery of the stored value, so its copy would keep the erased text. Undelivered ones are
     dropped, and deleted, when they are read."""
     wanted, readded, found = set(turn_ids), set(), []
-    info = next((g for g in connection.xinfo_groups(stream) if _text(g["name"]) == group), None) if wanted else None
+    try:
+        groups = connection.xinfo_groups(stream) if wanted else []
+    except redis.ResponseError:  # no such stream (an emptied Redis): nothing was delivered
+        return []
+    info = next((g for g in groups if _text(g["name"]) == group), None)
     if info is None:
         return []
     for sid, fields in _entries(connection, stream, _text(info["last-delivered-id"]), "(" + forget_id):
@@ -331,14 +337,16 @@ def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: 
     dead-stream copies of covered messages; the stored results that showed an erased turn."""
     own, doomed = set(own), set(dropped)
     for erasure in erasures:
+        after = erasure.after or erasure.upto
         late = [*erasure.late, *(retry_entries(connection, stream, group, erasure.request.tenant_id, erasure.named,
-                                               erasure.upto) if erasure.upto else ())]
+                                               after) if after else ())]
         now, later = covered_entries(connection, stream, group, erasure.request, erasure.upto, own, late=late)
         doomed.update(now)
         defer(connection, stream, group, later)
         letters = covered_dead_letters(connection, dead_stream, erasure.request, erasure.upto)
         if letters:
             connection.xdel(dead_stream, *letters)
-        erase_results(connection, erasure.request, erasure.entry_ids)
+        if erasure.upto or erasure.entry_ids:  # a sweep that erased nothing leaves the results alone
+            erase_results(connection, erasure.request, erasure.entry_ids)
     delete_entries(connection, stream, group, ack=doomed & own, delete=doomed)
 

@@ -362,11 +362,13 @@ class IngestWorker:
             session_ids=sorted({p.turn.session_id for p in pending}), turn_ids=turn_ids)}
         fresh: list[_Pending] = []
         for item in pending:
-            verdict = tombstone_verdict(stones, item.turn, item.message.stream_id, is_readd(item.message.fields))
+            verdict = tombstone_verdict(stones, item.turn, item.message.stream_id, is_readd(item.message.fields),
+                                        replace=is_replace(item.message.fields))
             if verdict is Verdict.DROP:
-                if swept := sweep_dropped(tx, stones, item.turn, item.message.stream_id):  # a retry read first
+                if swept := sweep_dropped(tx, stones, item.turn, item.message.stream_id):  # retries read first
                     outcome.swept.append(Erasure(ForgetRequest.replacing(tx.tenant_id, item.turn.turn_id), None,
-                                                 swept.entry_ids, swept.late))
+                                                 swept.entry_ids, swept.late, swept.named, swept.at))
+                if swept and swept.entry_ids:
                     known.pop(item.turn.turn_id, None)
                     self._canonicals.pop(tx.tenant_id, None)
                 outcome.dropped.append(item.message.stream_id)

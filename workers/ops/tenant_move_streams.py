@@ -132,7 +132,8 @@ def _message_to_move(fields: Mapping[bytes, bytes], stream_id: str, stones: Mapp
         payload = payload_of(fields)
         forgotten = forgotten_before(stones, stream_id, payload.get("session_id") or "", payload.get("turn_id") or "")
         return None if forgotten else fields
-    return None if tombstone_verdict(stones, turn, stream_id, is_readd(fields)) is Verdict.DROP else fields
+    verdict = tombstone_verdict(stones, turn, stream_id, is_readd(fields), replace=is_replace(fields))
+    return None if verdict is Verdict.DROP else fields
 
 
 def _move(source: redis.Redis, stream: str, group: str | None, target: redis.Redis, target_stream: str,

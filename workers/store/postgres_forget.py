@@ -116,7 +116,7 @@ class PostgresForget:
         self._conn.execute(  # the new stream id is computed from the row as it was, before its re-add position
             "UPDATE entries SET stream_id = %s WHERE tenant_id = %s AND turn_id = %s AND readd_ms IS NULL"
             " AND stream_id ~ '^[0-9]+-[0-9]+$'"
-            " AND (split_part(stream_id, '-', 1)::bigint, split_part(stream_id, '-', 2)::bigint) > (%s, %s)",
+            " AND (split_part(stream_id, '-', 1)::numeric, split_part(stream_id, '-', 2)::numeric) > (%s, %s)",
             (stream_id, self._tenant_id, turn_id, *at))
         if readd:
             self._conn.execute(

@@ -155,7 +155,7 @@ class PostgresTenantSession(PostgresForget):
 
     def entries_after(self, after: int) -> list[EntryRow]:
         return self._rows(EntryRow, "SELECT entry_id, turn_id, session_id, role, text, occurred_at, metadata,"
-                          " embedding, canonical_entry_id, encoder_truncated, stream_id"
+                          " embedding, canonical_entry_id, encoder_truncated, stream_id, readd_ms, readd_seq"
                           " FROM entries WHERE tenant_id = %s AND entry_id > %s ORDER BY entry_id",
                           (self._tenant_id, after))
 
