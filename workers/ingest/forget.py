@@ -200,10 +200,10 @@ def _readded_since(link: EntryLink, at: tuple[int, int]) -> bool:
 
 
 def _tombstones(request: ForgetRequest, links: Sequence[EntryLink], at: tuple[int, int]) -> list[Tombstone]:
-    """A turn-id forget tombstones the ids it names (scope ``turn``); a session or tenant forget
-    tombstones its scope and sweeps the turn ids it erased (scope ``swept``: only their later retries
-    are dropped, so a message that moved one of them to another session before the forget, read
-    after it, is kept; migration 0009)."""
+    """A turn-id forget tombstones the ids it names or covers (scope ``turn``); a session or tenant
+    forget tombstones its scope and sweeps the turn ids it covers, erased or kept for a later re-add
+    (scope ``swept``: their later retries are dropped, and a replacement that moved one of them to
+    another session before the forget, read after it, is kept; migration 0009)."""
     if request.scope is ForgetScope.TURNS:
         return [Tombstone("turn", turn_id, *at) for turn_id in dict.fromkeys([*request.turn_ids,
                                                                               *(link.turn_id for link in links)])]
@@ -254,11 +254,10 @@ def tombstone_verdict(tombstones: Mapping[tuple[str, str], Tombstone], turn: Tur
     order the erased value was there first, so it was a conflict or a redelivery), unless it is a
     replacement (``replace``), or the first re-add after a forget of its turn id: those set the
     value and are judged by their own session's and tenant's tombstones (they may have moved the
-    turn id out of the forgotten session). A message published
-    after a forget of its turn id, or after a sweep of it, is a retry or a replay and is dropped
-    too, unless it is an explicit re-add (``readd``), or published at or after the earliest re-add
-    applied since (the tombstone's ``readd_position``): those are ordinary again
-    (:func:`retry_stones`).
+    turn id out of the forgotten session). A message published after a forget of its turn id, or
+    after a sweep of it, is a retry or a replay and is dropped too, unless it is an explicit re-add
+    (``readd``), or published at or after the earliest re-add applied since (the tombstone's
+    ``readd_position``): those are ordinary again (:func:`retry_stones`).
     """
     position = stream_position(stream_id)
     replaced, swept = tombstones.get(("replace", turn.turn_id)), tombstones.get(("swept", turn.turn_id))
