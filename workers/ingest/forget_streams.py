@@ -49,14 +49,15 @@ class Erasure:
     ``upto`` (None for a dropped message's sweep, :func:`workers.ingest.forget.sweep_dropped`, which
     has no event and covers no earlier message), the erased ``entry_ids``, the stream ids of the
     erased values carried after it (``late``), the turn ids its tombstones name (``named``) and
-    where their retries start (``after``: ``upto``, or for a sweep the forget it follows)."""
+    the stream id of the forget their retries follow (``after``: ``upto``, or for a sweep the
+    forget that covered the dropped message)."""
 
     request: ForgetRequest
     upto: str | None
-    entry_ids: tuple[int, ...] = ()
-    late: tuple[str, ...] = ()
-    named: tuple[str, ...] = ()  # turn ids whose plain messages after it are retries (:func:`retry_entries`)
-    after: str | None = None  # where those retries start: ``upto``, or for a sweep the forget it follows
+    entry_ids: tuple[int, ...]
+    late: tuple[str, ...]
+    named: tuple[str, ...]  # turn ids whose plain messages after ``after`` are retries (:func:`retry_entries`)
+    after: str
 
 SCAN_COUNT = 500  # entries per XRANGE / XPENDING round trip
 
@@ -337,9 +338,8 @@ def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: 
     dead-stream copies of covered messages; the stored results that showed an erased turn."""
     own, doomed = set(own), set(dropped)
     for erasure in erasures:
-        after = erasure.after or erasure.upto
-        late = [*erasure.late, *(retry_entries(connection, stream, group, erasure.request.tenant_id, erasure.named,
-                                               after) if after else ())]
+        late = [*erasure.late, *retry_entries(connection, stream, group, erasure.request.tenant_id, erasure.named,
+                                              erasure.after)]
         now, later = covered_entries(connection, stream, group, erasure.request, erasure.upto, own, late=late)
         doomed.update(now)
         defer(connection, stream, group, later)

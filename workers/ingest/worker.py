@@ -265,7 +265,7 @@ class IngestWorker:
         self.metrics.forgotten(report.turns)
         log.info("forget %s (%s) erased %d turns, promoted %d aliases, deleted %d dead letters",
                  item.message.stream_id, item.request.scope.value, report.turns, report.promoted, report.dead_letters)
-        return Erasure(item.request, item.message.stream_id, report.entry_ids, report.late, report.named)
+        return Erasure(item.request, item.message.stream_id, report.entry_ids, report.late, report.named, report.at)
 
     def _erase(self, batch: Sequence[StreamMessage], totals: _BatchTotals) -> None:
         """Delete the streams' copies of what this batch forgot or dropped (:mod:`workers.ingest.forget_streams`)."""
@@ -368,9 +368,9 @@ class IngestWorker:
                 if swept := sweep_dropped(tx, stones, item.turn, item.message.stream_id):  # retries read first
                     outcome.swept.append(Erasure(ForgetRequest.replacing(tx.tenant_id, item.turn.turn_id), None,
                                                  swept.entry_ids, swept.late, swept.named, swept.at))
-                if swept and swept.entry_ids:
-                    known.pop(item.turn.turn_id, None)
-                    self._canonicals.pop(tx.tenant_id, None)
+                    if swept.entry_ids:
+                        known.pop(item.turn.turn_id, None)
+                        self._canonicals.pop(tx.tenant_id, None)
                 outcome.dropped.append(item.message.stream_id)
                 self.metrics.tombstoned()
                 log.info("dropped turn %r of tenant %r (%s): a forget or a later replacement covers it (publish "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from workers.runtime.errors import StoreError
 from workers.runtime.streams import stream_position
-from workers.store.rows import EntryLink, Tombstone
+from workers.store.rows import EntryLink, EntryRow, Tombstone
 
 if TYPE_CHECKING:
     from workers.store.fake_tables import _Entry, _Tables
@@ -40,15 +40,12 @@ class FakeForget:
     def entry_links(self, *, turn_ids: Sequence[str] | None = None, session_id: str | None = None
                     ) -> list[EntryLink]:
         wanted = None if turn_ids is None else set(turn_ids)
-        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id,
-                          e.row.readd_ms, e.row.readd_seq) for i, e in self._entries()
+        return [_link(i, e.row) for i, e in self._entries()
                 if (wanted is None or e.row.turn_id in wanted) and (session_id is None or e.row.session_id == session_id)]
 
     def aliases_of(self, entry_ids: Sequence[int]) -> list[EntryLink]:
         wanted = set(entry_ids)
-        return [EntryLink(i, e.row.turn_id, e.row.session_id, e.row.canonical_entry_id, e.row.stream_id,
-                          e.row.readd_ms, e.row.readd_seq) for i, e in self._entries()
-                if e.row.canonical_entry_id in wanted]
+        return [_link(i, e.row) for i, e in self._entries() if e.row.canonical_entry_id in wanted]
 
     def set_canonical(self, changes: Mapping[int, int | None]) -> None:
         tables = self._write()
@@ -135,3 +132,9 @@ class FakeForget:
             if stone is not None and stone.stream_position < at and (
                     stone.readd_position is None or at < stone.readd_position):
                 tables.tombstones[key] = replace(stone, readd_ms=at[0], readd_seq=at[1])
+
+
+def _link(entry_id: int, row: EntryRow) -> EntryLink:
+    """What a forget reads of the stored entry ``row`` (an :class:`EntryLink`)."""
+    return EntryLink(entry_id, row.turn_id, row.session_id, row.canonical_entry_id, row.stream_id, row.readd_ms,
+                     row.readd_seq)
