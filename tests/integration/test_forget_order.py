@@ -20,9 +20,14 @@ from workers.store import PostgresStore
 pytestmark = pytest.mark.integration
 
 
+def _messages(settings: Settings, redis_client: redis.Redis) -> list[StreamMessage]:
+    """Every message of the turns stream, in stream order (not delivered to the group)."""
+    return [StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)]
+
+
 def _read(settings: Settings, redis_client: redis.Redis, store: PostgresStore, order: list[list[int]]) -> None:
     """The stream's messages, each batch of ``order`` (message indexes) read by its own consumer."""
-    messages = [StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)]
+    messages = _messages(settings, redis_client)
     for batch in order:
         ingest_worker(settings, redis_client, store).handle([messages[i] for i in batch])
 
@@ -53,11 +58,19 @@ def test_a_batch_redelivered_after_its_commit_changes_nothing(settings: Settings
     client.publish_turns([turn("alice", "k", "value A", session="s1"),
                           turn("alice", "k", "value B", session="s2")])
     client.forget("alice", session_id="s1")
-    batch = [StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)]
+    assert _stored_after_each_of_two_passes(settings, redis_client, store) == ([], [])
+
+
+def _stored_after_each_of_two_passes(settings: Settings, redis_client: redis.Redis, store: PostgresStore
+                                     ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The whole stream handled as one batch by one consumer, in stream order, then once more (the
+    worker died after its commit and before its ack, and the batch was claimed again): alice's
+    stored ``(turn id, text)`` after each pass."""
+    batch = _messages(settings, redis_client)
     ingest_worker(settings, redis_client, store).handle(batch)
-    assert _stored_texts(store, "alice") == []
-    ingest_worker(settings, redis_client, store).handle(batch)  # the worker died before its ack: claimed again
-    assert _stored_texts(store, "alice") == []
+    first = _stored_texts(store, "alice")
+    ingest_worker(settings, redis_client, store).handle(batch)
+    return first, _stored_texts(store, "alice")
 
 
 def _delivered(settings: Settings, redis_client: redis.Redis) -> list[StreamMessage]:
@@ -109,11 +122,7 @@ def test_a_redelivered_batch_of_re_adds_and_forgets_changes_nothing(settings: Se
     client.publish_turns([turn("alice", "k", "value A", session="s2")], readd=True)
     client.publish_turns([turn("alice", "k", "value B", session="s1")], readd=True)  # the second: a conflict
     client.forget("alice", session_id="s2")
-    batch = [StreamMessage(sid.decode(), f) for sid, f in redis_client.xrange(settings.turns_stream)]
-    ingest_worker(settings, redis_client, store).handle(batch)
-    assert _stored_texts(store, "alice") == []
-    ingest_worker(settings, redis_client, store).handle(batch)  # the worker died before its ack: claimed again
-    assert _stored_texts(store, "alice") == []
+    assert _stored_after_each_of_two_passes(settings, redis_client, store) == ([], [])
 
 
 def test_a_forget_is_applied_when_the_stream_vanished_under_it(settings: Settings, redis_client: redis.Redis,
