@@ -256,3 +256,36 @@ def test_a_pending_replacement_out_of_a_session_survives_a_pending_forget_of_tha
     assert (report.forgets, report.turns.moved) == (1, 1)
     factories.drain_shard(settings, client, 1)
     assert _texts(b, tenant) == {"X": "the wifi password is plum"}
+
+
+def test_a_pending_turn_a_session_forget_drops_sweeps_a_retry_stored_first(cluster: ShardCluster) -> None:
+    # break-it session, round 9: turn "a" in s1, forget s1, a plain message of "a" (here in s2); another
+    # consumer stored the last one first, the other two pending. In stream order "a" is erased with s1
+    # and its turn id swept, so the later message is a retry and dropped; the source's worker sweeps
+    # on reading the first message. The move dropped that message without its sweep, and the retry
+    # stayed stored on the target, with the stored result that returned it
+    settings = cluster.settings
+    b = cluster.database_urls[1]
+    migrate_shards(settings, echo=lambda _: None)
+    (tenant,) = _on_shard_zero(1)
+    client: MnemosClient = factories.sharded_client(settings)
+    source = settings.for_shard(0)
+    text = "my old address is 5 Rua Escura"
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        worker = factories.ingest_worker(source, client.connections[0], store)
+        client.publish_turn(factories.turn(tenant, "b", "my cat is called Pixel", session="s2"))
+        factories.drain(worker)
+        client.publish_turn(factories.turn(tenant, "a", text))
+        client.forget(tenant, session_id="s1")
+        client.publish_turn(factories.turn(tenant, "a", text, session="s2"))
+        _handle_only_the_last(worker, "dead")
+        assert _texts(cluster.database_urls[0], tenant)["a"] == text
+    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant, "r1"), connection=client.connections[0],
+                     serializer=JSONSerializer)  # an answer of the source's query worker, naming the retry
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=3600, return_value={
+        "tenant_id": tenant, "hits": [{"session_id": "s2", "turn_id": "a", "text": text}]})
+    report = move_tenant(settings, tenant, 1, echo=lambda _: None)
+    assert (report.forgets, report.turns.moved) == (1, 0)
+    assert client.connections[0].xlen(Result.get_key(job.id)) == 0
+    factories.drain_shard(settings, client, 1)
+    assert _texts(b, tenant) == {"b": "my cat is called Pixel"}

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -45,9 +45,9 @@ import redis
 
 from api import sharding
 from api.directory import FROZEN, MOVED_RESULT_TTL_S, marker_shard, marker_text
-from api.forget import ForgetRequest
+from api.forget import ForgetRequest, is_readd, is_replace
 from api.validation import Limits, limits_of
-from workers.ingest.forget import apply_forget
+from workers.ingest.forget import Verdict, apply_forget, sweep_dropped, tombstone_verdict
 from workers.ingest.forget_streams import erase_results, expire_results
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ops.tenant_move_streams import (
@@ -57,6 +57,7 @@ from workers.ops.tenant_move_streams import (
     move_outcomes,
     move_turns,
     pending_forgets,
+    pending_turns,
     tenant_entries,
 )
 from workers.runtime.connections import redis_client
@@ -243,8 +244,10 @@ def _move(settings: Settings, tenant_id: str, target: int, echo: Callable[[str],
                                              id_map)
             with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
                 lock_tenant(b, tenant_id)
+                done = handled(b, tenant_id, src.turns_stream)
+                _sweep_dropped_turns(b, connections[source], src, tenant_id, limits_of(settings), done, id_map)
                 moves = _move_streams(settings, connections, source, target, tenant_id, id_map,
-                                      tenant_tombstones(b, tenant_id), handled(b, tenant_id, src.turns_stream))
+                                      tenant_tombstones(b, tenant_id), done)
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)
@@ -372,6 +375,39 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
     for request, entry_ids in erased:
         erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids])
+    return len(erased)
+
+
+def _sweep_dropped_turns(conn: psycopg.Connection, source: redis.Redis, src: Settings, tenant_id: str,
+                         limits: Limits, done: Collection[str], id_map: dict[int, int]) -> int:
+    """Sweep, on the target, the turn ids of the tenant's pending turn messages that a forget drops, as
+    the source's ingest worker would on reading them (:func:`workers.ingest.forget.sweep_dropped`):
+    a retry of such a turn id, published after the forget and stored first by another consumer, is
+    erased, and the stored results that returned it leave the source's Redis. The move drops those
+    messages (:func:`workers.ops.tenant_move_streams.move_turns`), so without this the retry stayed
+    stored on the target (break-it session, round 9). A message ``done`` names was handled already
+    (its sweep committed with it). Runs in the caller's transaction, under the tenant's locks on the
+    target; returns how many messages swept something. Raises what the store or Redis raise."""
+    pending = [(i, turn, fields) for i, turn, fields in
+               pending_turns(source, src.turns_stream, INGEST_GROUP, tenant_id, limits) if i not in done]
+    if not pending:
+        return 0
+    session = PostgresTenantSession(conn, tenant_id)
+    stones = {(t.scope, t.key): t for t in session.tombstones(
+        session_ids=sorted({turn.session_id for _, turn, _ in pending}),
+        turn_ids=sorted({turn.turn_id for _, turn, _ in pending}))}
+    erased: list[tuple[str, tuple[int, ...]]] = []
+    for stream_id, turn, fields in pending:
+        if tombstone_verdict(stones, turn, stream_id, is_readd(fields), replace=is_replace(fields)) is not Verdict.DROP:
+            continue
+        report = sweep_dropped(session, stones, turn, stream_id)
+        if report is not None and report.entry_ids:
+            erased.append((turn.turn_id, report.entry_ids))
+    old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
+    for turn_id, entry_ids in erased:
+        erase_results(source, ForgetRequest.replacing(tenant_id, turn_id), [old_ids[e] for e in entry_ids if e in old_ids])
+    if erased:
+        log.info("swept %d turn ids of tenant %r that pending dropped messages name", len(erased), tenant_id)
     return len(erased)
 
 

@@ -321,6 +321,23 @@ def pending_forgets(source: redis.Redis, stream: str, group: str, tenant_id: str
     return parsed
 
 
+def pending_turns(source: redis.Redis, stream: str, group: str, tenant_id: str,
+                  limits: Limits) -> list[tuple[str, Turn, Mapping[bytes, bytes]]]:
+    """The tenant's turn messages on ``stream`` (plain turns, re-adds and replacements; no forget by
+    request) that ``group`` has not acknowledged, in stream order, as ``(stream id, turn, fields)``.
+    One that does not parse is left out (the turns' move carries it to be dead-lettered)."""
+    found = [(i, f) for i, f in tenant_entries(source, stream, tenant_id) if not is_forget_message(f)]
+    waiting = unacknowledged(source, stream, group, [i for i, _ in found])
+    parsed: list[tuple[str, Turn, Mapping[bytes, bytes]]] = []
+    for stream_id, fields in found:
+        if stream_id in waiting:
+            try:
+                parsed.append((stream_id, Turn.from_stream_fields(fields, limits, None), fields))
+            except InvalidInputError:
+                continue
+    return parsed
+
+
 def move_turns(source: redis.Redis, stream: str, group: str, target: redis.Redis, target_stream: str,
                tenant_id: str, tombstones: Sequence[Tombstone], limits: Limits,
                handled: Collection[str] = ()) -> StreamMove:
@@ -394,4 +411,4 @@ def _letter_forgotten(fields: Mapping[bytes, bytes], stones: Mapping[tuple[str, 
 
 
 __all__ = ["GONE_ENTRY", "StreamMove", "carry_positions", "move_dead_letters", "move_outcomes", "move_turns", "pending_forgets",
-           "recount_lag", "tenant_entries", "unacknowledged"]
+           "pending_turns", "recount_lag", "tenant_entries", "unacknowledged"]
