@@ -15,7 +15,8 @@ With ``MNEMOS_SHARD_MAP`` every shard has its own Redis and Postgres. :func:`mov
 4. **pending forgets**: its forgets by request that the source's ingest group has not acknowledged are
    applied to the copy at their source positions, committed (:func:`_apply_pending_forgets`);
 5. **streams**, holding the tenant's locks on the target again: its unacknowledged turns and outcomes
-   and its dead-letter copies (but those a forget covers) move to the target's streams, and every entry of it leaves
+   and its dead-letter copies (but those a forget covers) move to the target's streams (a pending turn that a
+   forget drops sweeps its turn id on the target first, :func:`_sweep_dropped_turns`), and every entry of it leaves
    the source's streams (:mod:`workers.ops.tenant_move_streams`); a marker the target had for it (it
    lived there before) is removed before those locks are released, so the target's workers that
    read the moved messages write them;
