@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 RETRIEVAL_JOB = "workers.query.worker.retrieval_job"  # resolved by the query worker, never imported here
 JOB_ID_PREFIX = "mnemos-"  # every retrieval's rq job id starts with it (job_id_for)
+DEFAULT_STREAM_PREFIX = "mnemos"  # MNEMOS_STREAM_PREFIX's default
 INGEST_GROUP = "ingest"  # the turns stream's consumer group (workers.ingest.worker.GROUP): it acknowledges after the commit
 T = TypeVar("T")
 
@@ -107,7 +108,7 @@ class MnemosClient:
             ``move_wait_s`` is not a finite number >= 0.
     """
 
-    def __init__(self, connection: redis.Redis | Sequence[redis.Redis], *, stream_prefix: str = "mnemos", queue_name: str = "retrievals",
+    def __init__(self, connection: redis.Redis | Sequence[redis.Redis], *, stream_prefix: str = DEFAULT_STREAM_PREFIX, queue_name: str = "retrievals",
                  limits: Limits | None = None, retrieve_timeout_s: float = 30.0, job_timeout_s: int = 60,
                  result_ttl_s: int = 600, require_query_worker: bool = True,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC), shards: int = 1,
@@ -298,7 +299,7 @@ class MnemosClient:
             payload["budget_tokens"] = budget_tokens
         request = RetrievalRequest.parse(payload, self.limits)
         timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
-        job_id = job_id_for(request.tenant_id, request.request_id)
+        job_id = job_id_for(request.tenant_id, request.request_id, self.stream_prefix)
         shard = self.shard_of(request.tenant_id)
         queue, connection = self.queues[shard], self.connections[shard]
         try:
@@ -356,7 +357,8 @@ class MnemosClient:
             if self.require_query_worker and not self._live_query_workers([queue]):
                 raise NoQueryWorker(queue.name, self.stream_prefix)
             job = queue.enqueue(CATALOG_JOB, request.to_payload(), job_id=job_id_for(request.tenant_id,
-                                                                                       request.request_id),
+                                                                                       request.request_id,
+                                                                                       self.stream_prefix),
                                 job_timeout=self.job_timeout_s, result_ttl=self.result_ttl_s,
                                 failure_ttl=self.result_ttl_s, ttl=int(timeout) + 5)
             return self._wait(job, request.request_id, timeout, parse, shard=self._named(shard))
@@ -472,14 +474,21 @@ def _id_list(turn_ids: Iterable[str], reason: Reason) -> list[str]:
     return list(turn_ids)
 
 
-def tenant_job_prefix(tenant_id: str) -> str:
-    """The start of every rq job id of ``tenant_id``'s requests: ``mnemos-`` + a 16-hex-digit hash of
-    the tenant + ``-``. A forget finds the tenant's stored results by it (one SCAN MATCH) instead of
-    reading every tenant's."""
-    return f"{JOB_ID_PREFIX}{sharding.tenant_digest(tenant_id)}-"
+def tenant_job_prefix(tenant_id: str, stream_prefix: str = DEFAULT_STREAM_PREFIX) -> str:
+    """The start of every rq job id of ``tenant_id``'s requests in the deployment whose streams are
+    named by ``stream_prefix``: ``mnemos-`` + a 16-hex-digit hash of the tenant (and, for a prefix
+    other than the default, of the prefix) + ``-``. A forget finds the tenant's stored results by it
+    (one SCAN MATCH) instead of reading every tenant's. rq keeps one namespace of job ids per Redis
+    database: without the prefix in the hash, two deployments sharing one database gave the same
+    tenant and request id the same job, so a forget in one erased the other's stored results and a
+    client could read the other deployment's answer (a break-it session, 2026-12-07). The default
+    prefix hashes the tenant alone, as every id did before, so an upgrade keeps finding the results
+    stored before it."""
+    scope = tenant_id if stream_prefix == DEFAULT_STREAM_PREFIX else f"{stream_prefix}\x00{tenant_id}"
+    return f"{JOB_ID_PREFIX}{sharding.tenant_digest(scope)}-"
 
 
-def job_id_for(tenant_id: str, request_id: str) -> str:
+def job_id_for(tenant_id: str, request_id: str, stream_prefix: str = DEFAULT_STREAM_PREFIX) -> str:
     """The rq job id of a request: :func:`tenant_job_prefix` + a hash of the tenant and the request id.
 
     rq job ids are one namespace per Redis and allow only ``[A-Za-z0-9_-]``, while request ids
@@ -488,7 +497,7 @@ def job_id_for(tenant_id: str, request_id: str) -> str:
     ``mnemos-`` + the second hash alone.)
     """
     digest = hashlib.blake2b(f"{tenant_id}\x00{request_id}".encode(), digest_size=16).hexdigest()
-    return f"{tenant_job_prefix(tenant_id)}{digest}"
+    return f"{tenant_job_prefix(tenant_id, stream_prefix)}{digest}"
 
 
 def request_digest(request: RetrievalRequest) -> str:

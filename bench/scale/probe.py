@@ -144,7 +144,7 @@ def query_worker_shards(run: ServiceRun) -> dict[str, int]:
 def served_by(run: ServiceRun, tenant_id: str, request_id: str, shards: dict[str, int]) -> int | None:
     """The shard of the query worker that ran ``request_id`` of ``tenant_id`` (None if unknown)."""
     try:
-        job = Job.fetch(job_id_for(tenant_id, request_id), connection=run.connection, serializer=JSONSerializer)
+        job = Job.fetch(job_id_for(tenant_id, request_id, run.client.stream_prefix), connection=run.connection, serializer=JSONSerializer)
     except NoSuchJobError:  # expired: "unknown", counted by the caller
         return None
     return shards.get(job.worker_name or "")

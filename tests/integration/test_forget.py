@@ -104,7 +104,7 @@ def test_after_a_forget_no_table_stream_or_answer_holds_the_text(settings: Setti
     read = answered_by_worker(settings, redis_client, service, client.turns, "alice", ["a1", "a2"])
     assert [t.text for t in read] == [SECRET, "I like long walks on the beach"]  # a catalog read keeps texts too
     assert len(set(_results_holding(redis_client, SECRET)) - earlier) == 2
-    stored_result = Result.get_key(job_id_for("alice", "before"))
+    stored_result = Result.get_key(job_id_for("alice", "before", settings.stream_prefix))
     assert redis_client.xlen(stored_result) == 1  # rq keeps the answer, hit texts included
     assert {"entries", "dead_letters"} <= set(_tables_holding(store, SECRET))
 
@@ -495,7 +495,7 @@ def test_a_forget_erases_a_stored_hit_that_showed_its_turn_under_an_alias(
     with store.tenant("alice") as tx:
         links = {link.turn_id: link for link in tx.entry_links()}
     assert links["a"].canonical_entry_id == links["c"].entry_id  # deduplicated into c
-    job = Job.create("workers.query.jobs.retrieve", id=job_id_for("alice", "filtered"), connection=redis_client,
+    job = Job.create("workers.query.jobs.retrieve", id=job_id_for("alice", "filtered", settings.stream_prefix), connection=redis_client,
                      serializer=JSONSerializer)
     Result.create(job, Result.Type.SUCCESSFUL, ttl=60, return_value={"tenant_id": "alice", "hits": [
         {"entry_id": links["c"].entry_id, "turn_id": "a", "session_id": "s2", "text": SECRET, "aliases": []}]})

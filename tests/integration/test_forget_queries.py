@@ -225,8 +225,8 @@ def test_a_forget_landing_while_a_query_worker_serves_the_tenant(settings: Setti
     assert state is not None and all(e.text != SECRET for e in state.index.entries())
     assert service.rerank_cache.pairs_of(rendered) == 0
     for kind in KINDS:  # the stored results of the warm-up: alice's held the secret and are gone
-        assert redis_client.xlen(Result.get_key(job_id_for("alice", f"warm-{kind}"))) == 0, kind
-        assert redis_client.xlen(Result.get_key(job_id_for("bob", f"warm-{kind}"))) == 1, kind
+        assert redis_client.xlen(Result.get_key(job_id_for("alice", f"warm-{kind}", settings.stream_prefix))) == 0, kind
+        assert redis_client.xlen(Result.get_key(job_id_for("bob", f"warm-{kind}", settings.stream_prefix))) == 1, kind
 
 
 # --- a query worker killed around the forget ------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_a_query_worker_killed_mid_request_around_a_forget_fails_visibly_and_sto
     assert not asker.is_alive(), "the client never returned"
     error = outcome.get("error")
     assert isinstance(error, RetrievalTimeout) and error.status == "started", outcome  # typed, not silent
-    killed = job_id_for("alice", "ask-1")
+    killed = job_id_for("alice", "ask-1", settings.stream_prefix)
     assert redis_client.exists(settings.outcomes_stream) == 0  # the killed job sent no outcome
 
     service = factories.query_service(settings, redis_client, store)  # the replacement worker

@@ -60,12 +60,30 @@ def test_a_forget_reads_its_own_tenant_s_results_only(reads: _Reads) -> None:
     # break-it session: a client of another language hashing the tenant and request id its own way
     keys["foreign"] = _store(reads, JOB_ID_PREFIX + uuid.uuid4().hex.upper() + "-x", _answer(alice, "t1"))
     try:
-        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t1",))) == 3
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t1",)), stream_prefix="mnemos") == 3
         lengths = {name: reads.xlen(key) for name, key in keys.items()}
         assert lengths == {"a-covered": 0, "a-other": 1, "b-same-ids": 1, "b-more": 1, "legacy": 0, "foreign": 0}
         assert not {keys["b-same-ids"], keys["b-more"]} & set(reads.read)  # bob's were never read
         assert job_id_for(alice, "x").startswith(tenant_job_prefix(alice))
         assert not job_id_for(bob, "x").startswith(tenant_job_prefix(alice))
+    finally:
+        reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
+
+
+def test_a_forget_in_one_deployment_leaves_another_deployment_s_results_alone(reads: _Reads) -> None:
+    # break-it session, 2026-12-07: two deployments sharing one Redis database (two stream prefixes)
+    # gave the same tenant and request id one rq job id, so a forget in one erased the other's
+    # results; a result stored under the default prefix's form (before the upgrade) is still found
+    alice = f"alice-{uuid.uuid4().hex}"
+    assert job_id_for(alice, "r1", "blue") != job_id_for(alice, "r1", "green") != job_id_for(alice, "r1")
+    assert job_id_for(alice, "r1") == job_id_for(alice, "r1", "mnemos")
+    keys = {name: _store(reads, job_id_for(alice, "r1", *prefix), _answer(alice, "t1"))
+            for name, prefix in (("blue", ("blue",)), ("green", ("green",)), ("before", ()))}
+    try:
+        forget = ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t1",))
+        assert erase_results(reads, forget, stream_prefix="blue") == 2
+        assert {name: reads.xlen(key) for name, key in keys.items()} == {"blue": 0, "green": 1, "before": 0}
+        assert keys["green"] not in reads.read
     finally:
         reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
 
@@ -80,9 +98,9 @@ def test_a_forget_of_an_alias_alone_erases_the_results_that_name_it(reads: _Read
         ("hit", {"hits": [hit]}), ("packet", {"hits": [], "packet": {"items": [item]}}),
         ("other", {"hits": [{**hit, "aliases": ["t5"]}]}))}
     try:
-        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t2", "t4"))) == 2
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t2", "t4")), stream_prefix="mnemos") == 2
         assert {name: reads.xlen(key) for name, key in keys.items()} == {"hit": 0, "packet": 0, "other": 1}
-        assert erase_results(reads, ForgetRequest(alice, ForgetScope.SESSION, session_id="s9")) == 0
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.SESSION, session_id="s9"), stream_prefix="mnemos") == 0
     finally:
         reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
 
@@ -99,9 +117,9 @@ def test_a_moved_tenant_s_results_expire_soon_on_the_shard_it_left(reads: _Reads
             "bob-legacy": _store(reads, JOB_ID_PREFIX + uuid.uuid4().hex, _answer(bob, "t1"))}
     try:
         assert all(50 < reads.ttl(key) <= 60 for key in keys.values())  # _store's ttl
-        assert expire_results(reads, alice, 5) == 2
+        assert expire_results(reads, alice, 5, stream_prefix="mnemos") == 2
         ttls = {name: reads.ttl(key) for name, key in keys.items()}
         assert 0 < ttls["named"] <= 5 and 0 < ttls["legacy"] <= 5 and ttls["bob"] > 50 and ttls["bob-legacy"] > 50
-        assert expire_results(reads, alice, 30) == 0  # never later than before
+        assert expire_results(reads, alice, 30, stream_prefix="mnemos") == 0  # never later than before
     finally:
         reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))

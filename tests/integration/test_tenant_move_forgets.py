@@ -100,7 +100,7 @@ def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) ->
         assert _texts(a, session_t) == {"old": "I live in Porto", "other": "my cat is called Pixel",
                                         "new": "I live in Lisbon now"}  # the forget is still pending
 
-    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant_t, "r1"), connection=client.connections[0],
+    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant_t, "r1", settings.stream_prefix), connection=client.connections[0],
                      serializer=JSONSerializer)  # an answer of the source's query worker, naming a kept turn
     Result.create(job, Result.Type.SUCCESSFUL, ttl=3600, return_value={
         "tenant_id": tenant_t, "hits": [{"session_id": "s1", "turn_id": "new", "text": "my brother is a pilot"}]})
@@ -280,7 +280,7 @@ def test_a_pending_turn_a_session_forget_drops_sweeps_a_retry_stored_first(clust
         client.publish_turn(factories.turn(tenant, "a", text, session="s2"))
         _handle_only_the_last(worker, "dead")
         assert _texts(cluster.database_urls[0], tenant)["a"] == text
-    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant, "r1"), connection=client.connections[0],
+    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant, "r1", settings.stream_prefix), connection=client.connections[0],
                      serializer=JSONSerializer)  # an answer of the source's query worker, naming the retry
     Result.create(job, Result.Type.SUCCESSFUL, ttl=3600, return_value={
         "tenant_id": tenant, "hits": [{"session_id": "s2", "turn_id": "a", "text": text}]})

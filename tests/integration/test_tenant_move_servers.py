@@ -424,7 +424,7 @@ def test_a_result_stored_for_a_tenant_moving_away_expires_soon(cluster: ShardClu
             worker.work(burst=True)
             results = [future.result(timeout=WAIT_S) for future in asked]
     assert [[h.turn_id for h in r.hits] for r in results] == [["x"], ["y"]]  # both answered
-    ttls = {tenant: connection.ttl(Result.get_key(job_id_for(tenant, r.request_id)))
+    ttls = {tenant: connection.ttl(Result.get_key(job_id_for(tenant, r.request_id, settings.stream_prefix)))
             for tenant, r in zip((t, u), results, strict=True)}
     assert 0 < ttls[t] <= MOVED_RESULT_TTL_S < ttls[u]
 

@@ -223,40 +223,47 @@ def _entry_ids(value: Mapping[str, Any]) -> set[int]:
 _SCOPED_JOB_ID = re.compile(re.escape(JOB_ID_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]{32}")
 
 
-def erase_results(connection: redis.Redis, request: ForgetRequest, entry_ids: Iterable[int] = ()) -> int:
+def erase_results(connection: redis.Redis, request: ForgetRequest, entry_ids: Iterable[int] = (), *,
+                  stream_prefix: str) -> int:
     """Delete the stored results of the tenant's retrievals and catalog reads that returned a hit,
     packet item, turn or session ``request`` covers, or one of the ``entry_ids`` the forget erased (a
     client waiting for one of them right now times out); returns how many were deleted.
 
-    One SCAN MATCH of ``rq:results:mnemos-*``; a result whose job id has another tenant's prefix
-    (:func:`api.client.tenant_job_prefix`) is skipped by its name, unread, and every other one is
-    read: this tenant's, and those of job ids of any other form (enqueued before 2026-12-07, or by a
-    client that hashes the tenant and request id its own way), whose tenant only the result says.
+    One SCAN MATCH of ``rq:results:mnemos-*``; a result whose job id has another tenant's prefix, or
+    the tenant's in another deployment (:func:`api.client.tenant_job_prefix` of ``stream_prefix``),
+    is skipped by its name, unread, and every other one is read: this tenant's, those of the
+    default prefix's form (stored before job ids named their deployment, 2026-12-07), and those of
+    job ids of any other form (enqueued before 2026-12-07, or by a client that hashes the tenant and
+    request id its own way), whose tenant only the result says.
     """
     erased = frozenset(entry_ids)
-    deleted = sum(_erase_result(connection, job_id, request, erased) for job_id, _ in _jobs_of(connection, request.tenant_id))
+    deleted = sum(_erase_result(connection, job_id, request, erased)
+                  for job_id, _ in _jobs_of(connection, request.tenant_id, stream_prefix))
     if deleted:
         log.info("deleted %d stored retrieval results holding forgotten turns", deleted)
     return deleted
 
 
-def _jobs_of(connection: redis.Redis, tenant_id: str) -> Iterator[tuple[str, bool]]:
-    """``(job id, named)`` of every stored result that may be ``tenant_id``'s: ``named`` when its job
-    id carries the tenant's prefix, else (an id of any other form) only its value can tell."""
-    mine = tenant_job_prefix(tenant_id)
+def _jobs_of(connection: redis.Redis, tenant_id: str, stream_prefix: str) -> Iterator[tuple[str, bool]]:
+    """``(job id, named)`` of every stored result that may be ``tenant_id``'s in the deployment of
+    ``stream_prefix``: ``named`` when its job id carries the tenant's prefix there, else (the default
+    prefix's form, or an id of any other form) only its value can tell."""
+    mine = tenant_job_prefix(tenant_id, stream_prefix)
+    unscoped = tenant_job_prefix(tenant_id)
     for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
         job_id = _text(key).removeprefix(Result.get_key(""))
-        if job_id.startswith(mine) or not _SCOPED_JOB_ID.fullmatch(job_id):
+        if job_id.startswith((mine, unscoped)) or not _SCOPED_JOB_ID.fullmatch(job_id):
             yield job_id, job_id.startswith(mine)
 
 
-def expire_results(connection: redis.Redis, tenant_id: str, ttl_s: int) -> int:
-    """Let every stored result of ``tenant_id``'s retrievals and catalog reads expire within ``ttl_s``
+def expire_results(connection: redis.Redis, tenant_id: str, ttl_s: int, *, stream_prefix: str) -> int:
+    """Let every stored result of ``tenant_id``'s retrievals and catalog reads (in the deployment of
+    ``stream_prefix``, :func:`erase_results`) expire within ``ttl_s``
     seconds (never later than it would have); returns how many result keys that shortened. A tenant
     move calls it on the source: a client still waiting there can read its answer, and no answer
     holding text outlives a forget made on the target by more than ``ttl_s``."""
     shortened = 0
-    for job_id, named in _jobs_of(connection, tenant_id):
+    for job_id, named in _jobs_of(connection, tenant_id, stream_prefix):
         key = Result.get_key(job_id)
         if not named and not any(_value_of(connection, job_id, raw_id, fields).get("tenant_id") == tenant_id
                                  for raw_id, fields in connection.xrange(key)):
@@ -331,7 +338,7 @@ def retry_entries(connection: redis.Redis, stream: str, group: str, tenant_id: s
 
 
 def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: str, own: Iterable[str],
-                 dropped: Iterable[str], erasures: Sequence[Erasure]) -> None:
+                 dropped: Iterable[str], erasures: Sequence[Erasure], *, stream_prefix: str) -> None:
     """Delete the streams' copies of what a batch forgot or dropped: the turns-stream entries each
     erasure covers (:func:`covered_entries`; those pending for another consumer are deferred) and
     ``dropped`` ones, acknowledging those of this consumer's batch (``own``) in the same MULTI; the
@@ -347,6 +354,6 @@ def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: 
         if letters:
             connection.xdel(dead_stream, *letters)
         if erasure.upto or erasure.entry_ids:  # a sweep that erased nothing leaves the results alone
-            erase_results(connection, erasure.request, erasure.entry_ids)
+            erase_results(connection, erasure.request, erasure.entry_ids, stream_prefix=stream_prefix)
     delete_entries(connection, stream, group, ack=doomed & own, delete=doomed)
 

@@ -271,7 +271,8 @@ class IngestWorker:
         """Delete the streams' copies of what this batch forgot or dropped (:mod:`workers.ingest.forget_streams`)."""
         if totals.erasures or totals.dropped:
             erase_copies(self.connection, self.settings.turns_stream, self.settings.dead_letter_stream, GROUP,
-                         {m.stream_id for m in batch} - totals.refused, totals.dropped, totals.erasures)
+                         {m.stream_id for m in batch} - totals.refused, totals.dropped, totals.erasures,
+                         stream_prefix=self.settings.stream_prefix)
 
     def _record_refused(self, letters: list[DeadLetter]) -> tuple[list[DeadLetter], list[DeadLetter]]:
         """:func:`workers.ingest.forget.record_letters` of the refused messages: ``(recorded, left)``."""

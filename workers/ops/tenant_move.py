@@ -252,7 +252,7 @@ def _move(settings: Settings, tenant_id: str, target: int, echo: Callable[[str],
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)
-        expire_results(connections[source], tenant_id, MOVED_RESULT_TTL_S)
+        expire_results(connections[source], tenant_id, MOVED_RESULT_TTL_S, stream_prefix=settings.stream_prefix)
         _flip(connections, settings, tenant_id, source, target)
     except Exception as exc:
         if not copied and not resumed:  # a resumed move may have its copy on the target: it stays frozen
@@ -375,7 +375,7 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
                              replace=True)
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
     for request, entry_ids in erased:
-        erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids])
+        erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids], stream_prefix=src.stream_prefix)
     return len(erased)
 
 
@@ -406,7 +406,8 @@ def _sweep_dropped_turns(conn: psycopg.Connection, source: redis.Redis, src: Set
             erased.append((turn.turn_id, report.entry_ids))
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
     for turn_id, entry_ids in erased:
-        erase_results(source, ForgetRequest.replacing(tenant_id, turn_id), [old_ids[e] for e in entry_ids if e in old_ids])
+        erase_results(source, ForgetRequest.replacing(tenant_id, turn_id), [old_ids[e] for e in entry_ids if e in old_ids],
+                      stream_prefix=src.stream_prefix)
     if erased:
         log.info("swept %d turn ids of tenant %r that pending dropped messages name", len(erased), tenant_id)
     return len(erased)
