@@ -289,3 +289,31 @@ def test_a_pending_turn_a_session_forget_drops_sweeps_a_retry_stored_first(clust
     assert client.connections[0].xlen(Result.get_key(job.id)) == 0
     factories.drain_shard(settings, client, 1)
     assert _texts(b, tenant) == {"b": "my cat is called Pixel"}
+
+
+def test_a_pending_forget_deletes_the_conflict_letter_of_a_retry_read_before_it(cluster: ShardCluster) -> None:
+    # "k" stored, a forget of "k", a plain "k" with another value; another consumer read the last one
+    # first: a conflict, refused with a letter holding its text. In stream order it is a retry after
+    # the forget and dropped, so neither the target's table nor its dead-letter stream may hold it
+    settings = cluster.settings
+    b = cluster.database_urls[1]
+    migrate_shards(settings, echo=lambda _: None)
+    (tenant,) = _on_shard_zero(1)
+    client: MnemosClient = factories.sharded_client(settings)
+    source, target = settings.for_shard(0), settings.for_shard(1)
+    with PostgresStore(source.database_url, source.db_app_role) as store:
+        worker = factories.ingest_worker(source, client.connections[0], store)
+        client.publish_turn(factories.turn(tenant, "k", "the wifi password is pear"))
+        factories.drain(worker)
+        client.forget(tenant, turn_ids=["k"])
+        client.publish_turn(factories.turn(tenant, "k", "the wifi password is plum"))
+        _handle_only_the_last(worker, "dead")
+        assert _rows(cluster.database_urls[0], "SELECT reason FROM dead_letters WHERE tenant_id = %s",
+                     tenant) == [("turn_id_conflict",)]
+    report = move_tenant(settings, tenant, 1, echo=lambda _: None)
+    assert (report.forgets, report.dead_letters.moved, report.dead_letters.dropped) == (1, 0, 1)
+    factories.drain_shard(settings, client, 1)
+    assert _texts(b, tenant) == {}
+    assert _rows(b, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", tenant) == [(0,)]
+    dead = redis_client(target).xrange(target.dead_letter_stream)
+    assert not [f for _, f in dead if b"plum" in f.get(b"payload", b"")]
