@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+import workers.ingest.worker as worker_module
 from tests.integration.factories import client_for, ingest_worker, turn
 from tests.integration.test_forget import SECRET, _stored_texts, _streams_holding, _tables_holding
 from workers.ingest.worker import GROUP
@@ -174,3 +175,47 @@ def test_a_message_a_forget_dropped_sweeps_the_letter_of_a_retry_read_before_it(
     assert _stored_texts(store, "alice") == []
     assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
     assert _tables_holding(store, "value C") == []
+
+
+def test_a_malformed_re_add_ends_no_retries(settings: Settings, redis_client: redis.Redis,
+                                             store: PostgresStore) -> None:
+    # break-it round 10: a re-add refused as malformed (its time has no zone) stores nothing, so the
+    # plain message after it is still a retry; the retry scan took it for the end of the retries and
+    # kept the retry's conflict letter. The malformed re-add's own letter stays (refused in any order)
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", "value A")])
+    client.forget("alice", turn_ids=["k"])
+    redis_client.xadd(settings.turns_stream, {**turn("alice", "k", "a malformed re-add"), "v": "1", "readd": "1",
+                                              "occurred_at": "2024-03-01T09:00:00"})
+    client.publish_turns([turn("alice", "k", SECRET)])
+    stored, forget, malformed, retry = _delivered(settings, redis_client)
+    for message in (stored, retry, forget, malformed):
+        _handle(settings, redis_client, store, [message])
+    assert _stored_texts(store, "alice") == []
+    assert _tables_holding(store, "a malformed re-add") == ["dead_letters"]
+    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
+
+
+def test_a_session_forget_claimed_again_after_its_commit_still_deletes_the_retry_s_copies(
+        settings: Settings, redis_client: redis.Redis, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # break-it round 10: the worker committed the forget (the retry's letter row went) and died before
+    # deleting the copies; applied again, the forget erased nothing and named no turn id, so the
+    # retry's dead-stream copy and turns-stream entry kept the text. Its swept tombstones name them
+    client = client_for(settings, redis_client)
+    client.publish_turns([turn("alice", "k", "value A")])
+    client.forget("alice", session_id="s1")
+    client.publish_turns([turn("alice", "k", SECRET)])
+    stored, forget, retry = _delivered(settings, redis_client)
+    _handle(settings, redis_client, store, [stored])
+    _handle(settings, redis_client, store, [retry])  # a conflict: a letter holding the text
+    assert _tables_holding(store, SECRET) == ["dead_letters"]
+
+    def killed(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("killed after the commit")
+    monkeypatch.setattr(worker_module, "erase_copies", killed)
+    with pytest.raises(RuntimeError):
+        ingest_worker(settings, redis_client, store).handle([forget])
+    monkeypatch.undo()
+    _handle(settings, redis_client, store, [forget])  # claimed again
+    assert _stored_texts(store, "alice") == []
+    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []

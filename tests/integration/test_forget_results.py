@@ -88,6 +88,28 @@ def test_a_forget_in_one_deployment_leaves_another_deployment_s_results_alone(re
         reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
 
 
+def test_a_custom_prefix_reads_default_form_results_by_their_turns_only(reads: _Reads) -> None:
+    # break-it round 10: a result of the default prefix's form may be a default-prefix deployment's
+    # sharing the database, whose entry ids its own database numbers: a forget under another prefix
+    # erased an answer of an unrelated turn by entry id, and a tenant move cut its time to live
+    from workers.ingest.forget_streams import expire_results
+
+    alice = f"alice-{uuid.uuid4().hex}"
+    unrelated = {"tenant_id": alice, "hits": [{"session_id": "s9", "turn_id": "t9", "text": "other", "entry_id": 7}]}
+    keys = {"default": _store(reads, job_id_for(alice, "r1"), unrelated),
+            "blue": _store(reads, job_id_for(alice, "r1", "blue"), unrelated)}
+    try:
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t1",)), [7],
+                             stream_prefix="blue") == 1
+        assert {name: reads.xlen(key) for name, key in keys.items()} == {"default": 1, "blue": 0}
+        assert expire_results(reads, alice, 5, stream_prefix="blue") == 1  # its own (emptied) result
+        assert reads.ttl(keys["default"]) > 50 and 0 < reads.ttl(keys["blue"]) <= 5
+        assert erase_results(reads, ForgetRequest(alice, ForgetScope.TURNS, turn_ids=("t9",)),
+                             stream_prefix="blue") == 1  # by its turn: it may be this deployment's, older
+    finally:
+        reads.delete(*keys.values(), *(Job.key_for(k.removeprefix(Result.get_key(""))) for k in keys.values()))
+
+
 def test_a_forget_of_an_alias_alone_erases_the_results_that_name_it(reads: _Reads) -> None:
     # break-it session: a stored hit kept the id of an alias forgotten alone (its text is the
     # canonical turn's, which stays) until the result's TTL

@@ -122,6 +122,19 @@ def test_dead_letters_of_named_messages(any_store: Store) -> None:
         assert tx.delete_dead_letters() == 3  # 10-4, 10-8 and other:turns' 10-6
 
 
+def test_swept_turn_ids_at_one_position(any_store: Store) -> None:
+    with any_store.tenant("alice") as tx:
+        tx.add_tombstones([Tombstone("swept", "b", 5, 0), Tombstone("swept", "a", 5, 0), Tombstone("swept", "c", 5, 1),
+                           Tombstone("turn", "d", 5, 0), Tombstone("session", "s1", 5, 0)])
+        tx.add_tombstones([Tombstone("swept", "b", 7, 0)])  # a later sweep moved it on
+    with any_store.tenant("bob") as tx:
+        tx.add_tombstones([Tombstone("swept", "z", 5, 0)])
+        assert tx.swept_at(5, 0) == ["z"]
+    with any_store.tenant("alice") as tx:
+        assert tx.swept_at(5, 0) == ["a"]
+        assert tx.swept_at(7, 0) == ["b"] and tx.swept_at(6, 0) == []
+
+
 def test_tombstones_keep_the_later_position(any_store: Store) -> None:
     with any_store.tenant("alice") as tx:
         tx.add_tombstones([Tombstone("turn", "t1", 5, 0), Tombstone("session", "s1", 5, 0),

@@ -123,7 +123,8 @@ def apply_forget(tx: TenantSession, request: ForgetRequest, stream: str, stream_
                       else _tombstones(request, covered, at))
     for link in kept:  # in stream order the re-add stored the value again, after this forget
         tx.mark_readded([link.turn_id], link.readd_position or at)
-    named = () if replace else tuple(dict.fromkeys([*request.turn_ids, *(link.turn_id for link in covered)]))
+    swept = tx.swept_at(*at) if request.scope is not ForgetScope.TURNS else []  # a redelivery covers nothing again
+    named = () if replace else tuple(dict.fromkeys([*request.turn_ids, *(link.turn_id for link in covered), *swept]))
     return ForgetReport(turns=len(links), promoted=promoted, dead_letters=letters, bumped=bumped,
                         entry_ids=tuple(link.entry_id for link in links), late=_late(links, at), named=named,
                         at=stream_id)

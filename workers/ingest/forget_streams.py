@@ -36,8 +36,10 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from api.client import JOB_ID_PREFIX, tenant_job_prefix
-from api.errors import Reason
+from api.errors import InvalidInputError, Reason
 from api.forget import ForgetRequest, is_forget_message, is_readd
+from api.schemas import Turn
+from api.validation import Limits
 from workers.runtime.dead_letters import copied_letter
 from workers.runtime.streams import stream_position
 from workers.store.protocol import TenantSession
@@ -243,29 +245,37 @@ def erase_results(connection: redis.Redis, request: ForgetRequest, entry_ids: It
 
     One SCAN MATCH of ``rq:results:mnemos-*``; a result whose job id has another tenant's prefix, or
     the tenant's in another deployment (:func:`api.client.tenant_job_prefix` of ``stream_prefix``),
-    is skipped by its name, unread, and every other one is read: this tenant's, those of the
-    default prefix's form (stored before job ids named their deployment, 2026-12-07), and those of
-    job ids of any other form (enqueued before 2026-12-07, or by a client that hashes the tenant and
-    request id its own way), whose tenant only the result says.
+    is skipped by its name, unread, and every other one is read: this tenant's, those of job ids of
+    any other form (enqueued before 2026-12-07, or by a client that hashes the tenant and request id
+    its own way), whose tenant only the result says, and, under a prefix other than the default,
+    those of the default prefix's form. The last are this deployment's results stored before job ids
+    named their deployment (2026-12-07), or a default-prefix deployment's sharing the database: they
+    are erased by the turns and sessions they show only, never by entry id (another database numbers
+    its entries alike; break-it session, round 10).
     """
     erased = frozenset(entry_ids)
-    deleted = sum(_erase_result(connection, job_id, request, erased)
-                  for job_id, _ in _jobs_of(connection, request.tenant_id, stream_prefix))
+    deleted = sum(_erase_result(connection, job_id, request, erased if kind != "unscoped" else frozenset())
+                  for job_id, kind in _jobs_of(connection, request.tenant_id, stream_prefix))
     if deleted:
         log.info("deleted %d stored retrieval results holding forgotten turns", deleted)
     return deleted
 
 
-def _jobs_of(connection: redis.Redis, tenant_id: str, stream_prefix: str) -> Iterator[tuple[str, bool]]:
-    """``(job id, named)`` of every stored result that may be ``tenant_id``'s in the deployment of
-    ``stream_prefix``: ``named`` when its job id carries the tenant's prefix there, else (the default
-    prefix's form, or an id of any other form) only its value can tell."""
+def _jobs_of(connection: redis.Redis, tenant_id: str, stream_prefix: str) -> Iterator[tuple[str, str]]:
+    """``(job id, kind)`` of every stored result that may be ``tenant_id``'s in the deployment of
+    ``stream_prefix``: ``"named"`` when its job id carries the tenant's prefix there; ``"unscoped"``
+    when it carries the tenant's default-prefix form and the deployment's prefix is another;
+    ``"other"`` for an id of any other form. Only a named one's value need not be checked."""
     mine = tenant_job_prefix(tenant_id, stream_prefix)
     unscoped = tenant_job_prefix(tenant_id)
     for key in connection.scan_iter(match=Result.get_key(f"{JOB_ID_PREFIX}*"), count=SCAN_COUNT):
         job_id = _text(key).removeprefix(Result.get_key(""))
-        if job_id.startswith((mine, unscoped)) or not _SCOPED_JOB_ID.fullmatch(job_id):
-            yield job_id, job_id.startswith(mine)
+        if job_id.startswith(mine):
+            yield job_id, "named"
+        elif job_id.startswith(unscoped):
+            yield job_id, "unscoped"
+        elif not _SCOPED_JOB_ID.fullmatch(job_id):
+            yield job_id, "other"
 
 
 def expire_results(connection: redis.Redis, tenant_id: str, ttl_s: int, *, stream_prefix: str) -> int:
@@ -273,11 +283,13 @@ def expire_results(connection: redis.Redis, tenant_id: str, ttl_s: int, *, strea
     ``stream_prefix``, :func:`erase_results`) expire within ``ttl_s``
     seconds (never later than it would have); returns how many result keys that shortened. A tenant
     move calls it on the source: a client still waiting there can read its answer, and no answer
-    holding text outlives a forget made on the target by more than ``ttl_s``."""
+    holding text outlives a forget made on the target by more than ``ttl_s``. Results of the default
+    prefix's form under another prefix are left alone: they may be another deployment's, and one of
+    this deployment's is older than its upgrade, within ``MNEMOS_RESULT_TTL_S`` of expiring."""
     shortened = 0
-    for job_id, named in _jobs_of(connection, tenant_id, stream_prefix):
+    for job_id, kind in _jobs_of(connection, tenant_id, stream_prefix):
         key = Result.get_key(job_id)
-        if not named and not any(_value_of(connection, job_id, raw_id, fields).get("tenant_id") == tenant_id
+        if kind == "unscoped" or kind == "other" and not any(_value_of(connection, job_id, raw_id, fields).get("tenant_id") == tenant_id
                                  for raw_id, fields in connection.xrange(key)):
             continue
         ttl = int(connection.ttl(key))  # -1: no expiry, -2: gone meanwhile
@@ -323,12 +335,13 @@ def delete_entries(connection: redis.Redis, stream: str, group: str, ack: Iterab
 
 
 def retry_entries(connection: redis.Redis, stream: str, group: str, tenant_id: str, turn_ids: Iterable[str],
-                  forget_id: str) -> list[str]:
+                  forget_id: str, limits: Limits) -> list[str]:
     """Ids of the entries after the forget event ``forget_id`` that retry one of ``turn_ids`` (plain
-    messages of the tenant, before the first re-add of that id) and were delivered to ``group``
-    already. Stream order drops them; one read before the forget was stored, or taken for a
-    redelivery of the stored value, so its copy would keep the erased text. Undelivered ones are
-    dropped, and deleted, when they are read."""
+    messages of the tenant, before the first re-add of that id that is valid under ``limits``: a
+    malformed one is refused, stores nothing, and ends no retries; break-it session, round 10) and
+    were delivered to ``group`` already. Stream order drops them; one read before the forget was
+    stored, or taken for a redelivery of the stored value, so its copy would keep the erased text.
+    Undelivered ones are dropped, and deleted, when they are read."""
     wanted, readded, found = set(turn_ids), set(), []
     try:
         groups = connection.xinfo_groups(stream) if wanted else []
@@ -342,15 +355,23 @@ def retry_entries(connection: redis.Redis, stream: str, group: str, tenant_id: s
         if (is_forget_message(fields) or _text(fields.get(b"tenant_id")) != tenant_id or turn_id not in wanted
                 or turn_id in readded):
             continue
-        if is_readd(fields):
-            readded.add(turn_id)
-        else:
+        if not is_readd(fields):
             found.append(sid)
+        elif _valid_turn(fields, limits):
+            readded.add(turn_id)
     return found
 
 
+def _valid_turn(fields: Mapping[bytes, bytes], limits: Limits) -> bool:
+    try:
+        Turn.from_stream_fields(fields, limits, None)
+    except InvalidInputError:
+        return False
+    return True
+
+
 def delete_retry_letters(tx: TenantSession, connection: redis.Redis, stream: str, group: str,
-                         turn_ids: Iterable[str], forget_id: str) -> list[str]:
+                         turn_ids: Iterable[str], forget_id: str, limits: Limits) -> list[str]:
     """Delete the tenant's conflict letters (rows, in ``tx``) of the delivered retries of
     ``turn_ids`` after the forget event ``forget_id`` (:func:`retry_entries`); returns those retries'
     stream ids (a letter of each may or may not have existed). Stream order drops such a retry; one
@@ -358,13 +379,13 @@ def delete_retry_letters(tx: TenantSession, connection: redis.Redis, stream: str
     letter holding its text (break-it session, round 9). A letter for another reason (a malformed
     message) is refused in any order and stays. Call it in the forget's transaction, under the
     tenant's ingest lock; the stream copies go in :func:`erase_copies`."""
-    retries = retry_entries(connection, stream, group, tx.tenant_id, turn_ids, forget_id)
+    retries = retry_entries(connection, stream, group, tx.tenant_id, turn_ids, forget_id, limits)
     tx.delete_dead_letters_of(stream, retries, Reason.TURN_ID_CONFLICT.value)
     return retries
 
 
 def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: str, own: Iterable[str],
-                 dropped: Iterable[str], erasures: Sequence[Erasure], *, stream_prefix: str) -> None:
+                 dropped: Iterable[str], erasures: Sequence[Erasure], *, stream_prefix: str, limits: Limits) -> None:
     """Delete the streams' copies of what a batch forgot or dropped: the turns-stream entries each
     erasure covers (:func:`covered_entries`; those pending for another consumer are deferred) and
     ``dropped`` ones, acknowledging those of this consumer's batch (``own``) in the same MULTI; the
@@ -372,7 +393,7 @@ def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: 
     own, doomed = set(own), set(dropped)
     for erasure in erasures:
         late = [*erasure.late, *retry_entries(connection, stream, group, erasure.request.tenant_id, erasure.named,
-                                              erasure.after)]
+                                              erasure.after, limits)]
         now, later = covered_entries(connection, stream, group, erasure.request, erasure.upto, own, late=late)
         doomed.update(now)
         defer(connection, stream, group, later)

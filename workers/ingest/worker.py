@@ -261,7 +261,8 @@ class IngestWorker:
             report = apply_forget(tx, item.request, self.settings.turns_stream, item.message.stream_id,
                                   replace=item.replace)
             if not item.replace:  # stream order drops its retries: a conflict letter of one read first goes too
-                delete_retry_letters(tx, self.connection, self.settings.turns_stream, GROUP, report.named, report.at)
+                delete_retry_letters(tx, self.connection, self.settings.turns_stream, GROUP, report.named, report.at,
+                                     self.limits)
         if report.bumped:
             self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
@@ -274,7 +275,7 @@ class IngestWorker:
         if totals.erasures or totals.dropped:
             erase_copies(self.connection, self.settings.turns_stream, self.settings.dead_letter_stream, GROUP,
                          {m.stream_id for m in batch} - totals.refused, totals.dropped, totals.erasures,
-                         stream_prefix=self.settings.stream_prefix)
+                         stream_prefix=self.settings.stream_prefix, limits=self.limits)
 
     def _record_refused(self, letters: list[DeadLetter]) -> tuple[list[DeadLetter], list[DeadLetter]]:
         """:func:`workers.ingest.forget.record_letters` of the refused messages: ``(recorded, left)``."""
@@ -369,7 +370,8 @@ class IngestWorker:
                                         replace=is_replace(item.message.fields))
             if verdict is Verdict.DROP:
                 if swept := sweep_dropped(tx, stones, item.turn, item.message.stream_id):  # retries read first
-                    delete_retry_letters(tx, self.connection, self.settings.turns_stream, GROUP, swept.named, swept.at)
+                    delete_retry_letters(tx, self.connection, self.settings.turns_stream, GROUP, swept.named, swept.at,
+                                         self.limits)
                     outcome.swept.append(Erasure(ForgetRequest.replacing(tx.tenant_id, item.turn.turn_id), None,
                                                  swept.entry_ids, swept.late, swept.named, swept.at))
                     if swept.entry_ids:

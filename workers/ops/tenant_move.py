@@ -376,7 +376,7 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
                 report = apply_forget(session, item, src.turns_stream, stream_id)
                 erased.append((item, report.entry_ids))
                 retried.update(delete_retry_letters(session, source, src.turns_stream, INGEST_GROUP, report.named,
-                                                    report.at))
+                                                    report.at, limits))
             else:
                 apply_forget(session, ForgetRequest.replacing(tenant_id, item.turn_id), src.turns_stream, stream_id,
                              replace=True)
@@ -414,7 +414,7 @@ def _sweep_dropped_turns(conn: psycopg.Connection, source: redis.Redis, src: Set
         report = sweep_dropped(session, stones, turn, stream_id)
         if report is not None:
             retried.update(delete_retry_letters(session, source, src.turns_stream, INGEST_GROUP, report.named,
-                                                report.at))
+                                                report.at, limits))
             if report.entry_ids:
                 erased.append((turn.turn_id, report.entry_ids))
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries

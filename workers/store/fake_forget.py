@@ -111,6 +111,10 @@ class FakeForget:
         return sorted((t for (tenant, scope, key), t in self._t.tombstones.items()
                        if tenant == self._tenant_id and (scope, key) in keys), key=lambda t: (t.scope, t.key))
 
+    def swept_at(self, stream_ms: int, stream_seq: int) -> list[str]:
+        return sorted(key for (tenant, scope, key), t in self._t.tombstones.items()
+                      if tenant == self._tenant_id and scope == "swept" and t.stream_position == (stream_ms, stream_seq))
+
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
         tables = self._write()
         for row in rows:

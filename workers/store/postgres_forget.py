@@ -104,6 +104,11 @@ class PostgresForget:
             " AND key = ANY(%s)))"
             " ORDER BY scope, key", (self._tenant_id, list(session_ids), list(turn_ids)))
 
+    def swept_at(self, stream_ms: int, stream_seq: int) -> list[str]:
+        rows = self._conn.execute("SELECT key FROM tombstones WHERE tenant_id = %s AND scope = 'swept' AND stream_ms = %s"
+                                  " AND stream_seq = %s ORDER BY key", (self._tenant_id, stream_ms, stream_seq)).fetchall()
+        return [row[0] for row in rows]
+
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
         if not rows:
             return

@@ -229,6 +229,11 @@ class TenantSession(Protocol):
         ``turn``, ``swept`` and ``replace``)."""
         ...
 
+    def swept_at(self, stream_ms: int, stream_seq: int) -> list[str]:
+        """The turn ids the tenant's ``swept`` tombstones name at exactly this stream position (those a
+        session or tenant forget there swept, unless a later one moved them on), sorted."""
+        ...
+
     def add_tombstones(self, rows: Sequence[Tombstone]) -> None:
         """Record tombstones; one that exists keeps the later of the two stream positions (moving
         forward drops a re-add position before the new one)."""
