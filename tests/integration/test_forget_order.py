@@ -140,48 +140,12 @@ def test_a_forget_is_applied_when_the_stream_vanished_under_it(settings: Setting
     assert _stored_texts(store, "alice") == []
 
 
-@pytest.mark.parametrize("scope", ["turn", "session"])
-def test_a_forget_deletes_the_conflict_letter_of_a_retry_read_before_it(
-        settings: Settings, redis_client: redis.Redis, store: PostgresStore, scope: str) -> None:
-    # break-it session, round 9: a plain message of the forgotten turn id, published after the
-    # forget with another value, read before it, conflicted with the stored value and was refused
-    # with a letter holding its text; the forget deleted only letters published before it. In
-    # stream order the message is a retry after the forget and is dropped: no letter
-    client = client_for(settings, redis_client)
-    client.publish_turns([turn("alice", "k", "value A")])
-    if scope == "turn":
-        client.forget("alice", turn_ids=["k"])
-    else:
-        client.forget("alice", session_id="s1")
-    client.publish_turns([turn("alice", "k", SECRET)])
-    stored, forget, retry = _delivered(settings, redis_client)
-    for message in (stored, retry, forget):
-        _handle(settings, redis_client, store, [message])
-    assert _stored_texts(store, "alice") == []
-    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
-
-
-def test_a_message_a_forget_dropped_sweeps_the_letter_of_a_retry_read_before_it(
-        settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:
-    client = client_for(settings, redis_client)
-    client.publish_turns([turn("alice", "j", "value J")])
-    client.publish_turns([turn("alice", "k", "value A")])
-    client.forget("alice", session_id="s1")
-    client.publish_turns([turn("alice", "k", SECRET, session="s2")])  # a retry, in another session
-    client.publish_turns([turn("alice", "k", "value C", session="s3")])  # another one, a conflict
-    other, stored, forget, retry, conflict = _delivered(settings, redis_client)
-    for message in (other, retry, conflict, forget, stored):  # the last one's sweep erases the retry
-        _handle(settings, redis_client, store, [message])
-    assert _stored_texts(store, "alice") == []
-    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
-    assert _tables_holding(store, "value C") == []
-
-
 def test_a_malformed_re_add_ends_no_retries(settings: Settings, redis_client: redis.Redis,
                                              store: PostgresStore) -> None:
     # break-it round 10: a re-add refused as malformed (its time has no zone) stores nothing, so the
     # plain message after it is still a retry; the retry scan took it for the end of the retries and
-    # kept the retry's conflict letter. The malformed re-add's own letter stays (refused in any order)
+    # kept the retry's turns-stream entry. (Its conflict letter stays, docs/architecture.md
+    # "Reading order".) The malformed re-add's own letter stays too: it is refused in any order
     client = client_for(settings, redis_client)
     client.publish_turns([turn("alice", "k", "value A")])
     client.forget("alice", turn_ids=["k"])
@@ -193,22 +157,22 @@ def test_a_malformed_re_add_ends_no_retries(settings: Settings, redis_client: re
         _handle(settings, redis_client, store, [message])
     assert _stored_texts(store, "alice") == []
     assert _tables_holding(store, "a malformed re-add") == ["dead_letters"]
-    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
+    assert not _turns_holding(settings, redis_client, SECRET)
 
 
 def test_a_session_forget_claimed_again_after_its_commit_still_deletes_the_retry_s_copies(
         settings: Settings, redis_client: redis.Redis, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    # break-it round 10: the worker committed the forget (the retry's letter row went) and died before
-    # deleting the copies; applied again, the forget erased nothing and named no turn id, so the
-    # retry's dead-stream copy and turns-stream entry kept the text. Its swept tombstones name them
+    # break-it round 10: the worker committed the forget and died before deleting the copies; applied
+    # again, the forget erased nothing and named no turn id, so the retry's turns-stream entry kept
+    # the text. Its swept tombstones name the turn id now
     client = client_for(settings, redis_client)
     client.publish_turns([turn("alice", "k", "value A")])
     client.forget("alice", session_id="s1")
     client.publish_turns([turn("alice", "k", SECRET)])
     stored, forget, retry = _delivered(settings, redis_client)
     _handle(settings, redis_client, store, [stored])
-    _handle(settings, redis_client, store, [retry])  # a conflict: a letter holding the text
-    assert _tables_holding(store, SECRET) == ["dead_letters"]
+    _handle(settings, redis_client, store, [retry])  # a conflict: refused
+    assert _turns_holding(settings, redis_client, SECRET)
 
     def killed(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("killed after the commit")
@@ -218,4 +182,10 @@ def test_a_session_forget_claimed_again_after_its_commit_still_deletes_the_retry
     monkeypatch.undo()
     _handle(settings, redis_client, store, [forget])  # claimed again
     assert _stored_texts(store, "alice") == []
-    assert _tables_holding(store, SECRET) == [] and _streams_holding(redis_client, settings, SECRET) == []
+    assert not _turns_holding(settings, redis_client, SECRET)
+
+
+def _turns_holding(settings: Settings, redis_client: redis.Redis, needle: str) -> list[str]:
+    """Ids of the turns stream's entries holding ``needle``."""
+    return [sid.decode() for sid, fields in redis_client.xrange(settings.turns_stream)
+            if any(needle.encode() in value for value in fields.values())]

@@ -106,22 +106,6 @@ def test_dead_letters_of_messages_after_the_forget_are_kept(any_store: Store) ->
         assert tx.delete_dead_letters(through=("unit:turns", "12-0")) == 1
 
 
-def test_dead_letters_of_named_messages(any_store: Store) -> None:
-    any_store.record_dead_letters([_letter("10-4", "alice", "t1", "s1"), _letter("10-6", "alice", "t1", "s1"),
-                                   _letter("10-7", "bob", "t1", "s1")])
-    any_store.record_dead_letters([DeadLetter("unit:turns", "10-8", "bad_timestamp", "naive", "alice", "t1",
-                                              {"tenant_id": "alice", "turn_id": "t1", "session_id": "s1"})])
-    any_store.record_dead_letters([DeadLetter("other:turns", "10-6", "turn_id_conflict", "conflict", "alice",
-                                              "t1", {"tenant_id": "alice", "turn_id": "t1", "session_id": "s1"})])
-    with any_store.tenant("alice") as tx:
-        conflict = "turn_id_conflict"
-        assert tx.delete_dead_letters_of("unit:turns", [], conflict) == 0
-        # not bob's, not other:turns', not 10-8 (another reason)
-        assert tx.delete_dead_letters_of("unit:turns", ["10-6", "10-7", "10-8", "10-9"], conflict) == 1
-        assert tx.delete_dead_letters_of("unit:turns", ["10-6"], conflict) == 0
-        assert tx.delete_dead_letters() == 3  # 10-4, 10-8 and other:turns' 10-6
-
-
 def test_swept_turn_ids_at_one_position(any_store: Store) -> None:
     with any_store.tenant("alice") as tx:
         tx.add_tombstones([Tombstone("swept", "b", 5, 0), Tombstone("swept", "a", 5, 0), Tombstone("swept", "c", 5, 1),

@@ -25,7 +25,6 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-import workers.ingest.worker as worker_module
 from api import sharding
 from api.client import MnemosClient, job_id_for
 from tests.integration import factories
@@ -290,67 +289,3 @@ def test_a_pending_turn_a_session_forget_drops_sweeps_a_retry_stored_first(clust
     assert client.connections[0].xlen(Result.get_key(job.id)) == 0
     factories.drain_shard(settings, client, 1)
     assert _texts(b, tenant) == {"b": "my cat is called Pixel"}
-
-
-def test_a_pending_forget_deletes_the_conflict_letter_of_a_retry_read_before_it(cluster: ShardCluster) -> None:
-    # "k" stored, a forget of "k", a plain "k" with another value; another consumer read the last one
-    # first: a conflict, refused with a letter holding its text. In stream order it is a retry after
-    # the forget and dropped, so neither the target's table nor its dead-letter stream may hold it
-    settings = cluster.settings
-    b = cluster.database_urls[1]
-    migrate_shards(settings, echo=lambda _: None)
-    (tenant,) = _on_shard_zero(1)
-    client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
-    with PostgresStore(source.database_url, source.db_app_role) as store:
-        worker = factories.ingest_worker(source, client.connections[0], store)
-        client.publish_turn(factories.turn(tenant, "k", "the wifi password is pear"))
-        factories.drain(worker)
-        client.forget(tenant, turn_ids=["k"])
-        client.publish_turn(factories.turn(tenant, "k", "the wifi password is plum"))
-        _handle_only_the_last(worker, "dead")
-        assert _rows(cluster.database_urls[0], "SELECT reason FROM dead_letters WHERE tenant_id = %s",
-                     tenant) == [("turn_id_conflict",)]
-    report = move_tenant(settings, tenant, 1, echo=lambda _: None)
-    assert (report.forgets, report.dead_letters.moved, report.dead_letters.dropped) == (1, 0, 1)
-    factories.drain_shard(settings, client, 1)
-    assert _texts(b, tenant) == {}
-    assert _rows(b, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", tenant) == [(0,)]
-    dead = redis_client(target).xrange(target.dead_letter_stream)
-    assert not [f for _, f in dead if b"plum" in f.get(b"payload", b"")]
-
-
-def test_a_session_forget_committed_before_its_worker_died_keeps_no_retry_letter_copy_through_a_move(
-        cluster: ShardCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    # break-it round 10: the forget was committed on the source (the retry's letter row went) and its
-    # worker died before deleting the copies; the move applied it again, it named no turn id, and the
-    # retry's dead-stream copy moved to the target holding the text
-    settings = cluster.settings
-    migrate_shards(settings, echo=lambda _: None)
-    (tenant,) = _on_shard_zero(1)
-    client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
-    secret = "my passport number is X9-4471-ZQ"
-    with PostgresStore(source.database_url, source.db_app_role) as store:
-        worker = factories.ingest_worker(source, client.connections[0], store)
-        client.publish_turn(factories.turn(tenant, "k", "the wifi password is pear"))
-        factories.drain(worker)
-        client.forget(tenant, session_id="s1")
-        client.publish_turn(factories.turn(tenant, "k", secret, session="s2"))
-        consumer = worker.consumer("dying")
-        consumer.ensure_group()
-        forget, retry = consumer.read()
-        consumer.ack(worker.handle([retry]))  # a conflict: a letter holding the text
-
-        def killed(*_args: object, **_kwargs: object) -> None:
-            raise RuntimeError("killed after the commit")
-        monkeypatch.setattr(worker_module, "erase_copies", killed)
-        with pytest.raises(RuntimeError):
-            worker.handle([forget])
-        monkeypatch.undo()
-    move_tenant(settings, tenant, 1, echo=lambda _: None)
-    factories.drain_shard(settings, client, 1)
-    assert _texts(b := cluster.database_urls[1], tenant) == {}
-    assert _rows(b, "SELECT count(*) FROM dead_letters WHERE tenant_id = %s", tenant) == [(0,)]
-    dead = redis_client(target).xrange(target.dead_letter_stream)
-    assert not [f for _, f in dead if secret.encode() in f.get(b"payload", b"")]

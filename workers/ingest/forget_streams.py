@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +36,12 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from api.client import JOB_ID_PREFIX, tenant_job_prefix
-from api.errors import InvalidInputError, Reason
+from api.errors import InvalidInputError
 from api.forget import ForgetRequest, is_forget_message, is_readd
 from api.schemas import Turn
 from api.validation import Limits
 from workers.runtime.dead_letters import copied_letter
 from workers.runtime.streams import stream_position
-from workers.store.protocol import TenantSession
 
 log = logging.getLogger(__name__)
 
@@ -177,24 +176,14 @@ def sweep_deferred(connection: redis.Redis, stream: str, group: str) -> int:
     return deleted
 
 
-def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: ForgetRequest, forget_id: str | None,
-                         retries: tuple[str, Collection[str]] = ("", ())) -> list[str]:
+def covered_dead_letters(connection: redis.Redis, dead_stream: str, request: ForgetRequest, forget_id: str | None
+                         ) -> list[str]:
     """Ids of the dead-letter stream's entries that copy a message published before the forget event
-    ``forget_id`` that ``request`` covers (None: no forget event, a sweep's erasure, deletes none),
-    or a conflict letter of one of the messages ``retries`` = ``(stream, stream ids)`` (retries
-    after the forget, which stream order drops: read before the forget, one held its text)."""
-    covered = _covered_letter(request, forget_id) if forget_id is not None else None
-    stream, retried = retries[0], set(retries[1])
-    if covered is None and not retried:
+    ``forget_id`` that ``request`` covers (None: no forget event, a sweep's erasure, deletes none)."""
+    if forget_id is None:
         return []
-
-    def doomed(fields: Mapping[bytes, bytes]) -> bool:
-        letter = copied_letter(fields) if retried else None
-        if (letter is not None and letter.stream == stream and letter.stream_id in retried
-                and letter.reason == Reason.TURN_ID_CONFLICT.value):
-            return True
-        return covered is not None and covered(fields)
-    return [sid for sid, fields in _entries(connection, dead_stream, "+") if doomed(fields)]
+    covered = _covered_letter(request, forget_id)
+    return [sid for sid, fields in _entries(connection, dead_stream, "+") if covered(fields)]
 
 
 def _turns_with_text(value: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -289,8 +278,9 @@ def expire_results(connection: redis.Redis, tenant_id: str, ttl_s: int, *, strea
     shortened = 0
     for job_id, kind in _jobs_of(connection, tenant_id, stream_prefix):
         key = Result.get_key(job_id)
-        if kind == "unscoped" or kind == "other" and not any(_value_of(connection, job_id, raw_id, fields).get("tenant_id") == tenant_id
-                                 for raw_id, fields in connection.xrange(key)):
+        if kind == "unscoped" or (kind == "other" and not any(
+                _value_of(connection, job_id, raw_id, fields).get("tenant_id") == tenant_id
+                for raw_id, fields in connection.xrange(key))):
             continue
         ttl = int(connection.ttl(key))  # -1: no expiry, -2: gone meanwhile
         if ttl == -1 or ttl > ttl_s:
@@ -370,20 +360,6 @@ def _valid_turn(fields: Mapping[bytes, bytes], limits: Limits) -> bool:
     return True
 
 
-def delete_retry_letters(tx: TenantSession, connection: redis.Redis, stream: str, group: str,
-                         turn_ids: Iterable[str], forget_id: str, limits: Limits) -> list[str]:
-    """Delete the tenant's conflict letters (rows, in ``tx``) of the delivered retries of
-    ``turn_ids`` after the forget event ``forget_id`` (:func:`retry_entries`); returns those retries'
-    stream ids (a letter of each may or may not have existed). Stream order drops such a retry; one
-    read before the forget that conflicted with the value the forget then erased was refused with a
-    letter holding its text (break-it session, round 9). A letter for another reason (a malformed
-    message) is refused in any order and stays. Call it in the forget's transaction, under the
-    tenant's ingest lock; the stream copies go in :func:`erase_copies`."""
-    retries = retry_entries(connection, stream, group, tx.tenant_id, turn_ids, forget_id, limits)
-    tx.delete_dead_letters_of(stream, retries, Reason.TURN_ID_CONFLICT.value)
-    return retries
-
-
 def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: str, own: Iterable[str],
                  dropped: Iterable[str], erasures: Sequence[Erasure], *, stream_prefix: str, limits: Limits) -> None:
     """Delete the streams' copies of what a batch forgot or dropped: the turns-stream entries each
@@ -397,7 +373,7 @@ def erase_copies(connection: redis.Redis, stream: str, dead_stream: str, group: 
         now, later = covered_entries(connection, stream, group, erasure.request, erasure.upto, own, late=late)
         doomed.update(now)
         defer(connection, stream, group, later)
-        letters = covered_dead_letters(connection, dead_stream, erasure.request, erasure.upto, (stream, late))
+        letters = covered_dead_letters(connection, dead_stream, erasure.request, erasure.upto)
         if letters:
             connection.xdel(dead_stream, *letters)
         if erasure.upto or erasure.entry_ids:  # a sweep that erased nothing leaves the results alone

@@ -55,7 +55,7 @@ from workers.ingest.forget import (
     sweep_dropped,
     tombstone_verdict,
 )
-from workers.ingest.forget_streams import Erasure, delete_retry_letters, erase_copies, sweep_deferred
+from workers.ingest.forget_streams import Erasure, erase_copies, sweep_deferred
 from workers.runtime.dead_letters import DeadLetter, payload_of, publish_dead_letters, sent_id
 from workers.runtime.errors import EmbeddingVersionError
 from workers.runtime.heartbeats import Heartbeat
@@ -260,9 +260,6 @@ class IngestWorker:
                 require_tenant_version(tx, self.version)
             report = apply_forget(tx, item.request, self.settings.turns_stream, item.message.stream_id,
                                   replace=item.replace)
-            if not item.replace:  # stream order drops its retries: a conflict letter of one read first goes too
-                delete_retry_letters(tx, self.connection, self.settings.turns_stream, GROUP, report.named, report.at,
-                                     self.limits)
         if report.bumped:
             self._canonicals.pop(tenant_id, None)  # other ingest workers see the new forget version
         self.metrics.forgotten(report.turns)
@@ -370,8 +367,6 @@ class IngestWorker:
                                         replace=is_replace(item.message.fields))
             if verdict is Verdict.DROP:
                 if swept := sweep_dropped(tx, stones, item.turn, item.message.stream_id):  # retries read first
-                    delete_retry_letters(tx, self.connection, self.settings.turns_stream, GROUP, swept.named, swept.at,
-                                         self.limits)
                     outcome.swept.append(Erasure(ForgetRequest.replacing(tx.tenant_id, item.turn.turn_id), None,
                                                  swept.entry_ids, swept.late, swept.named, swept.at))
                     if swept.entry_ids:

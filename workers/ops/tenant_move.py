@@ -49,7 +49,7 @@ from api.directory import FROZEN, MOVED_RESULT_TTL_S, marker_shard, marker_text
 from api.forget import ForgetRequest, is_readd, is_replace
 from api.validation import Limits, limits_of
 from workers.ingest.forget import Verdict, apply_forget, sweep_dropped, tombstone_verdict
-from workers.ingest.forget_streams import delete_retry_letters, erase_results, expire_results
+from workers.ingest.forget_streams import erase_results, expire_results
 from workers.ingest.worker import GROUP as INGEST_GROUP
 from workers.ops.tenant_move_streams import (
     StreamMove,
@@ -241,15 +241,14 @@ def _move(settings: Settings, tenant_id: str, target: int, echo: Callable[[str],
             copied = True
             echo(f"found {counts[0]} entries of tenant {tenant_id} on shard {target}, copied by the stopped run"
                  if copied_before else f"copied {counts[0]} entries of tenant {tenant_id} to shard {target}")
-            forgets, retried = _apply_pending_forgets(target_store, connections[source], src, tenant_id,
-                                                      limits_of(settings), id_map)
+            forgets = _apply_pending_forgets(target_store, connections[source], src, tenant_id, limits_of(settings),
+                                             id_map)
             with target_store.tenant_tx(tenant_id) as b:  # the target's workers wait until its marker is gone
                 lock_tenant(b, tenant_id)
                 done = handled(b, tenant_id, src.turns_stream)
-                retried |= _sweep_dropped_turns(b, connections[source], src, tenant_id, limits_of(settings), done,
-                                                id_map)
+                _sweep_dropped_turns(b, connections[source], src, tenant_id, limits_of(settings), done, id_map)
                 moves = _move_streams(settings, connections, source, target, tenant_id, id_map,
-                                      tenant_tombstones(b, tenant_id), done, retried)
+                                      tenant_tombstones(b, tenant_id), done)
                 connections[target].hdel(sharding.directory_key(settings.stream_prefix, target, settings.shards),
                                          tenant_id)
             delete_tenant(a, tenant_id)
@@ -347,11 +346,9 @@ def _copy_rows(a: psycopg.Connection, b: psycopg.Connection, tenant_id: str,
 
 
 def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Settings, tenant_id: str,
-                           limits: Limits, id_map: dict[int, int]) -> tuple[int, set[str]]:
+                           limits: Limits, id_map: dict[int, int]) -> int:
     """Apply the tenant's unacknowledged forgets by request to its rows on the target, in stream order at
-    their source positions, in one committed transaction under its locks there; returns how many, and the
-    source stream ids of the delivered retries after them, whose copied conflict letters they deleted
-    (:func:`workers.ingest.forget_streams.delete_retry_letters`; their dead-stream copies do not move). Copied
+    their source positions, in one committed transaction under its locks there; returns how many. Copied
     rows and tombstones keep their source positions, so each forget erases only what was published
     before it, as on the source; carried to the target's stream, it would get a later position there
     and erase a turn stored from a later message too (break-it session, round 5). Applying one again
@@ -365,78 +362,67 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
     new value, because the forget found the old value still in that session and tombstoned its turn id)."""
     pending = pending_forgets(source, src.turns_stream, INGEST_GROUP, tenant_id, limits)
     if not pending:
-        return 0, set()
+        return 0
     erased: list[tuple[ForgetRequest, tuple[int, ...]]] = []
-    retried: set[str] = set()
     with store.tenant_tx(tenant_id) as b:
         lock_tenant(b, tenant_id)
         session = PostgresTenantSession(b, tenant_id)
         for stream_id, item in pending:
             if isinstance(item, ForgetRequest):
-                report = apply_forget(session, item, src.turns_stream, stream_id)
-                erased.append((item, report.entry_ids))
-                retried.update(delete_retry_letters(session, source, src.turns_stream, INGEST_GROUP, report.named,
-                                                    report.at, limits))
+                erased.append((item, apply_forget(session, item, src.turns_stream, stream_id).entry_ids))
             else:
                 apply_forget(session, ForgetRequest.replacing(tenant_id, item.turn_id), src.turns_stream, stream_id,
                              replace=True)
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
     for request, entry_ids in erased:
         erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids], stream_prefix=src.stream_prefix)
-    return len(erased), retried
+    return len(erased)
 
 
 def _sweep_dropped_turns(conn: psycopg.Connection, source: redis.Redis, src: Settings, tenant_id: str,
-                         limits: Limits, done: Collection[str], id_map: dict[int, int]) -> set[str]:
+                         limits: Limits, done: Collection[str], id_map: dict[int, int]) -> int:
     """Sweep, on the target, the turn ids of the tenant's pending turn messages that a forget drops, as
     the source's ingest worker would on reading them (:func:`workers.ingest.forget.sweep_dropped`):
     a retry of such a turn id, published after the forget and stored first by another consumer, is
     erased, and the stored results that returned it leave the source's Redis. The move drops those
     messages (:func:`workers.ops.tenant_move_streams.move_turns`), so without this the retry stayed
-    stored on the target (break-it session, round 9). The copied conflict letters of the delivered
-    retries go too (:func:`workers.ingest.forget_streams.delete_retry_letters`). A message ``done`` names
-    was handled already (its sweep committed with it). Runs in the caller's transaction, under the
-    tenant's locks on the target; returns the source stream ids of those retries (their dead-stream
-    copies do not move). Raises what the store or Redis raise."""
+    stored on the target (break-it session, round 9). A message ``done`` names was handled already
+    (its sweep committed with it). Runs in the caller's transaction, under the tenant's locks on the
+    target; returns how many messages swept something. Raises what the store or Redis raise."""
     pending = [(i, turn, fields) for i, turn, fields in
                pending_turns(source, src.turns_stream, INGEST_GROUP, tenant_id, limits) if i not in done]
     if not pending:
-        return set()
+        return 0
     session = PostgresTenantSession(conn, tenant_id)
     stones = {(t.scope, t.key): t for t in session.tombstones(
         session_ids=sorted({turn.session_id for _, turn, _ in pending}),
         turn_ids=sorted({turn.turn_id for _, turn, _ in pending}))}
     erased: list[tuple[str, tuple[int, ...]]] = []
-    retried: set[str] = set()
     for stream_id, turn, fields in pending:
         if tombstone_verdict(stones, turn, stream_id, is_readd(fields), replace=is_replace(fields)) is not Verdict.DROP:
             continue
         report = sweep_dropped(session, stones, turn, stream_id)
-        if report is not None:
-            retried.update(delete_retry_letters(session, source, src.turns_stream, INGEST_GROUP, report.named,
-                                                report.at, limits))
-            if report.entry_ids:
-                erased.append((turn.turn_id, report.entry_ids))
+        if report is not None and report.entry_ids:
+            erased.append((turn.turn_id, report.entry_ids))
     old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
     for turn_id, entry_ids in erased:
         erase_results(source, ForgetRequest.replacing(tenant_id, turn_id), [old_ids[e] for e in entry_ids if e in old_ids],
                       stream_prefix=src.stream_prefix)
     if erased:
         log.info("swept %d turn ids of tenant %r that pending dropped messages name", len(erased), tenant_id)
-    return retried
+    return len(erased)
 
 
 def _move_streams(settings: Settings, connections: list[redis.Redis], source: int, target: int, tenant_id: str,
-                  id_map: dict[int, int], stones: Sequence[Tombstone], handled_ids: set[str],
-                  retried: set[str]) -> tuple[StreamMove, StreamMove, StreamMove]:
+                  id_map: dict[int, int], stones: Sequence[Tombstone],
+                  handled_ids: set[str]) -> tuple[StreamMove, StreamMove, StreamMove]:
     src, dst = settings.for_shard(source), settings.for_shard(target)
     a, b = connections[source], connections[target]
     carry_positions(a, src.turns_stream, b, dst.turns_stream, INGEST_GROUP)
     turns = move_turns(a, src.turns_stream, INGEST_GROUP, b, dst.turns_stream, tenant_id, stones,
                        limits_of(settings), handled_ids)
     outcomes = move_outcomes(a, src.outcomes_stream, SUPPRESSION_GROUP, b, dst.outcomes_stream, tenant_id, id_map)
-    letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id, stones,
-                                (src.turns_stream, retried))
+    letters = move_dead_letters(a, src.dead_letter_stream, b, dst.dead_letter_stream, tenant_id, stones)
     return turns, outcomes, letters
 
 

@@ -38,7 +38,7 @@ from typing import Any, cast
 
 import redis
 
-from api.errors import InvalidInputError, Reason
+from api.errors import InvalidInputError
 from api.forget import ForgetRequest, ForgetScope, is_forget_message, is_readd, is_replace
 from api.schemas import Turn
 from api.sharding import moved_field, moved_floor_field, moved_ids_key
@@ -389,27 +389,17 @@ def move_outcomes(source: redis.Redis, stream: str, group: str, target: redis.Re
 
 
 def move_dead_letters(source: redis.Redis, stream: str, target: redis.Redis, target_stream: str,
-                      tenant_id: str, tombstones: Sequence[Tombstone],
-                      retried: tuple[str, Collection[str]] = ("", ())) -> StreamMove:
+                      tenant_id: str, tombstones: Sequence[Tombstone]) -> StreamMove:
     """The tenant's dead-letter copies, as they are, but those of messages an applied forget covers
     (:func:`workers.ingest.forget.letter_forgotten`): their text was erased (a forget applied by the
     move, or one whose worker died before it deleted the copies). A copy of any shard's turns stream
     counts (a letter from an earlier stay on another shard keeps that stream's name, at a position
-    before every forget published since: :func:`carry_positions`). Copies of the messages ``retried``
-    = ``(turns stream, stream ids)`` do not move either: retries after a forget, which stream order
-    drops (:func:`workers.ingest.forget_streams.delete_retry_letters`)."""
+    before every forget published since: :func:`carry_positions`)."""
     entries = list(tenant_entries(source, stream, tenant_id))
     stones = {(t.scope, t.key): t for t in tombstones}
-    keep = [(i, f) for i, f in entries if not _letter_forgotten(f, stones) and not _retried(f, retried)]
+    keep = [(i, f) for i, f in entries if not _letter_forgotten(f, stones)]
     _move(source, stream, None, target, target_stream, entries, keep)
     return StreamMove(moved=len(keep), dropped=len(entries) - len(keep), deleted=len(entries))
-
-
-def _retried(fields: Mapping[bytes, bytes], retried: tuple[str, Collection[str]]) -> bool:
-    """Whether a dead-letter copy holds one of the messages ``retried`` = ``(stream, stream ids)``."""
-    letter = copied_letter(fields) if retried[1] else None
-    return (letter is not None and letter.stream == retried[0] and letter.stream_id in retried[1]
-            and letter.reason == Reason.TURN_ID_CONFLICT.value)
 
 
 def _letter_forgotten(fields: Mapping[bytes, bytes], stones: Mapping[tuple[str, str], Tombstone]) -> bool:

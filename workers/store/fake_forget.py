@@ -89,14 +89,6 @@ class FakeForget:
             del tables.dead_letters[key]
         return len(keys)
 
-    def delete_dead_letters_of(self, stream: str, stream_ids: Sequence[str], reason: str) -> int:
-        tables, wanted = self._write(), set(stream_ids)
-        keys = [key for key, letter in tables.dead_letters.items() if letter.tenant_id == self._tenant_id
-                and letter.stream == stream and letter.stream_id in wanted and letter.reason == reason]
-        for key in keys:
-            del tables.dead_letters[key]
-        return len(keys)
-
     def delete_tenant_state(self) -> None:
         tables = self._write()
         tenant = self._tenant_id

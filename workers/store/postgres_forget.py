@@ -86,13 +86,6 @@ class PostgresForget:
         cur = self._conn.execute(f"DELETE FROM dead_letters WHERE {' AND '.join(where)}", params)
         return max(0, cur.rowcount)
 
-    def delete_dead_letters_of(self, stream: str, stream_ids: Sequence[str], reason: str) -> int:
-        if not stream_ids:
-            return 0
-        cur = self._conn.execute("DELETE FROM dead_letters WHERE tenant_id = %s AND stream = %s AND stream_id = ANY(%s)"
-                                 " AND reason = %s", (self._tenant_id, stream, list(stream_ids), reason))
-        return max(0, cur.rowcount)
-
     def delete_tenant_state(self) -> None:
         for table in _TENANT_TABLES:
             self._conn.execute(f"DELETE FROM {table} WHERE tenant_id = %s", (self._tenant_id,))

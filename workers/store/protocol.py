@@ -213,11 +213,6 @@ class TenantSession(Protocol):
         was published after the forget at ``stream_id``; letters of other streams are deleted)."""
         ...
 
-    def delete_dead_letters_of(self, stream: str, stream_ids: Sequence[str], reason: str) -> int:
-        """Delete the tenant's dead letters of these messages of ``stream`` refused for ``reason``;
-        returns how many."""
-        ...
-
     def delete_tenant_state(self) -> None:
         """Delete the tenant's rows of every table but ``tenants``, ``entries`` (see
         :meth:`delete_entries`), ``tombstones`` and ``dead_letters`` (see
