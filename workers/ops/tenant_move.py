@@ -373,10 +373,18 @@ def _apply_pending_forgets(store: PostgresStore, source: redis.Redis, src: Setti
             else:
                 apply_forget(session, ForgetRequest.replacing(tenant_id, item.turn_id), src.turns_stream, stream_id,
                              replace=True)
-    old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
+    _erase_source_results(source, src, erased, id_map)
+    return len(erased)
+
+
+def _erase_source_results(source: redis.Redis, src: Settings, erased: Sequence[tuple[ForgetRequest, tuple[int, ...]]],
+                          id_map: dict[int, int]) -> None:
+    """Delete the source's stored results that each ``(request, target entry ids)`` erasure covers
+    (:func:`workers.ingest.forget_streams.erase_results`); the source's results name the source's
+    entries, so the ids are mapped back through the copy's ``id_map``."""
+    old_ids = {new: old for old, new in id_map.items()}
     for request, entry_ids in erased:
         erase_results(source, request, [old_ids[e] for e in entry_ids if e in old_ids], stream_prefix=src.stream_prefix)
-    return len(erased)
 
 
 def _sweep_dropped_turns(conn: psycopg.Connection, source: redis.Redis, src: Settings, tenant_id: str,
@@ -397,17 +405,14 @@ def _sweep_dropped_turns(conn: psycopg.Connection, source: redis.Redis, src: Set
     stones = {(t.scope, t.key): t for t in session.tombstones(
         session_ids=sorted({turn.session_id for _, turn, _ in pending}),
         turn_ids=sorted({turn.turn_id for _, turn, _ in pending}))}
-    erased: list[tuple[str, tuple[int, ...]]] = []
+    erased: list[tuple[ForgetRequest, tuple[int, ...]]] = []
     for stream_id, turn, fields in pending:
         if tombstone_verdict(stones, turn, stream_id, is_readd(fields), replace=is_replace(fields)) is not Verdict.DROP:
             continue
         report = sweep_dropped(session, stones, turn, stream_id)
         if report is not None and report.entry_ids:
-            erased.append((turn.turn_id, report.entry_ids))
-    old_ids = {new: old for old, new in id_map.items()}  # the source's results name the source's entries
-    for turn_id, entry_ids in erased:
-        erase_results(source, ForgetRequest.replacing(tenant_id, turn_id), [old_ids[e] for e in entry_ids if e in old_ids],
-                      stream_prefix=src.stream_prefix)
+            erased.append((ForgetRequest.replacing(tenant_id, turn.turn_id), report.entry_ids))
+    _erase_source_results(source, src, erased, id_map)
     if erased:
         log.info("swept %d turn ids of tenant %r that pending dropped messages name", len(erased), tenant_id)
     return len(erased)
