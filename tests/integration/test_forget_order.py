@@ -157,7 +157,7 @@ def test_a_malformed_re_add_ends_no_retries(settings: Settings, redis_client: re
         _handle(settings, redis_client, store, [message])
     assert _stored_texts(store, "alice") == []
     assert _tables_holding(store, "a malformed re-add") == ["dead_letters"]
-    assert not _turns_holding(settings, redis_client, SECRET)
+    assert settings.turns_stream not in _streams_holding(redis_client, settings, SECRET)
 
 
 def test_a_session_forget_claimed_again_after_its_commit_still_deletes_the_retry_s_copies(
@@ -172,7 +172,7 @@ def test_a_session_forget_claimed_again_after_its_commit_still_deletes_the_retry
     stored, forget, retry = _delivered(settings, redis_client)
     _handle(settings, redis_client, store, [stored])
     _handle(settings, redis_client, store, [retry])  # a conflict: refused
-    assert _turns_holding(settings, redis_client, SECRET)
+    assert settings.turns_stream in _streams_holding(redis_client, settings, SECRET)
 
     def killed(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("killed after the commit")
@@ -182,10 +182,5 @@ def test_a_session_forget_claimed_again_after_its_commit_still_deletes_the_retry
     monkeypatch.undo()
     _handle(settings, redis_client, store, [forget])  # claimed again
     assert _stored_texts(store, "alice") == []
-    assert not _turns_holding(settings, redis_client, SECRET)
+    assert settings.turns_stream not in _streams_holding(redis_client, settings, SECRET)
 
-
-def _turns_holding(settings: Settings, redis_client: redis.Redis, needle: str) -> list[str]:
-    """Ids of the turns stream's entries holding ``needle``."""
-    return [sid.decode() for sid, fields in redis_client.xrange(settings.turns_stream)
-            if any(needle.encode() in value for value in fields.values())]

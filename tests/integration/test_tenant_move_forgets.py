@@ -51,6 +51,22 @@ def _on_shard_zero(count: int) -> tuple[str, ...]:
                                    if sharding.shard_of(t, SHARDS) == 0), count))
 
 
+def _moving(settings: Settings, count: int) -> tuple[MnemosClient, Settings, tuple[str, ...]]:
+    """Both shards migrated; a sharded client, shard 0's settings (the source) and ``count`` tenants
+    that live there."""
+    migrate_shards(settings, echo=lambda _: None)
+    return factories.sharded_client(settings), settings.for_shard(0), _on_shard_zero(count)
+
+
+def _source_answer(client: MnemosClient, settings: Settings, tenant: str, hits: list[dict[str, str]]) -> str:
+    """Store, on the source's Redis, an answer of its query worker to request "r1" of ``tenant``
+    showing ``hits``; returns the result's key."""
+    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant, "r1", settings.stream_prefix),
+                     connection=client.connections[0], serializer=JSONSerializer)
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=3600, return_value={"tenant_id": tenant, "hits": hits})
+    return Result.get_key(job.id)
+
+
 def _rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(query, params).fetchall()
@@ -72,10 +88,8 @@ def _handle_only_the_last(worker: Any, name: str) -> None:
 def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) -> None:
     settings = cluster.settings
     a, b = cluster.database_urls
-    migrate_shards(settings, echo=lambda _: None)
-    session_t, tenant_t, put_t = _on_shard_zero(3)
-    client: MnemosClient = factories.sharded_client(settings)
-    source, target = settings.for_shard(0), settings.for_shard(1)
+    client, source, (session_t, tenant_t, put_t) = _moving(settings, 3)
+    target = settings.for_shard(1)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         worker = factories.ingest_worker(source, client.connections[0], store)
         client.publish_turns([factories.turn(session_t, "old", "I live in Porto"),
@@ -100,12 +114,10 @@ def test_a_pending_forget_moves_at_its_source_position(cluster: ShardCluster) ->
         assert _texts(a, session_t) == {"old": "I live in Porto", "other": "my cat is called Pixel",
                                         "new": "I live in Lisbon now"}  # the forget is still pending
 
-    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant_t, "r1", settings.stream_prefix), connection=client.connections[0],
-                     serializer=JSONSerializer)  # an answer of the source's query worker, naming a kept turn
-    Result.create(job, Result.Type.SUCCESSFUL, ttl=3600, return_value={
-        "tenant_id": tenant_t, "hits": [{"session_id": "s1", "turn_id": "new", "text": "my brother is a pilot"}]})
+    answer = _source_answer(client, settings, tenant_t,  # naming a kept turn
+                            [{"session_id": "s1", "turn_id": "new", "text": "my brother is a pilot"}])
     reports = [move_tenant(settings, tenant, 1, echo=lambda _: None) for tenant in (session_t, tenant_t, put_t)]
-    assert 0 < client.connections[0].ttl(Result.get_key(job.id)) <= 60  # left behind: expires soon
+    assert 0 < client.connections[0].ttl(answer) <= 60  # left behind: expires soon
     assert [(r.forgets, r.turns.moved) for r in reports] == [(1, 0)] * 3
     assert (reports[0].dead_letters.moved, reports[0].dead_letters.dropped) == (0, 1)
     factories.drain_shard(settings, client, 1)  # whatever the move carried
@@ -123,10 +135,7 @@ def test_a_turn_published_after_a_move_is_later_than_the_source_s_forgets(cluste
     # source had applied, and was dropped
     settings = cluster.settings
     a, b = cluster.database_urls
-    migrate_shards(settings, echo=lambda _: None)
-    (tenant,) = _on_shard_zero(1)
-    client: MnemosClient = factories.sharded_client(settings)
-    source = settings.for_shard(0)
+    client, source, (tenant,) = _moving(settings, 1)
     ahead_ms = int(time.time() * 1000) + 3_600_000
     client.connections[0].xgroup_create(source.turns_stream, "ingest", id="0", mkstream=True)
     client.connections[0].execute_command("XSETID", source.turns_stream, f"{ahead_ms}-0")  # the source's clock, an hour ahead
@@ -155,10 +164,7 @@ def test_a_forget_finds_dead_letter_copies_a_move_brought_from_another_shard(clu
     # erased text stayed on the dead stream (a forget after the move; a forget a move back applied)
     settings = cluster.settings
     a, b = cluster.database_urls
-    migrate_shards(settings, echo=lambda _: None)
-    first, second = _on_shard_zero(2)
-    client: MnemosClient = factories.sharded_client(settings)
-    source = settings.for_shard(0)
+    client, source, (first, second) = _moving(settings, 2)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         for tenant in (first, second):
             client.connections[0].xadd(source.turns_stream, {
@@ -186,10 +192,7 @@ def test_a_pending_replacement_a_pending_forget_covers_still_erases_the_value_it
     # forget half included, and the s2 value came back
     settings = cluster.settings
     b = cluster.database_urls[1]
-    migrate_shards(settings, echo=lambda _: None)
-    (tenant,) = _on_shard_zero(1)
-    client: MnemosClient = factories.sharded_client(settings)
-    source = settings.for_shard(0)
+    client, source, (tenant,) = _moving(settings, 1)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         client.publish_turn(factories.turn(tenant, "X", "the wifi password is pear", session="s2"))
         client.publish_turn(factories.turn(tenant, "Y", "my cat is called Pixel", session="s2"))
@@ -209,10 +212,7 @@ def test_a_message_committed_but_left_unacknowledged_is_not_applied_again_by_a_m
     # new entry id without its suppression score
     settings = cluster.settings
     b = cluster.database_urls[1]
-    migrate_shards(settings, echo=lambda _: None)
-    (tenant,) = _on_shard_zero(1)
-    client: MnemosClient = factories.sharded_client(settings)
-    source = settings.for_shard(0)
+    client, source, (tenant,) = _moving(settings, 1)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         worker = factories.ingest_worker(source, client.connections[0], store)
         client.publish_turn(factories.turn(tenant, "k", "the wifi password is pear"))
@@ -243,10 +243,7 @@ def test_a_pending_replacement_out_of_a_session_survives_a_pending_forget_of_tha
     # tombstoned its turn id, and the replacement was then dropped as forgotten
     settings = cluster.settings
     b = cluster.database_urls[1]
-    migrate_shards(settings, echo=lambda _: None)
-    (tenant,) = _on_shard_zero(1)
-    client: MnemosClient = factories.sharded_client(settings)
-    source = settings.for_shard(0)
+    client, source, (tenant,) = _moving(settings, 1)
     with PostgresStore(source.database_url, source.db_app_role) as store:
         client.publish_turn(factories.turn(tenant, "X", "the wifi password is pear", session="s2"))
         factories.drain(factories.ingest_worker(source, client.connections[0], store))
@@ -266,10 +263,7 @@ def test_a_pending_turn_a_session_forget_drops_sweeps_a_retry_stored_first(clust
     # stayed stored on the target, with the stored result that returned it
     settings = cluster.settings
     b = cluster.database_urls[1]
-    migrate_shards(settings, echo=lambda _: None)
-    (tenant,) = _on_shard_zero(1)
-    client: MnemosClient = factories.sharded_client(settings)
-    source = settings.for_shard(0)
+    client, source, (tenant,) = _moving(settings, 1)
     text = "my old address is 5 Rua Escura"
     with PostgresStore(source.database_url, source.db_app_role) as store:
         worker = factories.ingest_worker(source, client.connections[0], store)
@@ -280,12 +274,9 @@ def test_a_pending_turn_a_session_forget_drops_sweeps_a_retry_stored_first(clust
         client.publish_turn(factories.turn(tenant, "a", text, session="s2"))
         _handle_only_the_last(worker, "dead")
         assert _texts(cluster.database_urls[0], tenant)["a"] == text
-    job = Job.create("workers.query.jobs.retrieve", id=job_id_for(tenant, "r1", settings.stream_prefix), connection=client.connections[0],
-                     serializer=JSONSerializer)  # an answer of the source's query worker, naming the retry
-    Result.create(job, Result.Type.SUCCESSFUL, ttl=3600, return_value={
-        "tenant_id": tenant, "hits": [{"session_id": "s2", "turn_id": "a", "text": text}]})
+    answer = _source_answer(client, settings, tenant, [{"session_id": "s2", "turn_id": "a", "text": text}])
     report = move_tenant(settings, tenant, 1, echo=lambda _: None)
     assert (report.forgets, report.turns.moved) == (1, 0)
-    assert client.connections[0].xlen(Result.get_key(job.id)) == 0
+    assert client.connections[0].xlen(answer) == 0
     factories.drain_shard(settings, client, 1)
     assert _texts(b, tenant) == {"b": "my cat is called Pixel"}
