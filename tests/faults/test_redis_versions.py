@@ -44,7 +44,7 @@ def test_entries_of_a_dead_consumer_are_claimed(private_redis: redis.Redis) -> N
     ids = [private_redis.xadd("s:turns", {"n": str(i)}).decode() for i in range(3)]
     assert [m.stream_id for m in dead.read()] == ids  # read, never acknowledged
     alive = consumer(private_redis, "alive")
-    alive._replay_own = False
+    alive._replay_from = None  # no replay pass: nothing of its own is pending
     claimed = alive.read()
     assert [m.stream_id for m in claimed] == ids and all(m.claimed for m in claimed)
     alive.ack(ids)
@@ -60,7 +60,7 @@ def test_trimmed_pending_entries_are_reported_lost_not_crashed_on(private_redis:
     private_redis.xtrim("s:turns", maxlen=1, approximate=False)  # someone else trimmed pending entries
     alive = StreamConsumer(private_redis, "s:turns", "ingest", "alive", batch_size=10, block_ms=10,
                            claim_idle_ms=0, claim_interval_s=0.0, on_lost=lost.append)
-    alive._replay_own = False
+    alive._replay_from = None  # no replay pass: nothing of its own is pending
     claimed = alive.read()
     assert [m.stream_id for m in claimed] == ids[2:]
     alive.ack([m.stream_id for m in claimed])

@@ -53,3 +53,34 @@ def test_a_consumer_prunes_after_each_full_claim_scan(settings: Settings, redis_
     assert live.read() == []  # own pending list, then a claim scan over nothing, then a read
     assert live.read() == []
     assert set(_consumers(redis_client, stream)) == {"ingest-new-host-2"}
+
+
+def _delivered(connection: redis.Redis, stream: str) -> dict[str, int]:
+    return {(e["message_id"].decode() if isinstance(e["message_id"], bytes) else e["message_id"]): e["times_delivered"]
+            for e in connection.xpending_range(stream, "ingest", "-", "+", 100)}
+
+
+def test_a_replay_reads_each_entry_left_pending_once_then_new_entries(settings: Settings,
+                                                                      redis_client: redis.Redis) -> None:
+    """Break-it round 13: a restarted consumer whose handler leaves its own pending entries pending (a
+    tenant refused for its embedding version, or moving away) re-read them from ``0`` for ever: it never
+    read a new entry, and each re-read reset their idle time, so no other consumer could claim them."""
+    stream = settings.turns_stream
+    before = _consumer(redis_client, stream, "ingest-pod-1")
+    before.ensure_group()
+    left = [redis_client.xadd(stream, {"n": str(n)}).decode() for n in range(2)]
+    assert [m.stream_id for m in before.read()] == left[:1]  # batch_size 1: the claim scan, then one new entry
+    assert [m.stream_id for m in before.read()] == left[1:]
+    fresh = redis_client.xadd(stream, {"n": "new"}).decode()
+    restarted = _consumer(redis_client, stream, "ingest-pod-1")  # the same name: pid 1 in a container
+    assert [m.stream_id for m in restarted.read()] == left[:1]  # the replay pass, one batch at a time
+    assert [m.stream_id for m in restarted.read()] == left[1:]
+    assert [m.stream_id for m in restarted.read()] == [fresh]  # the pass is over: the new entry
+    assert restarted.read() == []
+    assert _delivered(redis_client, stream) == {left[0]: 2, left[1]: 2, fresh: 1}  # once by the pass
+    restarted.replay_pending()  # after a failed batch: one more pass over everything still pending
+    assert [m.stream_id for m in restarted.read()] == left[:1]
+    restarted.ack(left[:1])
+    assert [m.stream_id for m in restarted.read()] == left[1:]
+    assert [m.stream_id for m in restarted.read()] == [fresh]
+    assert restarted.read() == []

