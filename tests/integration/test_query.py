@@ -8,9 +8,11 @@ import pytest
 import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException
 
 from api.errors import InvalidInputError, NoQueryWorker, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
-from api.schemas import Outcome, RetrievalRequest, RetrievalResult
+from api.schemas import Outcome, RetrievalFilters, RetrievalRequest, RetrievalResult
+from mnemos.tenant_index import TenantIndex
 from tests.integration import factories
 from tests.support import JOB_TTLS
 from workers.query.worker import build_worker, retrieval_job
@@ -69,6 +71,34 @@ def test_index_refreshes_incrementally_by_memory_version(settings: Settings, red
     pixel = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=1)).hits[0]
     assert pixel.turn_id == "a0" and pixel.aliases == ("dup",)
     assert service.metrics.query_index_refreshes._value.get() == 2
+
+
+
+def test_an_extension_interrupted_half_way_is_rebuilt_not_kept(settings: Settings, redis_client: redis.Redis,
+                                                             store: PostgresStore,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Break-it round 13: rq's job timeout (SIGALRM) can interrupt a refresh anywhere; one that struck
+    after the new entries were added but before their aliases left the state at the new memory version
+    without the aliases (and with a stale last entry id) until the tenant's next write."""
+    text = "I adopted a grey cat named Pixel who loves the balcony"
+    factories.ingest_turns(settings, redis_client, store, [factories.turn("alice", "a1", text, session="A")])
+    service = factories.query_service(settings, redis_client, store)
+    service.answer(RetrievalRequest("alice", "grey cat", k=3))
+    factories.ingest_turns(settings, redis_client, store, [
+        factories.turn("alice", "b1", text, session="B", minutes=1),  # an alias of a1, in session B
+        factories.turn("alice", "b2", "My brother moved to Porto", session="B", minutes=2)])
+    add_aliases = TenantIndex.add_aliases
+
+    def timed_out(self: TenantIndex, *args: object, **kwargs: object) -> None:
+        monkeypatch.setattr(TenantIndex, "add_aliases", add_aliases)
+        raise JobTimeoutException("Task exceeded maximum timeout value")
+
+    monkeypatch.setattr(TenantIndex, "add_aliases", timed_out)
+    with pytest.raises(JobTimeoutException):
+        service.answer(RetrievalRequest("alice", "grey cat", k=3))
+    assert service.cache.get("alice") is None  # dropped, not kept half-extended
+    in_b = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5, filters=RetrievalFilters(session_ids=("B",))))
+    assert {h.turn_id for h in in_b.hits} == {"b1", "b2"}
 
 
 def test_rq_job_runs_in_the_simple_worker_with_json(settings: Settings, redis_client: redis.Redis,

@@ -12,7 +12,9 @@ post-rerank session feature reads it). Within one refresh the canonical turns jo
 aliases, so a session's centroid may differ from a fresh build's in the last float32 bit;
 rankings do not otherwise depend on how refreshes were cut. The worker is single-threaded, so no
 request reads an index while it is being extended; if an extension fails half-way the state is
-dropped and rebuilt from scratch on the next request (a fresh object swapped in whole).
+dropped and rebuilt from scratch (a fresh object swapped in whole): at once after a
+:class:`~mnemos.errors.MnemosError`, on the next request after any other exception (rq's job
+timeout interrupts a job anywhere), which propagates.
 
 The cache is an LRU bounded twice: at most ``max_tenants`` states (``MNEMOS_MAX_CACHED_TENANTS``)
 and at most ``max_bytes`` of estimated memory over all of them (``MNEMOS_INDEX_MEMORY_MB``; each
@@ -158,6 +160,9 @@ class TenantCache:
                 except MnemosError as exc:
                     log.warning("tenant index extension failed (%s); rebuilding", exc)
                     state = None
+                except BaseException:  # rq's job timeout (SIGALRM) or a bug, anywhere in the extension:
+                    self.evict(tenant_id)  # the state is half-extended; the next request rebuilds it
+                    raise
             if state is None:
                 state = TenantState(TenantIndex(tenant_id, self.dim, version=-1), forget_version=forget_version)
                 self._extend(tx, state, version)
