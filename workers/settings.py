@@ -18,7 +18,6 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from urllib.parse import parse_qs, urlsplit
 
 from api import sharding
 from api.validation import DEFAULT_K, Limits
@@ -29,6 +28,7 @@ from mnemos.suppression import DEFAULT_BOOTSTRAP_FACTOR, DEFAULT_CLUSTERS_K, DEF
 from workers.runtime.errors import SettingsError
 from workers.runtime.redaction import redact_url
 from workers.runtime.server_urls import check_database_url, check_redis_url
+from workers.runtime.settings_checks import check_operating_limits
 from workers.runtime.shard_map import ShardServers, map_text, parse_shard_map
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -250,7 +250,7 @@ class Settings:
         self._resolve_shard_map()
         check_redis_url(self.redis_url)
         check_database_url(self.database_url)
-        self._check_operating_limits()
+        check_operating_limits(self)
         if not self.stream_prefix or any(c.isspace() for c in self.stream_prefix):
             raise SettingsError(f"stream_prefix must be non-empty without spaces, got {self.stream_prefix!r}")
 
@@ -278,41 +278,6 @@ class Settings:
         """These settings as a process serving ``shard`` sees them (its servers' URLs)."""
         self.servers_of(shard)
         return self.replace(shard=shard)
-
-    def _check_operating_limits(self) -> None:
-        """Socket timeout above every blocking read, TLS settings that fit the URL, positive timeouts."""
-        timeout_s = self.redis_socket_timeout_s
-        url_timeout = parse_qs(urlsplit(self.redis_url).query).get("socket_timeout")
-        if url_timeout:  # redis-py lets the URL's own socket_timeout win over the client's argument
-            try:
-                timeout_s = float(url_timeout[-1])
-            except ValueError:
-                raise SettingsError(f"MNEMOS_REDIS_URL={redact_url(self.redis_url)!r} has a socket_timeout that is "
-                                    "not a number") from None
-        source = "the socket_timeout of MNEMOS_REDIS_URL" if url_timeout else "MNEMOS_REDIS_SOCKET_TIMEOUT_S"
-        if not (math.isfinite(timeout_s) and timeout_s > 0):
-            raise SettingsError(f"{source} must be a positive number of seconds, got {timeout_s}")
-        for what, blocking_s in ((f"MNEMOS_BLOCK_MS ({self.block_ms} ms, the stream workers' blocking read)",
-                                  self.block_ms / 1000),
-                                 (f"the query worker's dequeue wait ({self.dequeue_wait_s} s, a third of "
-                                  "MNEMOS_HEARTBEAT_TTL_S)", float(self.dequeue_wait_s))):
-            if timeout_s <= blocking_s:
-                raise SettingsError(f"{source} ({timeout_s:g} s) must exceed {what}: an idle blocking read "
-                                    "would otherwise time out as if Redis were down")
-        if self.redis_ca_file is not None and urlsplit(self.redis_url).scheme != "rediss":
-            raise SettingsError("MNEMOS_REDIS_CA_FILE is set but MNEMOS_REDIS_URL is not a rediss:// (TLS) URL")
-        if self.db_statement_timeout_s is not None and not (math.isfinite(self.db_statement_timeout_s)
-                                                            and self.db_statement_timeout_s > 0):
-            raise SettingsError(f"db_statement_timeout_s must be positive or none, got {self.db_statement_timeout_s}")
-        if not (math.isfinite(self.intermediate_grace_s) and self.intermediate_grace_s > 0):
-            raise SettingsError(f"intermediate_grace_s must be positive, got {self.intermediate_grace_s}")
-        if not (math.isfinite(self.move_wait_s) and self.move_wait_s >= 0):
-            raise SettingsError(f"move_wait_s must be a number of seconds >= 0, got {self.move_wait_s}")
-        if not (math.isfinite(self.mcp_ingest_wait_s) and self.mcp_ingest_wait_s >= 0):
-            raise SettingsError(f"mcp_ingest_wait_s must be a number of seconds >= 0, got {self.mcp_ingest_wait_s}")
-        for name in ("mcp_port", "mcp_metrics_port"):
-            if not 0 < getattr(self, name) < 65536:
-                raise SettingsError(f"{name} must be a TCP port (1..65535), got {getattr(self, name)}")
 
     # derived names -------------------------------------------------------------------------
     @property

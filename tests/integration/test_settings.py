@@ -85,6 +85,22 @@ def test_bad_values_are_refused(env: dict[str, str]) -> None:
         Settings.from_env(env)
 
 
+@pytest.mark.parametrize(("variable", "value"), [
+    ("MNEMOS_RESULT_TTL_S", "0"), ("MNEMOS_RESULT_TTL_S", "-5"), ("MNEMOS_JOB_TIMEOUT_S", "0"),
+    ("MNEMOS_JOB_TIMEOUT_S", "-2"), ("MNEMOS_RETRIEVE_TIMEOUT_S", "nan"), ("MNEMOS_RETRIEVE_TIMEOUT_S", "-1"),
+    ("MNEMOS_RETRIEVE_TIMEOUT_S", "inf"), ("MNEMOS_MAX_FUTURE_SKEW_S", "nan"), ("MNEMOS_MAX_FUTURE_SKEW_S", "-1"),
+    ("MNEMOS_CLAIM_IDLE_MS", "0"), ("MNEMOS_MAX_QUERY_BYTES", "0"), ("MNEMOS_MAX_ID_CHARS", "0"),
+    ("MNEMOS_MAX_METADATA_BYTES", "-1"), ("MNEMOS_SAMPLE_INTERVAL_S", "0"), ("MNEMOS_CLAIM_INTERVAL_S", "nan"),
+    ("MNEMOS_TRIM_INTERVAL_S", "-1"), ("MNEMOS_DEDUPE_THRESHOLD", "nan"), ("MNEMOS_DEDUPE_THRESHOLD", "1.5"),
+    ("MNEMOS_ALPHA", "nan"), ("MNEMOS_QUERY_METRICS_PORT", "0"), ("MNEMOS_RERANK_BATCH_SIZE", "0")])
+def test_operating_limits_that_would_break_every_request_stop_the_start(variable: str, value: str) -> None:
+    """Break-it round 12: these loaded without complaint, then failed every retrieval (a result kept
+    0 s, a NaN timeout) or switched a check off (a NaN future skew accepted any timestamp)."""
+    with pytest.raises(SettingsError, match=next(n for n, v in ENV_VARS.items() if v == variable)):
+        Settings.from_env({variable: value})
+    assert Settings.from_env({"MNEMOS_JOB_TIMEOUT_S": "-1"}).job_timeout_s == -1  # rq's "no timeout"
+
+
 def test_a_missing_cross_encoder_is_warned_when_the_reranker_is_loaded_not_when_settings_are_read(
         caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):

@@ -1,0 +1,84 @@
+"""The settings' operating limits: timeouts, intervals, sizes and ports a deployment sets, checked
+when :class:`workers.settings.Settings` is built, so a value that would break every request (a
+result kept 0 s, a NaN timeout) stops the process at start with one line naming the knob, instead
+of failing each retrieval later (found in a break-it session, 2026-12-07). The retrieval knobs
+are checked beside them in ``Settings.__post_init__`` and again by the core's own configs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
+
+from workers.runtime.errors import SettingsError
+from workers.runtime.redaction import redact_url
+
+if TYPE_CHECKING:
+    from workers.settings import Settings
+
+AT_LEAST_ONE = ("encoder_batch_size", "rerank_batch_size", "rerank_max_length", "fake_encoder_dim",
+                "max_query_bytes", "max_id_chars", "max_metadata_bytes", "claim_idle_ms", "result_ttl_s")
+"""Integer knobs that must be >= 1 (a size, a count, milliseconds, seconds)."""
+
+SECONDS_ABOVE_ZERO = ("intermediate_grace_s", "retrieve_timeout_s", "sample_interval_s")
+"""Second knobs that must be finite and > 0."""
+
+SECONDS_AT_LEAST_ZERO = ("move_wait_s", "mcp_ingest_wait_s", "max_future_skew_s", "claim_interval_s",
+                         "trim_interval_s")
+"""Second knobs that must be finite and >= 0 (0: at once, or no allowance)."""
+
+PORTS = ("mcp_port", "mcp_metrics_port", "ingest_metrics_port", "query_metrics_port", "suppression_metrics_port")
+
+
+def check_operating_limits(settings: Settings) -> None:
+    """Raise :class:`SettingsError` naming the first knob out of range: the Redis socket timeout
+    (the URL's own ``socket_timeout`` wins) above every blocking read, TLS settings that fit the URL,
+    the tables above, rq's job timeout (>= 1 s, or -1 for none) and the dedupe threshold (0, 1]."""
+    _check_socket_timeout(settings)
+    if settings.redis_ca_file is not None and urlsplit(settings.redis_url).scheme != "rediss":
+        raise SettingsError("MNEMOS_REDIS_CA_FILE is set but MNEMOS_REDIS_URL is not a rediss:// (TLS) URL")
+    statement_s = settings.db_statement_timeout_s
+    if statement_s is not None and not (math.isfinite(statement_s) and statement_s > 0):
+        raise SettingsError(f"db_statement_timeout_s must be positive or none, got {statement_s}")
+    for name in AT_LEAST_ONE:
+        if getattr(settings, name) < 1:
+            raise SettingsError(f"{name} must be >= 1, got {getattr(settings, name)}")
+    for names, strict in ((SECONDS_ABOVE_ZERO, True), (SECONDS_AT_LEAST_ZERO, False)):
+        for name in names:
+            value = getattr(settings, name)
+            if not (math.isfinite(value) and (value > 0 if strict else value >= 0)):
+                raise SettingsError(f"{name} must be a number of seconds {'>' if strict else '>='} 0, got {value}")
+    if settings.job_timeout_s < 1 and settings.job_timeout_s != -1:
+        raise SettingsError(f"job_timeout_s must be >= 1 (seconds) or -1 (no timeout), got {settings.job_timeout_s}")
+    if not 0.0 < settings.dedupe_threshold <= 1.0:  # False for NaN too
+        raise SettingsError(f"dedupe_threshold must be in (0, 1], got {settings.dedupe_threshold}")
+    if not math.isfinite(settings.alpha):
+        raise SettingsError(f"alpha must be finite, got {settings.alpha}")
+    for name in PORTS:
+        if not 0 < getattr(settings, name) < 65536:
+            raise SettingsError(f"{name} must be a TCP port (1..65535), got {getattr(settings, name)}")
+
+
+def _check_socket_timeout(settings: Settings) -> None:
+    timeout_s = settings.redis_socket_timeout_s
+    url_timeout = parse_qs(urlsplit(settings.redis_url).query).get("socket_timeout")
+    if url_timeout:  # redis-py lets the URL's own socket_timeout win over the client's argument
+        try:
+            timeout_s = float(url_timeout[-1])
+        except ValueError:
+            raise SettingsError(f"MNEMOS_REDIS_URL={redact_url(settings.redis_url)!r} has a socket_timeout that is "
+                                "not a number") from None
+    source = "the socket_timeout of MNEMOS_REDIS_URL" if url_timeout else "MNEMOS_REDIS_SOCKET_TIMEOUT_S"
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise SettingsError(f"{source} must be a positive number of seconds, got {timeout_s}")
+    for what, blocking_s in ((f"MNEMOS_BLOCK_MS ({settings.block_ms} ms, the stream workers' blocking read)",
+                              settings.block_ms / 1000),
+                             (f"the query worker's dequeue wait ({settings.dequeue_wait_s} s, a third of "
+                              "MNEMOS_HEARTBEAT_TTL_S)", float(settings.dequeue_wait_s))):
+        if timeout_s <= blocking_s:
+            raise SettingsError(f"{source} ({timeout_s:g} s) must exceed {what}: an idle blocking read "
+                                "would otherwise time out as if Redis were down")
+
+
+__all__ = ["check_operating_limits"]
