@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -60,7 +61,7 @@ from api.errors import (
 from api.forget import READD_FIELD, REPLACE_VALUE, ForgetRequest, ForgetScope
 from api.heartbeats import WorkerBeat, worker_beats
 from api.schemas import RetrievalRequest, RetrievalResult, Turn
-from api.validation import Limits
+from api.validation import Limits, check_wait
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ JOB_ID_PREFIX = "mnemos-"  # every retrieval's rq job id starts with it (job_id_
 DEFAULT_STREAM_PREFIX = "mnemos"  # MNEMOS_STREAM_PREFIX's default
 INGEST_GROUP = "ingest"  # the turns stream's consumer group (workers.ingest.worker.GROUP): it acknowledges after the commit
 T = TypeVar("T")
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 class _LimitsDefaultK:
@@ -125,7 +127,7 @@ class MnemosClient:
         self.shards = shards
         self.turns_stream = sharding.turns_stream(stream_prefix)  # unsharded: the only one; else see turns_stream_of
         self.limits = limits or Limits()
-        self.retrieve_timeout_s = retrieve_timeout_s
+        self.retrieve_timeout_s = check_wait(retrieve_timeout_s, "retrieve_timeout_s")
         self.job_timeout_s = job_timeout_s
         self.result_ttl_s = result_ttl_s
         self.clock = clock
@@ -298,7 +300,7 @@ class MnemosClient:
         if budget_tokens is not None:
             payload["budget_tokens"] = budget_tokens
         request = RetrievalRequest.parse(payload, self.limits)
-        timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
+        timeout = check_wait(self.retrieve_timeout_s if timeout_s is None else timeout_s, "timeout_s")
         job_id = job_id_for(request.tenant_id, request.request_id, self.stream_prefix)
         shard = self.shard_of(request.tenant_id)
         queue, connection = self.queues[shard], self.connections[shard]
@@ -340,7 +342,7 @@ class MnemosClient:
 
     def _catalog(self, values: Mapping[str, Any], timeout_s: float | None) -> CatalogResult:
         request = CatalogRequest.parse(values, self.limits)
-        timeout = self.retrieve_timeout_s if timeout_s is None else timeout_s
+        timeout = check_wait(self.retrieve_timeout_s if timeout_s is None else timeout_s, "timeout_s")
         shard = self.shard_of(request.tenant_id)
         queue = self.queues[shard]
 
@@ -369,11 +371,13 @@ class MnemosClient:
         """True once the ingest group has acknowledged message ``stream_id`` of ``tenant_id``'s turns
         stream (a value :meth:`publish_turn` or :meth:`forget` returned): an ingest worker committed
         it (stored the turn, applied the forget) or refused it as a dead letter, so the next retrieval
-        sees its effect. False while it waits or is being processed. Raises ServiceUnavailable.
+        sees its effect. False while it waits or is being processed. Raises ServiceUnavailable, or
+        InvalidInputError ``bad_id`` when ``stream_id`` is not an entry id (``<ms>-<seq>``).
 
         After the tenant moved to another shard, an id of the shard it left is followed to its copy
         there (:func:`api.sharding.moved_ids_key`); one the move did not carry (up to the floor it
         recorded) was committed or applied before it, or a forget covered it: True."""
+        stream_id = _entry_id(stream_id)
         shard = self.shard_of(tenant_id)
         stream = sharding.turns_stream(self.stream_prefix, shard, self.shards)
         connection = self.connections[shard]
@@ -398,8 +402,9 @@ class MnemosClient:
     def wait_acknowledged(self, tenant_id: str, stream_id: str, timeout_s: float,
                           poll_s: float = 0.01) -> bool:
         """Poll :meth:`acknowledged` every ``poll_s`` seconds until it holds (True) or ``timeout_s``
-        passed (False). Raises ServiceUnavailable."""
-        deadline = time.monotonic() + timeout_s
+        passed (False). Raises ServiceUnavailable; InvalidInputError for a bad id or ``timeout_s``
+        (:func:`api.validation.check_wait`)."""
+        deadline = time.monotonic() + check_wait(timeout_s, "timeout_s")
         while not self.acknowledged(tenant_id, stream_id):
             if time.monotonic() >= deadline:
                 return False
@@ -535,6 +540,14 @@ def _id_key(stream_id: str) -> tuple[int, int]:
     """A stream entry id (``<ms>-<seq>``) as a sortable pair."""
     millis, _, seq = stream_id.partition("-")
     return int(millis), int(seq or 0)
+
+
+def _entry_id(value: Any) -> str:
+    """``value`` if it is an id Redis gives an entry (``<ms>-<seq>``, above ``0-0``); else
+    InvalidInputError ``bad_id``."""
+    if not (isinstance(value, str) and _STREAM_ID.fullmatch(value) and _id_key(value) > (0, 0)):
+        raise InvalidInputError(Reason.BAD_ID, "stream_id", f"must be a stream entry id <ms>-<seq>, got {value!r}")
+    return value
 
 
 def _last_line(text: str) -> str:

@@ -32,6 +32,7 @@ class Reason(StrEnum):
     BAD_FILTER = "bad_filter"  # a retrieval filter: unknown key, wrong type, empty list, empty time range
     BAD_FORGET = "bad_forget"  # a forget event: unknown scope, or ids that do not fit its scope
     REQUEST_ID_REUSED = "request_id_reused"  # a tenant's request id already names another retrieval
+    BAD_TIMEOUT = "bad_timeout"  # a client call's wait: not a number of seconds in (0, MAX_WAIT_S]
     # worker side only
     TURN_ID_CONFLICT = "turn_id_conflict"  # same (tenant, turn_id) again with different content
     MALFORMED_MESSAGE = "malformed_message"  # not a turn at all (unparseable fields)

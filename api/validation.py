@@ -326,6 +326,7 @@ def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
         raise InvalidInputError(Reason.BAD_METADATA, "metadata", "nested too deeply") from None
     if "\\u0000" in encoded:
         raise InvalidInputError(Reason.CONTROL_CHARACTERS, "metadata", "contains NUL")
+    _check_string_keys(value)
     size = _utf8_size(encoded, "metadata")
     if size > limits.max_metadata_bytes:
         raise InvalidInputError(Reason.METADATA_TOO_LARGE, "metadata", f"{size} bytes, limit {limits.max_metadata_bytes}")
@@ -339,6 +340,23 @@ def check_metadata(value: Any, limits: Limits) -> dict[str, Any]:
     if SUPERSEDES_KEY in value:
         return {**value, SUPERSEDES_KEY: list(check_supersedes(value[SUPERSEDES_KEY], limits))}
     return value
+
+
+def _check_string_keys(value: dict[Any, Any]) -> None:
+    """Refuse an object key that is not a string anywhere in ``value`` (already JSON-serializable, so
+    acyclic): JSON turns 1, 1.0, True and None into text, so ``{1: "a", "1": "b"}`` went out as two
+    equal keys and came back with one value (break-it round 12)."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    raise InvalidInputError(Reason.BAD_METADATA, "metadata",
+                                            f"object keys must be strings, got {type(key).__name__} {key!r}")
+                stack.append(inner)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
 
 
 def check_supersedes(value: Any, limits: Limits) -> tuple[str, ...]:
@@ -356,6 +374,21 @@ def check_supersedes(value: Any, limits: Limits) -> tuple[str, ...]:
         except InvalidInputError as exc:
             raise InvalidInputError(Reason.BAD_METADATA, exc.field, exc.detail) from None
     return tuple(dict.fromkeys(ids))
+
+
+MAX_WAIT_S = 86_400.0
+"""The longest one client call may wait, in seconds (a day): Redis and rq take the lifetimes of the
+request-id claim and the queued job in whole seconds, and refuse one too large."""
+
+
+def check_wait(value: Any, field: str) -> float:
+    """A client call's wait: a number of seconds in (0, :data:`MAX_WAIT_S`]; NaN, infinities, bools
+    and text raise InvalidInputError ``bad_timeout`` (a NaN deadline never passes, and a huge or
+    negative one reached Redis as a key lifetime it refused, which read as Redis being down)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_WAIT_S:
+        raise InvalidInputError(Reason.BAD_TIMEOUT, field, f"must be a number of seconds in (0, {MAX_WAIT_S:g}], "
+                                                           f"got {value!r}")
+    return float(value)
 
 
 def check_k(value: Any, limits: Limits) -> int:

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterable
 from importlib import metadata
 from importlib.metadata import EntryPoint
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 import click
 
@@ -183,17 +183,22 @@ def _client(settings: Settings):
 
 
 @cli.command()
-@click.argument("source", type=click.File("r", encoding="utf-8"), default="-")
+@click.argument("source", type=click.File("rb"), default="-")
 @click.option("--tenant", default=None, help="tenant id for lines that have none")
 @click.option("--readd", is_flag=True, help="re-add turns a forget erased (else their ids are dropped)")
 @click.pass_context
-def publish(ctx: click.Context, source: TextIO, tenant: str | None, readd: bool) -> None:
+def publish(ctx: click.Context, source: BinaryIO, tenant: str | None, readd: bool) -> None:
     """Publish turns from a JSONL file (or stdin): one JSON object per line with the Turn fields."""
     from api.errors import InvalidInputError
 
     client = _client(_settings(ctx))
     turns = []
-    for number, line in enumerate(source, start=1):
+    for number, raw in enumerate(source, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:  # with its line number, as every other refusal
+            raise CommandFailed(f"nothing published: line {number}: not UTF-8 ({exc.reason} at byte {exc.start})",
+                                EXIT_MISCONFIGURED) from exc
         if not line.strip():
             continue
         try:
@@ -210,6 +215,9 @@ def publish(ctx: click.Context, source: TextIO, tenant: str | None, readd: bool)
         except InvalidInputError as exc:
             raise CommandFailed(f"nothing published: line {number}: {exc}", EXIT_MISCONFIGURED) from exc
         turns.append(turn)
+    if not turns:
+        click.echo("nothing published: the input holds no turns")
+        return
     try:
         ids = client.publish_turns(turns, readd=readd)
     except InvalidInputError as exc:

@@ -21,7 +21,8 @@ The mapping (the tenant is the constructor's, never an operation's):
   1,024 of them, a request's filter limit), best first, with the reranker's score; its items carry text,
   speaker and timestamp (a retrieval returns no metadata: ``get`` the item for its other fields). A
   memory deduplicated across namespaces is returned as its own item under the prefix, never as the
-  item of another namespace.
+  item of another namespace. Paging reaches the best ``MNEMOS_MAX_K`` (100) items: ``offset + limit``
+  past them raises ``NotImplementedError``, and ``limit`` 0 finds nothing.
 
 A value without a string ``text`` field raises ``ValueError`` (arbitrary JSON documents are not turns; the
 value is ``{"text": ..., "speaker"?: ..., "timestamp"?: ISO 8601, other keys kept as metadata}``). What
@@ -183,7 +184,13 @@ class MnemosStore(BaseStore):
                     f"MnemosStore searches at most {self.client.limits.max_filter_values} namespaces at once; "
                     f"{op.namespace_prefix!r} holds {len(sessions)}: search a narrower prefix")
             filters["session_ids"] = sorted(sessions)
-        k = min(op.limit + op.offset, self.client.limits.max_k)
+        if op.limit <= 0:
+            return []
+        k = op.offset + op.limit
+        if op.offset < 0 or k > self.client.limits.max_k:  # hits past the cap were cut silently before
+            raise NotImplementedError(
+                f"MnemosStore ranks the best {self.client.limits.max_k} items of a search (MNEMOS_MAX_K); "
+                f"offset {op.offset} + limit {op.limit} reaches past them: search with a narrower query or prefix")
         result = self.client.retrieve(self.tenant_id, op.query, k=k, filters=filters or None)
         return [self._search_item(hit, record) for hit, record in self._in_prefix(result.hits[op.offset:], sessions)]
 

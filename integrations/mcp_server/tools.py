@@ -30,7 +30,7 @@ from api.errors import (
     ServiceUnavailable,
 )
 from api.packets import Packet
-from api.validation import DEFAULT_K
+from api.validation import DEFAULT_K, check_id
 
 DEFAULT_SPEAKER = "user"
 _ARGUMENTS = {"role": "speaker", "occurred_at": "timestamp", "filters.session_ids": "session_id",
@@ -107,7 +107,7 @@ def sentence(exc: Exception) -> str | None:
     if isinstance(exc, InvalidInputError):
         argument = argument_of(exc.field)
         if exc.reason in _TOO_LARGE:
-            return f"The {argument} is too large ({exc.detail} UTF-8 bytes): shorten it or split it into several."
+            return f"The {argument} is too large ({exc.detail}, in UTF-8): shorten it or split it into several."
         return f"Invalid {argument}: {exc.detail.rstrip('.')} ({exc.reason.value})."
     if isinstance(exc, NoQueryWorker):
         return "No query worker of the memory service is running, so nothing can be recalled now; try again later."
@@ -205,7 +205,8 @@ class MemoryTools:
                     raise ToolError(f"No stored memory has turn id {turn_id!r}; nothing was forgotten.")
                 removed, ids = 1, [turn_id]
                 stream_id = self.client.forget(tenant_id, turn_ids=[turn_id])
-            else:
+            else:  # an invalid id is named as such, not looked for and repeated whole (break-it round 12)
+                session_id = check_id(session_id, "session_id", self.client.limits)
                 found = [s for s in self.client.sessions(tenant_id) if s.session_id == session_id]
                 if not found:
                     raise ToolError(f"No stored session has id {session_id!r}; nothing was forgotten.")

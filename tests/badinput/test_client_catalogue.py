@@ -274,6 +274,13 @@ def test_metadata_with_nul(client: MnemosClient, value: Any) -> None:
     assert refused(client, metadata=value).reason is Reason.CONTROL_CHARACTERS
 
 
+@pytest.mark.parametrize("value", [{1: "a", "1": "b"}, {"d": {None: 1}}, {"l": [{True: "x"}]}, {"n": {2.5: "x"}}])
+def test_metadata_keys_that_are_not_strings(client: MnemosClient, value: Any) -> None:
+    # break-it round 12: JSON turned them into text, so {1: "a", "1": "b"} came back as {"1": "b"}
+    exc = refused(client, metadata=value)
+    assert exc.reason is Reason.BAD_METADATA and "keys must be strings" in exc.detail
+
+
 def test_metadata_that_is_not_serializable(client: MnemosClient) -> None:
     assert refused(client, metadata={"when": datetime(2024, 1, 1)}).reason is Reason.BAD_METADATA
 
@@ -366,3 +373,33 @@ def test_a_lone_string_of_turn_ids_is_refused_not_split_into_characters(client: 
     assert info.value.field == "turn_ids"
     with pytest.raises(ServiceUnavailable):  # the control: a list of the same id would be sent
         client.forget("t1", turn_ids=["u1"])
+
+
+# --- waits and stream ids ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("timeout_s", [float("nan"), float("inf"), 0, -1.0, -1e6, 1e300, True, "10"])
+@pytest.mark.parametrize("call", [lambda c, t: c.retrieve("t1", "where is Pixel", timeout_s=t),
+                                  lambda c, t: c.sessions("t1", timeout_s=t),
+                                  lambda c, t: c.wait_acknowledged("t1", "1-0", t)])
+def test_a_wait_that_is_not_a_number_of_seconds_is_refused(client: MnemosClient, call: Any, timeout_s: Any) -> None:
+    # break-it round 12: NaN waited for ever, inf and NaN raised untyped errors, and a huge or negative
+    # wait reached Redis as a key lifetime it refused, reported as ServiceUnavailable
+    with pytest.raises(InvalidInputError) as info:
+        call(client, timeout_s)
+    assert info.value.reason is Reason.BAD_TIMEOUT and info.value.field == "timeout_s"
+
+
+def test_a_sane_wait_and_a_stream_entry_id_reach_the_network(client: MnemosClient) -> None:
+    # the control of the two tests around it (once: each unreachable call takes seconds of retries)
+    with pytest.raises(ServiceUnavailable):
+        client.retrieve("t1", "where is Pixel", timeout_s=0.5)
+    with pytest.raises(ServiceUnavailable):
+        client.acknowledged("t1", "1717243200000-0")
+
+
+@pytest.mark.parametrize("stream_id", ["garbage", "", "-1", "0-0", "1-2-3", " 1-0", None, 17])
+def test_acknowledged_refuses_what_is_not_a_stream_entry_id(client: MnemosClient, stream_id: Any) -> None:
+    # break-it round 12: these raised a bare ValueError, and "0-0" read as acknowledged
+    with pytest.raises(InvalidInputError) as info:
+        client.acknowledged("t1", stream_id)
+    assert info.value.reason is Reason.BAD_ID and info.value.field == "stream_id"

@@ -169,6 +169,21 @@ def test_a_bad_publish_line_is_refused_with_its_line_number_and_exit_2(settings:
     assert (redis_client.xlen(settings.turns_stream) if redis_client.exists(settings.turns_stream) else 0) == before
 
 
+def test_a_line_that_is_not_utf8_is_refused_with_its_number_and_empty_input_says_so(
+        settings: Settings, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """Break-it round 12: invalid UTF-8 ended as an internal UnicodeDecodeError with exit 1 (a
+    service failure), and an empty input printed "published 0 turns to ;"."""
+    source = tmp_path / "turns.jsonl"
+    source.write_bytes(GOOD_LINE.encode() + GOOD_LINE.replace('"hi"', '"caf\\u00e9"').encode()
+                       + b'{"text": "caf\xe9"}\n')
+    out = _mnemos(settings, "publish", str(source))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert _one_error(out).startswith("Error: nothing published: line 3: not UTF-8")
+    assert not redis_client.exists(settings.turns_stream)
+    empty = _mnemos(settings, "publish", stdin="\n")
+    assert empty.returncode == 0 and empty.stdout.strip() == "nothing published: the input holds no turns"
+
+
 @pytest.mark.parametrize(("variable", "value"), [
     ("MNEMOS_REDIS_URL", f"redis//:{SECRET}@127.0.0.1/0"),
     ("MNEMOS_REDIS_URL", f"redis://:{SECRET}@127.0.0.1:six/0"),

@@ -86,9 +86,12 @@ def test_store_put_get_search_delete_and_its_limits(client: MnemosClient) -> Non
     for call, reason in ((lambda: store.search(("memories",)), "query="),
                          (lambda: store.search(("memories",), query="x", filter={"source": "intake"}), "speaker"),
                          (lambda: store.list_namespaces(prefix=("memories",)), "not supported"),
-                         (lambda: store.put(namespace, "k3", {"text": "x"}, ttl=5), "TTL")):
+                         (lambda: store.put(namespace, "k3", {"text": "x"}, ttl=5), "TTL"),
+                         # break-it round 12: hits past MNEMOS_MAX_K were cut silently, and limit 0 named "k"
+                         (lambda: store.search(("memories",), query="x", offset=95, limit=10), "MNEMOS_MAX_K")):
         with pytest.raises(NotImplementedError, match=reason):
             call()
+    assert store.search(("memories",), query="peanut allergy", limit=0) == []
     assert MnemosStore(client, "alice").get(("memories", "other"), "k1") is None  # another tenant's item
 
 

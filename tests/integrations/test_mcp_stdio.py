@@ -81,6 +81,9 @@ def test_bad_arguments_and_empty_memory_are_tool_errors_and_the_server_keeps_ser
             assert unknown.startswith("Unknown argument top_k: recall takes ") and "k, " in unknown
             assert (await tool_error(client, "recall", query="x", k=0)).startswith("Invalid k: ")  # no SDK prefix
             assert (await tool_error(client, "forget", turn_id="x" * 300)).startswith("Invalid turn_id: ")
+            # break-it round 12: an invalid session id was looked for, and repeated whole as "not stored"
+            assert (await tool_error(client, "forget", session_id="x" * 300)).startswith("Invalid session_id: ")
+            assert "(65 bytes, limit 64, in UTF-8)" in await tool_error(client, "remember", text="x" * 65)
             assert "Invalid as_of" in await tool_error(client, "recall", query="x", as_of="yesterday")
             assert "exactly one" in await tool_error(client, "forget")
             assert "exactly one" in await tool_error(client, "forget", turn_id="a", session_id="b")

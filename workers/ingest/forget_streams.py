@@ -240,7 +240,9 @@ def erase_results(connection: redis.Redis, request: ForgetRequest, entry_ids: It
     those of the default prefix's form. The last are this deployment's results stored before job ids
     named their deployment (2026-12-07), or a default-prefix deployment's sharing the database: they
     are erased by the turns and sessions they show only, never by entry id (another database numbers
-    its entries alike; break-it session, round 10).
+    its entries alike; break-it session, round 10). A job enqueued past the client under an id that
+    does not start with ``mnemos-`` (rq's default uuid) is not read: its result keeps a forgotten
+    turn until ``MNEMOS_RESULT_TTL_S`` (docs/architecture.md "Forget", its limits).
     """
     erased = frozenset(entry_ids)
     deleted = sum(_erase_result(connection, job_id, request, erased if kind != "unscoped" else frozenset())
