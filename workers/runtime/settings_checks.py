@@ -8,18 +8,16 @@ are checked beside them in ``Settings.__post_init__`` and again by the core's ow
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from workers.runtime.errors import SettingsError
 from workers.runtime.redaction import redact_url
 
-if TYPE_CHECKING:
-    from workers.settings import Settings
-
-AT_LEAST_ONE = ("encoder_batch_size", "rerank_batch_size", "rerank_max_length", "fake_encoder_dim",
-                "max_query_bytes", "max_id_chars", "max_metadata_bytes", "claim_idle_ms", "result_ttl_s")
-"""Integer knobs that must be >= 1 (a size, a count, milliseconds, seconds)."""
+INT_MINIMUMS = {"encoder_batch_size": 1, "rerank_batch_size": 1, "rerank_max_length": 1, "fake_encoder_dim": 1,
+                "max_query_bytes": 1, "max_id_chars": 1, "max_metadata_bytes": 1, "result_ttl_s": 1,
+                "claim_idle_ms": 0}
+"""Integer knobs and their least value (a size, a count, seconds; ``claim_idle_ms`` 0 claims at once)."""
 
 SECONDS_ABOVE_ZERO = ("intermediate_grace_s", "retrieve_timeout_s", "sample_interval_s")
 """Second knobs that must be finite and > 0."""
@@ -31,8 +29,9 @@ SECONDS_AT_LEAST_ZERO = ("move_wait_s", "mcp_ingest_wait_s", "max_future_skew_s"
 PORTS = ("mcp_port", "mcp_metrics_port", "ingest_metrics_port", "query_metrics_port", "suppression_metrics_port")
 
 
-def check_operating_limits(settings: Settings) -> None:
-    """Raise :class:`SettingsError` naming the first knob out of range: the Redis socket timeout
+def check_operating_limits(settings: Any) -> None:
+    """Raise :class:`SettingsError` naming the first knob of ``settings`` (a :class:`workers.settings.Settings`,
+    not imported here: it calls this) out of range: the Redis socket timeout
     (the URL's own ``socket_timeout`` wins) above every blocking read, TLS settings that fit the URL,
     the tables above, rq's job timeout (>= 1 s, or -1 for none) and the dedupe threshold (0, 1]."""
     _check_socket_timeout(settings)
@@ -41,9 +40,9 @@ def check_operating_limits(settings: Settings) -> None:
     statement_s = settings.db_statement_timeout_s
     if statement_s is not None and not (math.isfinite(statement_s) and statement_s > 0):
         raise SettingsError(f"db_statement_timeout_s must be positive or none, got {statement_s}")
-    for name in AT_LEAST_ONE:
-        if getattr(settings, name) < 1:
-            raise SettingsError(f"{name} must be >= 1, got {getattr(settings, name)}")
+    for name, least in INT_MINIMUMS.items():
+        if getattr(settings, name) < least:
+            raise SettingsError(f"{name} must be >= {least}, got {getattr(settings, name)}")
     for names, strict in ((SECONDS_ABOVE_ZERO, True), (SECONDS_AT_LEAST_ZERO, False)):
         for name in names:
             value = getattr(settings, name)
@@ -60,7 +59,7 @@ def check_operating_limits(settings: Settings) -> None:
             raise SettingsError(f"{name} must be a TCP port (1..65535), got {getattr(settings, name)}")
 
 
-def _check_socket_timeout(settings: Settings) -> None:
+def _check_socket_timeout(settings: Any) -> None:
     timeout_s = settings.redis_socket_timeout_s
     url_timeout = parse_qs(urlsplit(settings.redis_url).query).get("socket_timeout")
     if url_timeout:  # redis-py lets the URL's own socket_timeout win over the client's argument
