@@ -9,6 +9,8 @@ and servers, so it is refused rather than guessed) and are converted to UTC.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -382,13 +384,21 @@ request-id claim and the queued job in whole seconds, and refuse one too large."
 
 
 def check_wait(value: Any, field: str) -> float:
-    """A client call's wait: a number of seconds in (0, :data:`MAX_WAIT_S`]; NaN, infinities, bools
-    and text raise InvalidInputError ``bad_timeout`` (a NaN deadline never passes, and a huge or
-    negative one reached Redis as a key lifetime it refused, which read as Redis being down)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_WAIT_S:
+    """A client call's wait: a real number of seconds (numpy's too) in (0, :data:`MAX_WAIT_S`]; NaN,
+    infinities, bools, Decimal and text raise InvalidInputError ``bad_timeout`` (a NaN deadline never
+    passes, and a huge or negative one reached Redis as a key lifetime it refused, which read as
+    Redis being down)."""
+    seconds = math.nan if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+    if not 0 < seconds <= MAX_WAIT_S:
         raise InvalidInputError(Reason.BAD_TIMEOUT, field, f"must be a number of seconds in (0, {MAX_WAIT_S:g}], "
                                                            f"got {value!r}")
-    return float(value)
+    return seconds
+
+
+def check_wait_or_none(value: Any, field: str) -> float:
+    """:func:`check_wait`, or 0 (no wait at all), for a wait that follows something already sent:
+    checked when the waiting object is built, never after the send (break-it round 14)."""
+    return 0.0 if value == 0 and not isinstance(value, bool) else check_wait(value, field)
 
 
 def check_k(value: Any, limits: Limits) -> int:

@@ -193,7 +193,8 @@ def publish(ctx: click.Context, source: BinaryIO, tenant: str | None, readd: boo
 
     client = _client(_settings(ctx))
     turns = []
-    for number, raw in enumerate(source, start=1):
+    data = source.read().removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
+    for number, raw in enumerate(data.splitlines(), start=1):  # \n, \r\n or \r, as text mode read them
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:  # with its line number, as every other refusal

@@ -57,6 +57,7 @@ from langgraph.store.base import (
 from api.catalog import TurnRecord
 from api.client import MnemosClient
 from api.schemas import Hit
+from api.validation import check_wait_or_none
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ class MnemosStore(BaseStore):
         tenant_id: the tenant every operation acts for.
         text_key: the value field that holds an item's text.
         default_speaker: the speaker of an item without ``speaker``.
-        ingest_wait_s: how long put and delete wait for the ingest worker's commit (0: not at all).
+        ingest_wait_s: how long put and delete wait for the ingest worker's commit (0: not at all;
+            else in (0, 86400] s, or InvalidInputError ``bad_timeout`` here).
     """
 
     supports_ttl = False
@@ -100,7 +102,7 @@ class MnemosStore(BaseStore):
         self.tenant_id = tenant_id
         self.text_key = text_key
         self.default_speaker = default_speaker
-        self.ingest_wait_s = ingest_wait_s
+        self.ingest_wait_s = check_wait_or_none(ingest_wait_s, "ingest_wait_s")  # before any put is sent
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Run ``ops`` in order (each its own call through the client). Raises InvalidNamespaceError,

@@ -30,7 +30,7 @@ from api.errors import (
     ServiceUnavailable,
 )
 from api.packets import Packet
-from api.validation import DEFAULT_K, check_id
+from api.validation import DEFAULT_K, check_id, check_wait_or_none
 
 DEFAULT_SPEAKER = "user"
 _ARGUMENTS = {"role": "speaker", "occurred_at": "timestamp", "filters.session_ids": "session_id",
@@ -140,7 +140,8 @@ class MemoryTools:
 
     Args:
         client: the deployment's client.
-        ingest_wait_s: how long remember and forget wait for the ingest worker's commit (0: not at all).
+        ingest_wait_s: how long remember and forget wait for the ingest worker's commit (0: not at all;
+            else in (0, 86400] s, or InvalidInputError ``bad_timeout`` here).
         default_k: hits a recall without ``k`` returns.
         clock: the time a remember without ``timestamp`` is stamped with.
     """
@@ -148,7 +149,7 @@ class MemoryTools:
     def __init__(self, client: MnemosClient, *, ingest_wait_s: float = 10.0, default_k: int = DEFAULT_K,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.client = client
-        self.ingest_wait_s = ingest_wait_s
+        self.ingest_wait_s = check_wait_or_none(ingest_wait_s, "ingest_wait_s")  # before any publish
         self.default_k = default_k
         self.clock = clock
 

@@ -182,6 +182,10 @@ def test_a_line_that_is_not_utf8_is_refused_with_its_number_and_empty_input_says
     assert not redis_client.exists(settings.turns_stream)
     empty = _mnemos(settings, "publish", stdin="\n")
     assert empty.returncode == 0 and empty.stdout.strip() == "nothing published: the input holds no turns"
+    # break-it round 14: reading bytes lost text mode's lone-CR line ends; a byte order mark is skipped
+    source.write_bytes(b"\xef\xbb\xbf" + GOOD_LINE.replace("\n", "\r").encode() * 2)
+    both = _mnemos(settings, "publish", str(source))
+    assert both.returncode == 0 and both.stdout.startswith("published 2 turns"), both.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("variable", "value"), [

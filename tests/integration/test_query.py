@@ -12,6 +12,7 @@ from rq.timeouts import JobTimeoutException
 
 from api.errors import InvalidInputError, NoQueryWorker, RetrievalFailed, RetrievalTimeout, ServiceUnavailable
 from api.schemas import Outcome, RetrievalFilters, RetrievalRequest, RetrievalResult
+from mnemos.errors import UnknownEntryError
 from mnemos.tenant_index import TenantIndex
 from tests.integration import factories
 from tests.support import JOB_TTLS
@@ -74,12 +75,16 @@ def test_index_refreshes_incrementally_by_memory_version(settings: Settings, red
 
 
 
+@pytest.mark.parametrize(("error", "times"), [
+    (JobTimeoutException("Task exceeded maximum timeout value"), 1),  # the extension, once
+    (UnknownEntryError("alice", 7), 2)])  # the extension, then the rebuild it falls back to (break-it round 14)
 def test_an_extension_interrupted_half_way_is_rebuilt_not_kept(settings: Settings, redis_client: redis.Redis,
-                                                             store: PostgresStore,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Break-it round 13: rq's job timeout (SIGALRM) can interrupt a refresh anywhere; one that struck
-    after the new entries were added but before their aliases left the state at the new memory version
-    without the aliases (and with a stale last entry id) until the tenant's next write."""
+                                                             store: PostgresStore, monkeypatch: pytest.MonkeyPatch,
+                                                             error: Exception, times: int) -> None:
+    """Break-it rounds 13 and 14: rq's job timeout (SIGALRM) can interrupt a refresh anywhere; one that
+    struck after the new entries were added but before their aliases left the state at the new memory
+    version without the aliases (and with a stale last entry id) until the tenant's next write. So did
+    a service error whose fallback rebuild failed as well."""
     text = "I adopted a grey cat named Pixel who loves the balcony"
     factories.ingest_turns(settings, redis_client, store, [factories.turn("alice", "a1", text, session="A")])
     service = factories.query_service(settings, redis_client, store)
@@ -87,16 +92,18 @@ def test_an_extension_interrupted_half_way_is_rebuilt_not_kept(settings: Setting
     factories.ingest_turns(settings, redis_client, store, [
         factories.turn("alice", "b1", text, session="B", minutes=1),  # an alias of a1, in session B
         factories.turn("alice", "b2", "My brother moved to Porto", session="B", minutes=2)])
-    add_aliases = TenantIndex.add_aliases
+    add_aliases, raised = TenantIndex.add_aliases, []
 
-    def timed_out(self: TenantIndex, *args: object, **kwargs: object) -> None:
-        monkeypatch.setattr(TenantIndex, "add_aliases", add_aliases)
-        raise JobTimeoutException("Task exceeded maximum timeout value")
+    def failing(self: TenantIndex, *args: object, **kwargs: object) -> None:
+        raised.append(error)
+        if len(raised) == times:
+            monkeypatch.setattr(TenantIndex, "add_aliases", add_aliases)
+        raise error
 
-    monkeypatch.setattr(TenantIndex, "add_aliases", timed_out)
-    with pytest.raises(JobTimeoutException):
+    monkeypatch.setattr(TenantIndex, "add_aliases", failing)
+    with pytest.raises(type(error)):
         service.answer(RetrievalRequest("alice", "grey cat", k=3))
-    assert service.cache.get("alice") is None  # dropped, not kept half-extended
+    assert len(raised) == times and service.cache.get("alice") is None  # dropped, not kept half-extended
     in_b = service.answer(RetrievalRequest("alice", "grey cat Pixel", k=5, filters=RetrievalFilters(session_ids=("B",))))
     assert {h.turn_id for h in in_b.hits} == {"b1", "b2"}
 

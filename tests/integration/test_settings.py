@@ -92,7 +92,9 @@ def test_bad_values_are_refused(env: dict[str, str]) -> None:
     ("MNEMOS_CLAIM_IDLE_MS", "-1"), ("MNEMOS_MAX_QUERY_BYTES", "0"), ("MNEMOS_MAX_ID_CHARS", "0"),
     ("MNEMOS_MAX_METADATA_BYTES", "-1"), ("MNEMOS_SAMPLE_INTERVAL_S", "0"), ("MNEMOS_CLAIM_INTERVAL_S", "nan"),
     ("MNEMOS_TRIM_INTERVAL_S", "-1"), ("MNEMOS_DEDUPE_THRESHOLD", "nan"), ("MNEMOS_DEDUPE_THRESHOLD", "1.5"),
-    ("MNEMOS_ALPHA", "nan"), ("MNEMOS_QUERY_METRICS_PORT", "0"), ("MNEMOS_RERANK_BATCH_SIZE", "0")])
+    ("MNEMOS_ALPHA", "nan"), ("MNEMOS_QUERY_METRICS_PORT", "0"), ("MNEMOS_RERANK_BATCH_SIZE", "0"),
+    # break-it round 14: a block of 0 ms blocks for ever; a client wait over a day the client refuses
+    ("MNEMOS_BLOCK_MS", "0"), ("MNEMOS_RETRIEVE_TIMEOUT_S", "100000"), ("MNEMOS_MCP_INGEST_WAIT_S", "100000")])
 def test_operating_limits_that_would_break_every_request_stop_the_start(variable: str, value: str) -> None:
     """Break-it round 12: these loaded without complaint, then failed every retrieval (a result kept
     0 s, a NaN timeout) or switched a check off (a NaN future skew accepted any timestamp)."""

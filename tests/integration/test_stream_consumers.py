@@ -84,3 +84,19 @@ def test_a_replay_reads_each_entry_left_pending_once_then_new_entries(settings: 
     assert [m.stream_id for m in restarted.read()] == left[1:]
     assert [m.stream_id for m in restarted.read()] == [fresh]
     assert restarted.read() == []
+
+
+def test_claims_and_new_entries_alternate_so_an_entry_left_pending_starves_nothing(
+        settings: Settings, redis_client: redis.Redis) -> None:
+    """Break-it round 14: with claim_idle_ms 0 and no claim interval, the consumer claimed back an entry
+    its handler leaves pending on every read, and never read a new one."""
+    stream = settings.turns_stream
+    eager = StreamConsumer(redis_client, stream, "ingest", "ingest-pod-1", batch_size=1, block_ms=10,
+                           claim_idle_ms=0, claim_interval_s=0)
+    eager.ensure_group()
+    left = redis_client.xadd(stream, {"n": "left"}).decode()
+    assert [m.stream_id for m in eager.read()] == [left]  # its own replay pass (nothing), a claim (nothing), new
+    fresh = [redis_client.xadd(stream, {"n": str(n)}).decode() for n in range(2)]
+    read = [[m.stream_id for m in eager.read()] for _ in range(4)]
+    assert read == [[left], fresh[:1], [left], fresh[1:]]  # claimed back, then a new entry, in turn
+    assert _delivered(redis_client, stream)[left] == 3

@@ -64,3 +64,19 @@ def test_a_write_no_ingest_worker_commits_in_time_is_logged(caplog: pytest.LogCa
     with caplog.at_level(logging.WARNING, logger="integrations.langchain.store"):
         committed.put(("notes",), "k", {"text": "a new note"})
     assert caplog.messages == []
+
+
+@pytest.mark.parametrize("wait", [1e6, float("nan"), -1.0, True])
+def test_an_ingest_wait_out_of_range_is_refused_before_anything_is_sent(wait: Any) -> None:
+    # break-it round 14: a wait over a day passed, then the put was published and reported invalid
+    from api.errors import InvalidInputError, Reason
+    from integrations.mcp_server.tools import MemoryTools
+
+    client = _Client(acknowledged=True)
+    for build in (lambda: MnemosStore(client, "t1", ingest_wait_s=wait),  # type: ignore[arg-type]
+                  lambda: MemoryTools(client, ingest_wait_s=wait)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError) as info:
+            build()
+        assert info.value.reason is Reason.BAD_TIMEOUT and info.value.field == "ingest_wait_s"
+    assert client.sent == []
+    assert MnemosStore(client, "t1", ingest_wait_s=0).ingest_wait_s == 0  # type: ignore[arg-type]

@@ -154,18 +154,19 @@ class TenantCache:
             state = None  # entries were deleted or promoted: rebuild
         if state is None or state.index.version != version:
             refreshed = True
-            if state is not None:
-                try:
+            try:
+                if state is not None:
+                    try:
+                        self._extend(tx, state, version)
+                    except MnemosError as exc:
+                        log.warning("tenant index extension failed (%s); rebuilding", exc)
+                        state = None
+                if state is None:
+                    state = TenantState(TenantIndex(tenant_id, self.dim, version=-1), forget_version=forget_version)
                     self._extend(tx, state, version)
-                except MnemosError as exc:
-                    log.warning("tenant index extension failed (%s); rebuilding", exc)
-                    state = None
-                except BaseException:  # rq's job timeout (SIGALRM) or a bug, anywhere in the extension:
-                    self.evict(tenant_id)  # the state is half-extended; the next request rebuilds it
-                    raise
-            if state is None:
-                state = TenantState(TenantIndex(tenant_id, self.dim, version=-1), forget_version=forget_version)
-                self._extend(tx, state, version)
+            except BaseException:  # rq's job timeout (SIGALRM), a bug, or the rebuild failing too: the cached
+                self.evict(tenant_id)  # state may be half-extended; the next request builds a fresh one
+                raise
         if old is not None and old is not state:
             self._dropped(old, state)
         if state is old:

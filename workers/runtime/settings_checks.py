@@ -11,13 +11,19 @@ import math
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from api.validation import MAX_WAIT_S
 from workers.runtime.errors import SettingsError
 from workers.runtime.redaction import redact_url
 
 INT_MINIMUMS = {"encoder_batch_size": 1, "rerank_batch_size": 1, "rerank_max_length": 1, "fake_encoder_dim": 1,
                 "max_query_bytes": 1, "max_id_chars": 1, "max_metadata_bytes": 1, "result_ttl_s": 1,
-                "claim_idle_ms": 0}
-"""Integer knobs and their least value (a size, a count, seconds; ``claim_idle_ms`` 0 claims at once)."""
+                "block_ms": 1, "claim_idle_ms": 0}
+"""Integer knobs and their least value (a size, a count, seconds; ``claim_idle_ms`` 0 claims at once).
+``result_ttl_s`` has no "keep for ever" (rq's -1): stored results hold turn text. ``block_ms`` 0
+would block for ever (Redis), so every idle read would end at the socket timeout as if Redis were down."""
+
+CLIENT_WAITS = ("retrieve_timeout_s", "mcp_ingest_wait_s")
+"""Waits a client call makes, at most :data:`api.validation.MAX_WAIT_S` (the client refuses longer)."""
 
 SECONDS_ABOVE_ZERO = ("intermediate_grace_s", "retrieve_timeout_s", "sample_interval_s")
 """Second knobs that must be finite and > 0."""
@@ -48,6 +54,10 @@ def check_operating_limits(settings: Any) -> None:
             value = getattr(settings, name)
             if not (math.isfinite(value) and (value > 0 if strict else value >= 0)):
                 raise SettingsError(f"{name} must be a number of seconds {'>' if strict else '>='} 0, got {value}")
+    for name in CLIENT_WAITS:
+        if getattr(settings, name) > MAX_WAIT_S:
+            raise SettingsError(f"{name} must be at most {MAX_WAIT_S:g} s (a client call's longest wait), "
+                                f"got {getattr(settings, name)}")
     if settings.job_timeout_s < 1 and settings.job_timeout_s != -1:
         raise SettingsError(f"job_timeout_s must be >= 1 (seconds) or -1 (no timeout), got {settings.job_timeout_s}")
     if not 0.0 < settings.dedupe_threshold <= 1.0:  # False for NaN too

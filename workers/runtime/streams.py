@@ -10,7 +10,8 @@ At-least-once delivery with acknowledgement after the handler's commit:
   ever, read nothing new and keep resetting its idle time, so no other consumer could claim it
   (break-it round 13);
 * every ``claim_interval_s`` it claims entries idle longer than ``claim_idle_ms`` from dead or
-  paused consumers (``XAUTOCLAIM``); that idle time must exceed the slowest legitimate batch,
+  paused consumers (``XAUTOCLAIM``), never on two reads in a row without a read of new entries
+  between them (without waiting for any); that idle time must exceed the slowest legitimate batch,
   or a paused consumer and the claimer both process the same entries (handlers are idempotent
   anyway: the cost is work, not correctness);
 * after each full ``XAUTOCLAIM`` scan it removes the names of consumers with nothing pending and
@@ -105,6 +106,7 @@ class StreamConsumer:
         # the cursor of a pass over this consumer's own pending entries, None when not replaying; a
         # restarted process may own pending entries under the same name
         self._replay_from: str | None = "0"
+        self._claimed_last = False  # the last read returned claimed entries: the next reads new ones first
 
     def ensure_group(self) -> bool:
         """Create the group at the stream's beginning (and the stream) unless it exists; True when
@@ -151,11 +153,15 @@ class StreamConsumer:
             self._replay_from = end  # None: the pass is over
             if messages:
                 return messages
-        if self.clock() >= self._next_claim:
+        # claims and new entries alternate: with claim_idle_ms 0 and no claim interval, an entry the
+        # handler leaves pending was claimed back on every read and nothing new was read (round 14)
+        claimed_last, self._claimed_last = self._claimed_last, False
+        if not claimed_last and self.clock() >= self._next_claim:
             claimed = self._autoclaim()
             if claimed:
+                self._claimed_last = True
                 return claimed
-        return self._read_new()
+        return self._read_new(block=not claimed_last)  # after a claim, only what is there already
 
     def ack(self, stream_ids: Sequence[str]) -> None:
         if stream_ids:
@@ -169,10 +175,11 @@ class StreamConsumer:
         ids = [raw_id for _stream, entries in response or [] for raw_id, _fields in entries]
         return self._messages(response), (_sid(ids[-1]) if ids else None)
 
-    def _read_new(self) -> list[StreamMessage]:
-        """Entries never delivered to the group (``>``), waiting up to ``block_ms`` for some."""
+    def _read_new(self, block: bool = True) -> list[StreamMessage]:
+        """Entries never delivered to the group (``>``), waiting up to ``block_ms`` for some (``block``)."""
         response = self.connection.xreadgroup(
-            self.group, self.consumer, {self.stream: ">"}, count=self.batch_size, block=self.block_ms)
+            self.group, self.consumer, {self.stream: ">"}, count=self.batch_size,
+            block=self.block_ms if block else None)
         return self._messages(response)
 
     def _messages(self, response: list | None) -> list[StreamMessage]:
