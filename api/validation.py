@@ -395,7 +395,7 @@ def check_wait(value: Any, field: str) -> float:
     return seconds
 
 
-def check_wait_or_none(value: Any, field: str) -> float:
+def check_wait_or_zero(value: Any, field: str) -> float:
     """:func:`check_wait`, or 0 (no wait at all), for a wait that follows something already sent:
     checked when the waiting object is built, never after the send (break-it round 14)."""
     return 0.0 if value == 0 and not isinstance(value, bool) else check_wait(value, field)

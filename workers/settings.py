@@ -223,11 +223,6 @@ class Settings:
             raise SettingsError("deep_threshold must be a number or none (no deep pass), got nan")
         if self.blas_threads is not None and self.blas_threads < 1:
             raise SettingsError(f"blas_threads must be >= 1 or none, got {self.blas_threads}")
-        for name in ("n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor",
-                     "ingest_batch_size", "outcome_batch_size", "max_k", "default_k", "max_text_bytes",
-                     "rerank_windows", "reindex_batch_size"):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.session_top < 1 or self.temporal_slack_days < 0 or self.evidence_floor < 0:
             raise SettingsError(f"session_top must be >= 1, temporal_slack_days and evidence_floor >= 0, got "
                                 f"{self.session_top}, {self.temporal_slack_days}, {self.evidence_floor}")
@@ -235,8 +230,6 @@ class Settings:
                      "bm25_score_weight", "evidence_floor"):
             if not math.isfinite(getattr(self, name)):
                 raise SettingsError(f"{name} must be finite, got {getattr(self, name)}")
-        if not 1 <= self.default_k <= self.max_k:
-            raise SettingsError(f"default_k must be within 1..max_k, got {self.default_k}")
         # a loop renews its heartbeat between blocking reads (block_ms; the query worker's at least 1 s)
         if not (math.isfinite(self.heartbeat_ttl_s) and self.heartbeat_ttl_s > max(1.0, self.block_ms / 1000)):
             raise SettingsError(f"heartbeat_ttl_s must exceed 1 s and the block time ({self.block_ms} ms), "

@@ -57,7 +57,7 @@ from langgraph.store.base import (
 from api.catalog import TurnRecord
 from api.client import MnemosClient
 from api.schemas import Hit
-from api.validation import check_wait_or_none
+from api.validation import check_wait_or_zero
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class MnemosStore(BaseStore):
         self.tenant_id = tenant_id
         self.text_key = text_key
         self.default_speaker = default_speaker
-        self.ingest_wait_s = check_wait_or_none(ingest_wait_s, "ingest_wait_s")  # before any put is sent
+        self.ingest_wait_s = check_wait_or_zero(ingest_wait_s, "ingest_wait_s")  # before any put is sent
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Run ``ops`` in order (each its own call through the client). Raises InvalidNamespaceError,

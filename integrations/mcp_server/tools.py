@@ -30,7 +30,7 @@ from api.errors import (
     ServiceUnavailable,
 )
 from api.packets import Packet
-from api.validation import DEFAULT_K, check_id, check_wait_or_none
+from api.validation import DEFAULT_K, check_id, check_wait_or_zero
 
 DEFAULT_SPEAKER = "user"
 _ARGUMENTS = {"role": "speaker", "occurred_at": "timestamp", "filters.session_ids": "session_id",
@@ -149,7 +149,7 @@ class MemoryTools:
     def __init__(self, client: MnemosClient, *, ingest_wait_s: float = 10.0, default_k: int = DEFAULT_K,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.client = client
-        self.ingest_wait_s = check_wait_or_none(ingest_wait_s, "ingest_wait_s")  # before any publish
+        self.ingest_wait_s = check_wait_or_zero(ingest_wait_s, "ingest_wait_s")  # before any publish
         self.default_k = default_k
         self.clock = clock
 

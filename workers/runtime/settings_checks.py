@@ -1,8 +1,9 @@
 """The settings' operating limits: timeouts, intervals, sizes and ports a deployment sets, checked
 when :class:`workers.settings.Settings` is built, so a value that would break every request (a
 result kept 0 s, a NaN timeout) stops the process at start with one line naming the knob, instead
-of failing each retrieval later (found in a break-it session, 2026-12-07). The retrieval knobs
-are checked beside them in ``Settings.__post_init__`` and again by the core's own configs.
+of failing each retrieval later (found in a break-it session, 2026-12-07). Every integer knob's
+lower bound is here, the retrieval sizes' too; the other retrieval knobs (weights, thresholds,
+choices) are checked in ``Settings.__post_init__`` and again by the core's own configs.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from api.validation import MAX_WAIT_S
 from workers.runtime.errors import SettingsError
 from workers.runtime.redaction import redact_url
 
-INT_MINIMUMS = {"encoder_batch_size": 1, "rerank_batch_size": 1, "rerank_max_length": 1, "fake_encoder_dim": 1,
-                "max_query_bytes": 1, "max_id_chars": 1, "max_metadata_bytes": 1, "result_ttl_s": 1,
-                "block_ms": 1, "claim_idle_ms": 0}
+INT_MINIMUMS = {name: 1 for name in (
+    "n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor", "ingest_batch_size",
+    "outcome_batch_size", "max_k", "default_k", "max_text_bytes", "rerank_windows", "reindex_batch_size",
+    "encoder_batch_size", "rerank_batch_size", "rerank_max_length", "fake_encoder_dim", "max_query_bytes",
+    "max_id_chars", "max_metadata_bytes", "result_ttl_s", "block_ms")} | {"claim_idle_ms": 0}
 """Integer knobs and their least value (a size, a count, seconds; ``claim_idle_ms`` 0 claims at once).
 ``result_ttl_s`` has no "keep for ever" (rq's -1): stored results hold turn text. ``block_ms`` 0
 would block for ever (Redis), so every idle read would end at the socket timeout as if Redis were down."""
@@ -39,7 +42,7 @@ def check_operating_limits(settings: Any) -> None:
     """Raise :class:`SettingsError` naming the first knob of ``settings`` (a :class:`workers.settings.Settings`,
     not imported here: it calls this) out of range: the Redis socket timeout
     (the URL's own ``socket_timeout`` wins) above every blocking read, TLS settings that fit the URL,
-    the tables above, rq's job timeout (>= 1 s, or -1 for none) and the dedupe threshold (0, 1]."""
+    the tables above, ``default_k`` within ``max_k``, rq's job timeout (>= 1 s, or -1 for none) and the dedupe threshold (0, 1]."""
     _check_socket_timeout(settings)
     if settings.redis_ca_file is not None and urlsplit(settings.redis_url).scheme != "rediss":
         raise SettingsError("MNEMOS_REDIS_CA_FILE is set but MNEMOS_REDIS_URL is not a rediss:// (TLS) URL")
@@ -49,6 +52,8 @@ def check_operating_limits(settings: Any) -> None:
     for name, least in INT_MINIMUMS.items():
         if getattr(settings, name) < least:
             raise SettingsError(f"{name} must be >= {least}, got {getattr(settings, name)}")
+    if not settings.default_k <= settings.max_k:
+        raise SettingsError(f"default_k must be within 1..max_k, got {settings.default_k}")
     for names, strict in ((SECONDS_ABOVE_ZERO, True), (SECONDS_AT_LEAST_ZERO, False)):
         for name in names:
             value = getattr(settings, name)
