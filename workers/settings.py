@@ -77,7 +77,7 @@ class Settings:
     # a turn longer than the pair's room is read in up to this many windows, best kept (docs/reranker.md "Long turns")
     rerank_windows: int = 4
     # auto | fp32 | fp16 | bf16: what the cross-encoder and the bi-encoder compute in; fp16 needs a GPU
-    # (refused on a CPU); auto is bf16 on a CPU with native bfloat16, else fp32 (mnemos.precision)
+    # (refused on a CPU); auto is bf16 on a CPU with native bfloat16 measured faster, else fp32 (mnemos.precision)
     rerank_precision: str = "auto"
     encoder_precision: str = "auto"
     fake_encoder_dim: int = 64

@@ -163,7 +163,7 @@ def test_load_encoder_resolves_auto_by_what_the_cpu_computes(monkeypatch: pytest
                                                              native_bf16: bool, expected: str) -> None:
     from mnemos.encoder import SentenceTransformerEncoder
 
-    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: native_bf16)
+    monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: native_bf16)
     encoder = load_encoder(Settings(device="cpu"))
     assert isinstance(encoder, SentenceTransformerEncoder) and encoder.precision.value == expected
     assert load_encoder(Settings(device="cpu", encoder_precision="fp32")).precision.value == "fp32"
@@ -192,7 +192,7 @@ def test_load_reranker_resolves_auto_by_what_the_cpu_computes(tmp_path, monkeypa
     from tests.unit.tiny_cross_encoder import build_tiny_cross_encoder
 
     torch.set_num_threads(1)
-    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: native_bf16)
+    monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: native_bf16)
     model = build_tiny_cross_encoder(tmp_path / "ce")
     reranker = load_reranker(Settings(cross_encoder=str(model), device="cpu", rerank_max_length=64))
     assert isinstance(reranker, CrossEncoderReranker)

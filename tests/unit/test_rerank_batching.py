@@ -123,7 +123,7 @@ def test_resolve_precision_keeps_an_explicit_format_and_resolves_auto_per_device
 
 
 def test_an_auto_reranker_reports_the_format_it_computes_in(model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: False)
+    monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: False)
     reranker = CrossEncoderReranker(model_dir, max_length=64, precision="auto")
     assert reranker.precision is RerankPrecision.FP32 and "|fp32|" in reranker.model_version
 

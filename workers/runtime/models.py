@@ -135,7 +135,8 @@ def resolve_device(spec: str) -> str:
 
 def load_encoder(settings: Settings) -> Encoder:
     """The bi-encoder of ``settings.bi_encoder`` computing in ``settings.encoder_precision`` (``auto``:
-    bf16 on a CPU with native bfloat16 instructions, else fp32; :func:`mnemos.precision.resolve_precision`).
+    bf16 on a CPU with native bfloat16 instructions where it is measured faster, else fp32;
+    :func:`mnemos.precision.resolve_precision`).
 
     Raises ModelSetupError when it cannot load, and SettingsError for fp16 when the device resolves
     to the CPU. The fake ignores the precision.
@@ -194,7 +195,8 @@ def load_reranker(settings: Settings) -> Reranker | None:
     ModelSetupError when the model cannot be loaded (the shipped one included, when absent), and
     SettingsError for ``rerank_precision`` fp16 when the device resolves to the CPU (refused rather
     than silently computed in another precision than the one configured). ``auto`` becomes bf16 on
-    a CPU with native bfloat16 instructions, else fp32 (:func:`mnemos.precision.resolve_precision`).
+    a CPU with native bfloat16 instructions where it is measured faster, else fp32
+    (:func:`mnemos.precision.resolve_precision`).
     """
     location = cross_encoder_location(settings)
     if location is None:
