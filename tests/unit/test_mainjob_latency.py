@@ -36,3 +36,17 @@ def test_result_payload_round_trips_the_counts():
     assert (again.rerank_pairs_scored, again.rerank_pairs_cached) == (3, 27)
     older = {k: v for k, v in result.to_payload().items() if not k.startswith("rerank_pairs")}
     assert RetrievalResult.from_payload(older).rerank_pairs_scored is None
+
+
+def test_the_report_records_the_formats_and_the_measurement_behind_auto(monkeypatch) -> None:
+    from bench.service.report import _precisions
+    from workers.settings import Settings
+
+    monkeypatch.setattr("bench.service.report.cpu_computes_bf16", lambda: False)
+    monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: False)
+    assert _precisions(Settings(device="cpu")) == {"encoder": "fp32", "cross_encoder": "fp32", "bf16_speedup": None}
+    monkeypatch.setattr("bench.service.report.cpu_computes_bf16", lambda: True)
+    monkeypatch.setattr("bench.service.report.measure_bf16_speedup", lambda: 2.876)
+    monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: True)
+    assert _precisions(Settings(device="cpu", rerank_precision="fp32")) == {
+        "encoder": "bf16", "cross_encoder": "fp32", "bf16_speedup": 2.88}
