@@ -106,11 +106,17 @@ def measure_bf16_speedup(tokens: int = 1024, repeats: int = 5) -> float:
 def bf16_faster_on_cpu() -> bool:
     """True when ``auto`` should compute in bf16 on this CPU: it has native bfloat16 instructions
     (:func:`cpu_computes_bf16`) and :func:`measure_bf16_speedup` is at least ``BF16_MIN_SPEEDUP``.
-    Without those instructions nothing is measured. The measurement and the choice are logged once.
+    Without those instructions nothing is measured. The measurement and the choice are logged once;
+    a measurement that fails (an operation missing in another PyTorch) answers "no", with a warning.
     """
     if not cpu_computes_bf16():
         return False
-    return _bf16_choice(measure_bf16_speedup())
+    try:
+        speedup = measure_bf16_speedup()
+    except Exception as exc:  # the safe format, rather than a worker that cannot start
+        log.warning("precision auto: the bf16 measurement failed (%s: %s); computing in fp32", type(exc).__name__, exc)
+        return False
+    return _bf16_choice(speedup)
 
 
 @functools.cache

@@ -71,3 +71,14 @@ def test_the_measurement_is_a_positive_ratio_taken_once_per_process() -> None:
     speedup = measure_bf16_speedup(tokens=128, repeats=1)  # small: the ratio's value is the machine's
     assert math.isfinite(speedup) and speedup > 0
     assert measure_bf16_speedup(tokens=128, repeats=1) == speedup  # cached, not measured again
+
+
+def test_a_measurement_that_fails_falls_back_to_fp32(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    def measure() -> float:
+        raise RuntimeError("no bf16 kernel for this operation")
+
+    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: True)
+    monkeypatch.setattr("mnemos.precision.measure_bf16_speedup", measure)
+    assert resolve_precision("auto", "cpu") is Precision.FP32
+    assert "bf16 measurement failed (RuntimeError: no bf16 kernel" in caplog.text
