@@ -63,7 +63,13 @@ def cpu_computes_bf16() -> bool:
 def measure_bf16_speedup(tokens: int = 1024, repeats: int = 5) -> float:
     """How many times as fast one encoder layer of the project's models runs in bf16 as in fp32 on
     this CPU: fp32 seconds / bf16 seconds, each the fastest of ``repeats`` timed forwards (the two
-    formats interleaved) after one warm-up each. Measured once per process (cached); takes about 0.1-0.5 s on 2 cores.
+    formats interleaved) after one warm-up each, on one thread (the caller's thread count is restored).
+    Measured once per process (cached); takes about 0.3-0.6 s.
+
+    One thread, because with two a busy machine pulls the ratio towards 1: on 2 shared cores the
+    forwards waited on each other's threads (about 100 ms in fp32, 80 in bf16, against 33 and 12 on
+    one thread), and ten processes chose differently (break-it round 15). On one thread the ratio
+    stayed 2.9-3.4 with AMX and 0.70-0.83 with oneDNN capped below AMX, a core busy or not.
 
     The layer has the shape of the bundled MiniLM's (hidden size 384, 12 heads, feed-forward 1536,
     GELU, layer norms, scaled dot-product attention) over ``tokens`` tokens in sequences of 128, with
@@ -92,14 +98,19 @@ def measure_bf16_speedup(tokens: int = 1024, repeats: int = 5) -> float:
     bf16 = {name: weight.to(torch.bfloat16) for name, weight in fp32.items()}
     runs = [(x32, fp32), (x32.to(torch.bfloat16), bf16)]
     best = [float("inf"), float("inf")]
-    with torch.inference_mode():
-        for x, w in runs:
-            layer(x, w)  # warm-up: kernels chosen, buffers allocated
-        for _ in range(repeats):  # interleaved, so that a busy machine slows both formats alike
-            for i, (x, w) in enumerate(runs):
-                start = time.perf_counter()
-                layer(x, w)
-                best[i] = min(best[i], time.perf_counter() - start)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: waits between threads on a shared machine would set the ratio
+    try:
+        with torch.inference_mode():
+            for x, w in runs:
+                layer(x, w)  # warm-up: kernels chosen, buffers allocated
+            for _ in range(repeats):  # interleaved, so that a busy machine slows both formats alike
+                for i, (x, w) in enumerate(runs):
+                    start = time.perf_counter()
+                    layer(x, w)
+                    best[i] = min(best[i], time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
     return best[0] / best[1]
 
 

@@ -68,7 +68,13 @@ def test_without_native_instructions_nothing_is_measured(monkeypatch: pytest.Mon
 
 
 def test_the_measurement_is_a_positive_ratio_taken_once_per_process() -> None:
-    speedup = measure_bf16_speedup(tokens=128, repeats=1)  # small: the ratio's value is the machine's
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        speedup = measure_bf16_speedup(tokens=128, repeats=1)  # small: the ratio's value is the machine's
+        assert torch.get_num_threads() == 2  # measured on one thread, the caller's count given back
+    finally:
+        torch.set_num_threads(threads)
     assert math.isfinite(speedup) and speedup > 0
     assert measure_bf16_speedup(tokens=128, repeats=1) == speedup  # cached, not measured again
 
