@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterable, Mapping
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from collections.abc import Mapping
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from api.errors import Reason
+from workers.runtime import metrics_http
 from workers.runtime.liveness import Liveness
+from workers.runtime.metrics_http import LIVENESS_PATH
 
 log = logging.getLogger(__name__)
 
 STAGES = ("refresh", "bm25", "dense", "fusion", "suppression", "rerank", "features", "total")
 JOB_STATUSES = ("ok", "error")
-LIVENESS_PATH = "/livez"
 _FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # what a client waits: queueing can reach the client's own timeout (30 s by default) and beyond
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
@@ -377,30 +376,9 @@ def serve(metrics: ServiceMetrics, port: int, worker: str, liveness: Liveness | 
 
 def start_server(metrics: ServiceMetrics, port: int, liveness: Liveness | None = None,
                  host: str = "0.0.0.0") -> WSGIServer:
-    """Start the HTTP server of ``metrics`` on ``host:port`` in a daemon thread and return it (``shutdown()``
-    stops it). ``GET /livez`` answers 200 while ``liveness`` says the work loop advances and 503 once
-    it is overdue (always 200 without one); every other path serves the metrics.
+    """Start the HTTP server of ``metrics`` on ``host:port`` in a daemon thread and return it
+    (``shutdown()`` stops it): :func:`workers.runtime.metrics_http.start_server` over this registry.
 
     Raises OSError when the port cannot be bound.
     """
-    app = _app(make_wsgi_app(metrics.registry), liveness)
-    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="mnemos-metrics", daemon=True).start()
-    return server
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
-        """Scrapes and probes are not worth a log line each."""
-
-
-def _app(metrics_app: Callable, liveness: Liveness | None) -> Callable:
-    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != LIVENESS_PATH:
-            return metrics_app(environ, start_response)
-        ok, text = (True, "no work loop to watch") if liveness is None else liveness.report()
-        start_response("200 OK" if ok else "503 Service Unavailable",
-                       [("Content-Type", "text/plain; charset=utf-8")])
-        return [(text + "\n").encode()]
-
-    return app
+    return metrics_http.start_server(make_wsgi_app(metrics.registry), port, liveness, host)
