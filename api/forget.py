@@ -89,7 +89,7 @@ class ForgetRequest:
         if isinstance(turn_ids, str):
             try:
                 turn_ids = json.loads(turn_ids)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise InvalidInputError(Reason.BAD_FORGET, "turn_ids", "is not a JSON list") from None
         try:
             ids = () if turn_ids is None else check_id_list(turn_ids, "turn_ids", limits)

@@ -433,6 +433,8 @@ class Outcome:
             raise
         except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as exc:
             raise InvalidInputError(Reason.MALFORMED_MESSAGE, "outcome", f"{type(exc).__name__}: {exc}") from None
+        except RecursionError:
+            raise InvalidInputError(Reason.MALFORMED_MESSAGE, "outcome", "nested too deeply") from None
         outcome._check()
         return outcome
 

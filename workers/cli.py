@@ -206,6 +206,9 @@ def publish(ctx: click.Context, source: BinaryIO, tenant: str | None, readd: boo
             turn = json.loads(line)
         except ValueError as exc:
             raise CommandFailed(f"nothing published: line {number}: not JSON ({exc})", EXIT_MISCONFIGURED) from exc
+        except RecursionError as exc:
+            raise CommandFailed(f"nothing published: line {number}: not JSON (nested too deeply)",
+                                EXIT_MISCONFIGURED) from exc
         if not isinstance(turn, dict):
             raise CommandFailed(f"nothing published: line {number}: a turn is a JSON object, not "
                                 f"{type(turn).__name__}", EXIT_MISCONFIGURED)

@@ -93,6 +93,19 @@ def test_an_outcome_carries_the_forget_version_its_retrieval_read() -> None:
         assert info.value.reason is Reason.MALFORMED_MESSAGE, bad
 
 
+def test_json_nested_past_the_parsers_depth_is_a_malformed_message_not_an_internal_error() -> None:
+    """Break-it round 15: RecursionError escaped the parsers of outcomes and forgets, so such a raw
+    message was dead-lettered as a handler failure instead of for its reason."""
+    deep = ("[" * 100_000 + "]" * 100_000).encode()
+    with pytest.raises(InvalidInputError) as info:
+        Outcome.from_stream_fields({b"v": b"1", b"tenant_id": b"t", b"outcome": deep})
+    assert info.value.reason is Reason.MALFORMED_MESSAGE and "nested too deeply" in str(info.value)
+    forget = {b"v": b"1", b"kind": b"forget", b"tenant_id": b"t", b"scope": b"turns", b"turn_ids": deep}
+    with pytest.raises(InvalidInputError) as info:
+        ForgetRequest.from_stream_fields(forget, Limits())
+    assert info.value.reason is Reason.BAD_FORGET and info.value.field == "turn_ids"
+
+
 AS_OF = "2024-05-01T12:00:00+02:00"
 
 

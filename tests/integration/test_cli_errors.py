@@ -180,6 +180,9 @@ def test_a_line_that_is_not_utf8_is_refused_with_its_number_and_empty_input_says
     assert out.returncode == 2, out.stderr[-2000:]
     assert _one_error(out).startswith("Error: nothing published: line 3: not UTF-8")
     assert not redis_client.exists(settings.turns_stream)
+    source.write_text("[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")  # break-it round 15: RecursionError
+    deep = _mnemos(settings, "publish", str(source))
+    assert deep.returncode == 2 and _one_error(deep) == "Error: nothing published: line 1: not JSON (nested too deeply)"
     empty = _mnemos(settings, "publish", stdin="\n")
     assert empty.returncode == 0 and empty.stdout.strip() == "nothing published: the input holds no turns"
     # break-it round 14: reading bytes lost text mode's lone-CR line ends; a byte order mark is skipped
@@ -191,6 +194,7 @@ def test_a_line_that_is_not_utf8_is_refused_with_its_number_and_empty_input_says
 @pytest.mark.parametrize(("variable", "value"), [
     ("MNEMOS_REDIS_URL", f"redis//:{SECRET}@127.0.0.1/0"),
     ("MNEMOS_REDIS_URL", f"redis://:{SECRET}@127.0.0.1:six/0"),
+    ("MNEMOS_REDIS_URL", f"redis:/:{SECRET}@127.0.0.1:6379/0"),  # one slash: redis-py's ValueError, exit 1 before
     ("MNEMOS_DATABASE_URL", f"postgresql//postgres:{SECRET}@127.0.0.1/x"),
     ("MNEMOS_DATABASE_URL", f"postgresql://postgres:{SECRET}@127.0.0.1:five/x"),
     ("MNEMOS_DATABASE_URL", f"mysql://root:{SECRET}@127.0.0.1/x"),
@@ -337,3 +341,11 @@ def test_the_readiness_probe_never_prints_a_password(redis_url: str, database_ur
     for fragment in (SECRET, AT_SECRET, *AT_SECRET.split("@")):
         assert fragment not in printed, printed
     assert "***" in printed
+
+
+def test_a_burst_that_loses_redis_fails_instead_of_ending(settings, caplog: pytest.LogCaptureFixture) -> None:
+    from workers.launch import process
+
+    lost = settings.replace(redis_url="redis://127.0.0.1:1/0", metrics_enabled=False)  # nothing listens there
+    assert process.run_query(lost, burst=True) == 1  # the queue was never emptied: not a success
+    assert "lost Redis before the queue was empty" in caplog.text

@@ -175,7 +175,8 @@ class _RestartBackoff(ExponentialBackoff):
 
 def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float = 5.0,
               rq_log_level: str = "WARNING") -> int:
-    """Take retrieval jobs until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty).
+    """Take retrieval jobs until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty); 0,
+    or 2 when it cannot start, or 1 when a burst lost Redis before the queue was empty.
 
     rq's own loggers (``rq.worker``, ``rq.job``) log at ``rq_log_level``: at INFO they write two
     lines per job, which drowns everything else in a benchmark of thousands of questions.
@@ -209,10 +210,17 @@ def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float =
             backoff.ended, with_failure_count=True)
     except StopRequested:  # SIGTERM/SIGINT while waiting to restart (rq's handlers stay installed)
         pass
+    except _BurstFailed as exc:
+        log.error("query worker (burst): %s", exc)
+        return 1
     finally:
         sampler.stop()
         store.close()
     return 0
+
+
+class _BurstFailed(Exception):
+    """A burst (``--burst``) that could not run until the queue was empty."""
 
 
 def _take_jobs(settings: Settings, connection: redis.Redis, service: QueryService, liveness: Liveness, *,
@@ -231,8 +239,10 @@ def _take_jobs(settings: Settings, connection: redis.Redis, service: QueryServic
         worker.work(burst=burst, with_scheduler=False, logging_level=rq_log_level)
         stopped = burst or worker.stop_signalled
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if burst:  # the queue was not emptied: the burst failed, it did not end
+            raise _BurstFailed(f"lost Redis before the queue was empty: {exc}") from exc
         log.warning("query worker lost Redis: %s", exc)
-        stopped = burst
+        stopped = False
     except StopRequested:  # SIGTERM/SIGINT outside a job (rq's handlers are installed)
         stopped = True
     if not stopped:

@@ -12,7 +12,7 @@ from workers.runtime.redaction import redact_url
 def check_redis_url(url: str, var: str = "MNEMOS_REDIS_URL") -> None:
     """Refuse a Redis URL redis-py cannot use (scheme, port), naming it with its password masked."""
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
+    if not url.startswith(("redis://", "rediss://", "unix://")):  # redis-py's own test (case and both slashes)
         raise SettingsError(f"{var}={redact_url(url)!r} is not a Redis URL: it must start with "
                             "redis://, rediss:// or unix://")
     try:
