@@ -131,6 +131,9 @@ def delete_test_keys(client: redis.Redis, settings: Settings) -> None:
     keys += list(client.scan_iter(match=f"rq:*{settings.stream_prefix}*"))
     if keys:
         client.delete(*keys)
+    names = [name for name in client.smembers("rq:queues") if settings.stream_prefix.encode() in name]
+    if names:  # rq's set of every queue's name, which rq itself never prunes
+        client.srem("rq:queues", *names)
 
 
 @pytest.fixture

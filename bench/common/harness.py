@@ -13,6 +13,7 @@ the others (:func:`evaluated_conversations`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -156,30 +157,36 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
     On exit the workers are stopped and, unless ``keep``, the run's streams, queues and database
     are removed.
     """
-    ensure_database(settings.database_url)
-    run_migrations(settings.database_url)
     from workers.runtime.connections import redis_client  # the workers' socket timeout and TLS settings
 
-    connection = redis_client(settings)
-    client = run_client(settings, connection)
-    if workers_of is None:
-        workers_of = [settings.replace(shard=shard) for shard in range(settings.shards)]
-    children = [child for own in workers_of for child in spawn_workers(own, tuple(kinds), log_level=log_level)]
-    store = PostgresStore(settings.database_url, settings.db_app_role).open()
-    run = ServiceRun(settings, client, store, connection, children)
-    try:
+    ensure_database(settings.database_url)
+    children: list = []
+    store: PostgresStore | None = None
+    connection: redis.Redis | None = None
+    client: MnemosClient | None = None
+    try:  # from here on, whatever fails removes what the run made (a refused start left its database)
+        run_migrations(settings.database_url)
+        connection = redis_client(settings)
+        client = run_client(settings, connection)
+        if workers_of is None:
+            workers_of = [settings.replace(shard=shard) for shard in range(settings.shards)]
+        children = [child for own in workers_of for child in spawn_workers(own, tuple(kinds), log_level=log_level)]
+        store = PostgresStore(settings.database_url, settings.db_app_role).open()
+        run = ServiceRun(settings, client, store, connection, children)
         for own in workers_of:
             _wait_listening(run, own, kinds, ready_timeout_s)
         yield run
     finally:
         stop_workers(children)
-        store.close()
-        keys = list(connection.scan_iter(match=f"{settings.stream_prefix}*"))
-        if keys and not keep:
-            connection.delete(*keys)
-        if not keep:
-            for queue in client.queues:
-                delete_queue(connection, queue.name)
+        if store is not None:
+            store.close()
+        if connection is not None and client is not None and not keep:
+            with contextlib.suppress(redis.RedisError):  # Redis down: nothing of the run's can be there to delete
+                keys = list(connection.scan_iter(match=f"{settings.stream_prefix}*"))
+                if keys:
+                    connection.delete(*keys)
+                for queue in client.queues:
+                    delete_queue(connection, queue.name)
         if not keep:
             drop_database(settings.database_url)
 
@@ -194,13 +201,27 @@ def run_client(settings: Settings, connection: redis.Redis, shards: int | None =
 
 
 def _wait_listening(run: ServiceRun, own: Settings, kinds: Sequence[str], timeout_s: float) -> None:
-    """Wait until the workers of ``kinds`` started with ``own`` (one shard's) listen."""
+    """Wait until the workers of ``kinds`` started with ``own`` (one shard's) listen.
+
+    Raises click.ClickException as soon as one of the run's worker processes has exited (a model
+    that does not load, say: waiting out ``timeout_s`` for it helps no one), or after ``timeout_s``.
+    """
+    def listening(predicate: Callable[[], bool]) -> Callable[[], bool]:
+        def check() -> bool:
+            for child in run.children:
+                if child.poll() is not None:
+                    raise click.ClickException(f"the {child.args[-1]} worker exited with status {child.returncode} "
+                                               "before it listened; its log above says why")
+            return predicate()
+        return check
+
     if "ingest" in kinds:
-        _wait(lambda: _has_consumer(run.connection, own.turns_stream, INGEST_GROUP), timeout_s, "the ingest worker")
+        _wait(listening(lambda: _has_consumer(run.connection, own.turns_stream, INGEST_GROUP)), timeout_s,
+              "the ingest worker")
     if "query" in kinds:
-        _wait(lambda: bool(Worker.all(queue=run.client.queues[own.shard])), timeout_s, "the query worker")
+        _wait(listening(lambda: bool(Worker.all(queue=run.client.queues[own.shard]))), timeout_s, "the query worker")
     if "suppression" in kinds:
-        _wait(lambda: _has_consumer(run.connection, own.outcomes_stream, SUPPRESSION_GROUP), timeout_s,
+        _wait(listening(lambda: _has_consumer(run.connection, own.outcomes_stream, SUPPRESSION_GROUP)), timeout_s,
               "the suppression worker")
 
 

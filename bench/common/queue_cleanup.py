@@ -45,11 +45,12 @@ def delete_queue_jobs(client: redis.Redis, queue_name: str) -> int:
 
 
 def delete_queue(client: redis.Redis, queue_name: str) -> int:
-    """Delete the queue's jobs, its registries, the queue itself and the query workers' sighting
-    records of its intermediate list; returns the number of jobs."""
+    """Delete the queue's jobs, its registries, the queue itself, its name in rq's set of queues and
+    the query workers' sighting records of its intermediate list; returns the number of jobs."""
     count = delete_queue_jobs(client, queue_name)
     queue = Queue(queue_name, connection=client)
     client.delete(queue.key, *(registry.key for registry in _registries(queue)))
+    client.srem(Queue.redis_queues_keys, queue.key)  # rq's set of every queue's name (rq:queues)
     # the query workers' records of stranded-job sightings (workers/query/intermediate.py), kept up to an hour
     sightings = list(client.scan_iter(match=f"{queue.intermediate_queue_key}:*", count=500))
     if sightings:

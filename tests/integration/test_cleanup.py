@@ -48,3 +48,56 @@ def test_teardown_deletes_every_job_and_result_of_the_test_queue(settings: Setti
     for job in (done, failed, queued):
         assert not redis_client.exists(Job.key_for(job.id), Result.get_key(job.id))
     assert not list(redis_client.scan_iter(match=f"*{settings.stream_prefix}*"))
+
+
+def _database_exists(url: str) -> bool:
+    import psycopg
+
+    from tests.support import PG_ADMIN_URL
+
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        return admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+
+
+def test_a_run_that_fails_with_redis_down_still_drops_its_database(settings: Settings) -> None:
+    """New-user trial (2026-12-08): the cleanup read Redis first, so with Redis down it raised again
+    and every failed run left a database ``mnemos_bench_<stamp>`` behind."""
+    from bench.common.harness import isolated_settings, run_stamp, running_service
+
+    run = isolated_settings(settings, stamp=run_stamp(), redis_url="redis://127.0.0.1:1/0")
+    with pytest.raises(RuntimeError, match="the run's own failure"):  # the cause, not a cleanup error
+        with running_service(run, kinds=()):
+            assert _database_exists(run.database_url)
+            raise RuntimeError("the run's own failure")
+    assert not _database_exists(run.database_url)
+
+
+def test_a_worker_that_exits_at_start_ends_the_wait_at_once(settings: Settings, tmp_path) -> None:
+    """New-user trial: a wrong reranker directory made ``make run`` wait 300 s for a query worker
+    that had already exited."""
+    import time
+
+    import click
+
+    from bench.common.harness import isolated_settings, run_stamp, running_service
+
+    run = isolated_settings(settings, stamp=run_stamp(), cross_encoder=str(tmp_path / "no-such-model"),
+                            metrics_enabled=False)
+    started = time.monotonic()
+    with pytest.raises(click.ClickException, match="the query worker exited with status 2 before it listened"):
+        with running_service(run, kinds=("query",), ready_timeout_s=600):
+            pass
+    assert time.monotonic() - started < 300  # well before the wait's own limit
+    assert not _database_exists(run.database_url)
+
+
+def test_deleting_a_queue_removes_its_name_from_rqs_set_of_queues(settings: Settings,
+                                                                 redis_client: redis.Redis) -> None:
+    from bench.common.queue_cleanup import delete_queue
+
+    queue = Queue(settings.queue_name, connection=redis_client)
+    queue.enqueue("builtins.len", "abc")
+    assert queue.key.encode() in redis_client.smembers(Queue.redis_queues_keys)
+    delete_queue(redis_client, settings.queue_name)
+    assert queue.key.encode() not in redis_client.smembers(Queue.redis_queues_keys)
