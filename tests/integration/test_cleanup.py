@@ -66,10 +66,10 @@ def test_a_run_that_fails_with_redis_down_still_drops_its_database(settings: Set
     from bench.common.harness import isolated_settings, run_stamp, running_service
 
     run = isolated_settings(settings, stamp=run_stamp(), redis_url="redis://127.0.0.1:1/0")
-    with pytest.raises(RuntimeError, match="the run's own failure"):  # the cause, not a cleanup error
-        with running_service(run, kinds=()):
-            assert _database_exists(run.database_url)
-            raise RuntimeError("the run's own failure")
+    with (pytest.raises(RuntimeError, match="the run's own failure"),  # the cause, not a cleanup error
+          running_service(run, kinds=())):
+        assert _database_exists(run.database_url)
+        raise RuntimeError("the run's own failure")
     assert not _database_exists(run.database_url)
 
 
@@ -85,9 +85,9 @@ def test_a_worker_that_exits_at_start_ends_the_wait_at_once(settings: Settings, 
     run = isolated_settings(settings, stamp=run_stamp(), cross_encoder=str(tmp_path / "no-such-model"),
                             metrics_enabled=False)
     started = time.monotonic()
-    with pytest.raises(click.ClickException, match="the query worker exited with status 2 before it listened"):
-        with running_service(run, kinds=("query",), ready_timeout_s=600):
-            pass
+    with (pytest.raises(click.ClickException, match="the query worker exited with status 2 before it listened"),
+          running_service(run, kinds=("query",), ready_timeout_s=600)):
+        pass
     assert time.monotonic() - started < 300  # well before the wait's own limit
     assert not _database_exists(run.database_url)
 
