@@ -28,7 +28,7 @@ import click
 
 from bench.common.datasets import DatasetError
 
-__all__ = ["LOCOMO", "SHARED_LOCOMO", "DataFetchError", "RemoteFile", "cached_file", "fetch", "locate_locomo"]
+__all__ = ["LOCOMO", "SHARED_LOCOMO", "DataFetchError", "DataFolderError", "RemoteFile", "cached_file", "fetch", "locate_locomo"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,14 @@ class DataFetchError(DatasetError):
         self.url = url
         self.problem = problem
         super().__init__(f"{url}: {problem}")
+
+
+class DataFolderError(DataFetchError):
+    """Raised when the data folder (``MNEMOS_DATA_DIR``) cannot hold a download: a file stands at
+    its path, or it cannot be created or written. A setting to change, not a failed download."""
+
+    def __init__(self, url: str, folder: Path, exc: OSError) -> None:
+        super().__init__(url, f"cannot download into {folder} (MNEMOS_DATA_DIR): {exc.strerror or exc}")
 
 
 @dataclass(frozen=True)
@@ -98,14 +106,18 @@ def fetch(remote: RemoteFile, cache_dir: Path, *, timeout_s: float = 60.0,
     Raises:
         DataFetchError: the server is unreachable or answers with an error, or the body is not
             the pinned file (size or sha256 differ); nothing is left in ``cache_dir``.
+        DataFolderError: ``cache_dir`` cannot be created or written (a file at its path, say).
     """
     cache_dir = Path(cache_dir).expanduser()
     found = cached_file(remote, cache_dir)
     if found is not None:
         return found
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        handle, temp_name = tempfile.mkstemp(prefix=f".{remote.name}.", suffix=".part", dir=cache_dir)
+    except OSError as exc:
+        raise DataFolderError(remote.url, cache_dir, exc) from exc
     digest, size = hashlib.sha256(), 0
-    handle, temp_name = tempfile.mkstemp(prefix=f".{remote.name}.", suffix=".part", dir=cache_dir)
     temp = Path(temp_name)
     try:
         with os.fdopen(handle, "wb") as out:
@@ -177,5 +189,7 @@ def fetch_command(ctx: click.Context, name: str) -> None:
         try:
             path = fetch(remote, cache_dir, progress=bar.update)
         except DataFetchError as exc:
-            raise click.ClickException(str(exc)) from exc
+            failure = click.ClickException(str(exc))
+            failure.exit_code = 2 if isinstance(exc, DataFolderError) else 1  # a setting to change
+            raise failure from exc
     click.echo(str(path))

@@ -46,7 +46,7 @@ import numpy as np
 import redis
 
 from api.schemas import Outcome as OutcomeMessage
-from bench.common.datasets import Conversation
+from bench.common.datasets import Conversation, DatasetError
 from bench.common.fetch import DataFetchError, locate_locomo
 from bench.common.harness import (
     ServiceRun,
@@ -263,8 +263,9 @@ def run_main_job(settings: Settings, *, data: Path | None, reranker: str | None,
     try:
         location = cross_encoder_location(settings.replace(cross_encoder=reranker))
         data_path = locate_locomo(data, Path(settings.data_dir), echo=echo)
+        conversations, trained = evaluated_conversations(data_path, reranker, limit_conversations, False)
         base = embedded.start()
-    except (ModelSetupError, EmbeddedServicesError, DataFetchError) as exc:
+    except (ModelSetupError, EmbeddedServicesError, DatasetError) as exc:
         hint = "; give the file with --data (make run DATA=...)" if isinstance(exc, DataFetchError) else ""
         echo(f"error: {exc}{hint}")
         return 2
@@ -272,7 +273,6 @@ def run_main_job(settings: Settings, *, data: Path | None, reranker: str | None,
         echo(line)
     stamp = run_stamp()
     run_settings = main_job_settings(base, reranker=reranker, stamp=stamp)
-    conversations, trained = evaluated_conversations(data_path, reranker, limit_conversations, False)
     questions = prepare_questions(conversations, seed=seed, limit=limit)
     plans = heldout_plan(conversations, questions, burnin_factor=burnin_factor, seed=seed)
     echo(f"reranker: {reranker} ({location}); trained on {_trained_summary(location, trained)}")

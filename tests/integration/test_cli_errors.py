@@ -270,6 +270,9 @@ def test_a_benchmark_that_cannot_reach_its_database_is_one_line(settings: Settin
     assert out.returncode == 1
     assert "Connection refused" in _one_error(out)
     assert SECRET not in out.stdout + out.stderr
+    data.write_text('{"not": "LoCoMo"}')  # break-it round 15: exit 1 with "(run with --debug ...)"
+    wrong = _mnemos(settings.replace(database_url=url), "bench", "service", "--data", str(data), "--reranker", "fake")
+    assert wrong.returncode == 2 and "error: " in wrong.stdout + wrong.stderr and "--debug" not in wrong.stderr
 
 
 def test_a_killed_reindex_resumes_where_it_stopped(settings: Settings, redis_client: redis.Redis, store: PostgresStore) -> None:

@@ -112,3 +112,18 @@ def test_locomo_is_looked_for_in_order(tmp_path: Path, monkeypatch: pytest.Monke
 def test_locomo_is_pinned_to_an_upstream_commit() -> None:
     assert "/3eb6f2c585f5e1699204e3c3bdf7adc5c28cb376/" in LOCOMO.url
     assert LOCOMO.size_bytes == 2_805_274 and len(LOCOMO.sha256) == 64
+
+
+def test_a_data_folder_that_cannot_hold_the_download_is_a_setting_to_change(server: str, tmp_path: Path) -> None:
+    """Break-it round 15: MNEMOS_DATA_DIR naming a file ended as a bare FileExistsError, exit 1."""
+    from click.testing import CliRunner
+
+    from bench.common.fetch import DataFolderError, fetch_command
+    from workers.settings import Settings
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(DataFolderError, match="cannot download into .*a-file \\(MNEMOS_DATA_DIR\\)"):
+        fetch(_remote(f"{server}/data.json"), blocker)
+    result = CliRunner().invoke(fetch_command, ["locomo"], obj=Settings(data_dir=str(blocker / "sub")))
+    assert result.exit_code == 2 and "(MNEMOS_DATA_DIR)" in result.output, result.output
