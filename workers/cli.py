@@ -251,8 +251,20 @@ def forget(ctx: click.Context, tenant: str, session_id: str | None, turn_ids: tu
         stream_id = client.forget(tenant, session_id=session_id, turn_ids=list(turn_ids) or None)
     except InvalidInputError as exc:
         raise CommandFailed(f"nothing published: {exc}", EXIT_MISCONFIGURED) from exc
-    scope = f"session {session_id}" if session_id else f"{len(turn_ids)} turn(s)" if turn_ids else "the whole tenant"
-    click.echo(f"published forget of {scope} of tenant {tenant} to {client.turns_stream_of(tenant)} as {stream_id}")
+    scope = f"session {session_id} of" if session_id else f"{len(turn_ids)} turn(s) of" if turn_ids else "the whole"
+    click.echo(f"published forget of {scope} tenant {tenant} to {client.turns_stream_of(tenant)} as {stream_id}")
+    if not _live_ingest_workers(client, tenant):  # new-user trial: a forget after `make demo` seemed to do nothing
+        click.echo("note: no ingest worker has a live heartbeat on this shard; the forget is applied when one "
+                   "runs (`mnemos up`)", err=True)
+
+
+def _live_ingest_workers(client: Any, tenant: str) -> list:
+    """The live ingest workers of ``tenant``'s shard (a :class:`api.client.MnemosClient`'s Redis)."""
+    from api.heartbeats import live_workers
+
+    shard = client.shard_of(tenant)
+    return [b for b in live_workers(client.connection_of(tenant), client.stream_prefix, "ingest")
+            if b.info.get("shard", 0) == shard]
 
 
 @cli.command()
@@ -334,9 +346,11 @@ def reshard_where(ctx: click.Context, tenant_id: str) -> None:
     """Print the shard serving the tenant: its ring shard, or where the tenant directory sends it; or
     the shard a running or stopped move froze it on."""
     from api import sharding
+    from api.validation import check_tenant_id, limits_of
     from workers.ops.tenant_move import locate
 
     settings = _settings(ctx)
+    check_tenant_id(tenant_id, "--tenant", limits_of(settings))  # '' named shard 0 (break-it round 15)
     (shard, frozen), home = locate(settings, tenant_id), sharding.shard_of(tenant_id, settings.shards)
     click.echo(f"tenant {tenant_id}: shard {shard}" + (" (frozen: a move of it is running or stopped; run the same "
                                                        "`mnemos reshard move` again to finish it)" if frozen else
@@ -361,12 +375,17 @@ def up(ctx: click.Context, embedded: bool) -> None:
 @click.pass_context
 def demo(ctx: click.Context, spawn: bool, wait_s: float) -> None:
     """Publish a small two-tenant conversation, wait until it is stored, ask questions, print hits."""
+    from api.validation import check_wait
     from workers.launch.supervisor import prepare, spawn_workers, stop_workers
     from workers.ops.demo import run_demo
     from workers.runtime.embedded import EmbeddedServices
     from workers.store import PostgresStore
 
+    check_wait(wait_s, "--wait")
     settings = _settings(ctx)
+    if not spawn and not _client(settings).query_workers():  # say so now, not after the wait (new-user trial)
+        raise CommandFailed("no query worker has a live heartbeat: start the service first (`mnemos up`), "
+                            "or run the demo without --no-spawn", EXIT_FAILED)
     if settings.shard_map is not None:  # each shard on its own servers: its own workers and store
         sys.exit(_sharded_demo(settings, spawn, wait_s))
     embedded = EmbeddedServices(settings) if spawn else None

@@ -352,3 +352,20 @@ def test_a_burst_that_loses_redis_fails_instead_of_ending(settings, caplog: pyte
     lost = settings.replace(redis_url="redis://127.0.0.1:1/0", metrics_enabled=False)  # nothing listens there
     assert process.run_query(lost, burst=True) == 1  # the queue was never emptied: not a success
     assert "lost Redis before the queue was empty" in caplog.text
+
+
+def test_commands_without_a_running_service_say_so_at_once(settings: Settings, redis_client: redis.Redis) -> None:
+    """New-user trial and break-it round 15: `demo --no-spawn` waited 2 minutes before naming the
+    missing workers, a forget with no ingest worker looked applied, `demo --wait -1` was accepted and
+    `reshard where --tenant ''` named a shard."""
+    demo = _mnemos(settings, "demo", "--no-spawn")
+    assert demo.returncode == 1 and "no query worker has a live heartbeat" in _one_error(demo)
+    assert not redis_client.exists(settings.turns_stream)  # nothing published before saying so
+    for wait in ("-1", "nan"):
+        bad = _mnemos(settings, "demo", "--no-spawn", "--wait", wait)
+        assert bad.returncode == 2 and "--wait" in _one_error(bad)
+    where = _mnemos(settings, "reshard", "where", "--tenant", "")
+    assert where.returncode == 2 and "--tenant" in _one_error(where)
+    forgot = _mnemos(settings, "forget", "--tenant", "alice")
+    assert forgot.returncode == 0 and forgot.stdout.startswith("published forget of the whole tenant alice to ")
+    assert "no ingest worker has a live heartbeat on this shard" in forgot.stderr
