@@ -369,3 +369,10 @@ def test_commands_without_a_running_service_say_so_at_once(settings: Settings, r
     forgot = _mnemos(settings, "forget", "--tenant", "alice")
     assert forgot.returncode == 0 and forgot.stdout.startswith("published forget of the whole tenant alice to ")
     assert "no ingest worker has a live heartbeat on this shard" in forgot.stderr
+
+
+def test_up_without_an_answering_redis_stops_at_once(settings: Settings) -> None:
+    """Break-it round 15: `mnemos up --no-embedded` with a Redis that does not answer migrated, then
+    ran workers that retried for ever, and never exited."""
+    out = _mnemos(settings.replace(redis_url="redis://127.0.0.1:1/0"), "up", "--no-embedded")
+    assert out.returncode == 1 and _one_error(out).startswith("Error: Redis: ")

@@ -53,9 +53,14 @@ def stop_workers(children: list[subprocess.Popen], timeout_s: float = 15.0) -> N
 
 
 def prepare(settings: Settings, embedded: EmbeddedServices | None) -> Settings:
-    """Resolve URLs (embedded servers if needed), create and migrate the database."""
+    """Resolve URLs (embedded servers if needed), check that Redis answers, create and migrate the
+    database. Raises redis.RedisError when Redis does not answer: workers started without it would
+    retry for ever, and ``mnemos up`` would never say why (break-it round 15)."""
+    from workers.runtime.connections import redis_client
+
     if embedded is not None:
         settings = embedded.start()
+    redis_client(settings).ping()
     ensure_database(settings.database_url)
     applied = run_migrations(settings.database_url)
     log.info("migrations applied: %s", ", ".join(applied) or "none pending")
