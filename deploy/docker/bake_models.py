@@ -7,9 +7,10 @@ every model the workers load must already be inside the image:
   install already brought in; it is only loaded and checked here (384-d, finite).
 - cross-encoder: ``--cross-encoder SPEC`` is either a directory (relative to ``--context``, the
   Docker build context bind-mounted at build time, or absolute) holding a sentence-transformers
-  CrossEncoder, copied as is; or a model-hub repository id such as
-  ``cross-encoder/ms-marco-MiniLM-L-6-v2``, downloaded at ``--revision`` (pin a commit hash for
-  reproducible images). Either way it lands in ``DEST/cross-encoder``.
+  CrossEncoder, copied as is (the image's default: ``mnemos/shipped/reranker``); or a model-hub
+  repository id such as ``cross-encoder/ms-marco-MiniLM-L-6-v2``, downloaded at ``--revision``
+  (required for a hub id; pin a commit hash for reproducible images). Either way it lands in
+  ``DEST/cross-encoder``.
 
 Each model is loaded once and scores one pair, so a broken model fails the build instead of the
 first request. ``DEST/manifest.json`` records where each model came from, with the size and
@@ -77,7 +78,9 @@ def resolve_cross_encoder(spec: str, context: Path, revision: str | None) -> Cro
         raise BakeError(f"{spec}: no such directory in the build context ({context})")
     if not _HUB_ID.match(spec):
         raise BakeError(f"{spec!r} is neither a directory in the build context nor a hub repo id")
-    return CrossEncoderSource(spec=spec, local_dir=None, revision=revision or None)
+    if not revision:  # the image's default is a directory and no revision: a hub id needs its own
+        raise BakeError(f"{spec}: a hub model needs --revision (CROSS_ENCODER_REVISION), a commit of that repository")
+    return CrossEncoderSource(spec=spec, local_dir=None, revision=revision)
 
 
 def fetch_cross_encoder(

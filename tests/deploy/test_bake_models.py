@@ -46,6 +46,9 @@ def test_absolute_directory_is_used(bake, tmp_path):
 def test_hub_id_keeps_its_revision(bake, tmp_path):
     source = bake.resolve_cross_encoder("cross-encoder/ms-marco-MiniLM-L-6-v2", tmp_path, "abc123")
     assert source.local_dir is None and source.revision == "abc123"
+    for missing in ("", None):  # the Dockerfile's default revision is empty: it is for the default directory
+        with pytest.raises(bake.BakeError, match="a hub model needs --revision"):
+            bake.resolve_cross_encoder("cross-encoder/ms-marco-MiniLM-L-6-v2", tmp_path, missing)
 
 
 @pytest.mark.parametrize("spec", ["", "  ", "./models/missing", "/no/such/dir", "not a repo id", "a/b/c"])

@@ -207,7 +207,12 @@ def _ignored(path: str, rules) -> bool:
 
 def test_models_baked_at_build_time_and_offline_at_run_time():
     args = _args(BUILD)
-    assert args["CROSS_ENCODER"] == "cross-encoder/ms-marco-MiniLM-L-6-v2"
+    # the product's own default (MNEMOS_CROSS_ENCODER=shipped), a directory of the build context the
+    # dockerignore lets in, with its provenance; not a hub model under a non-commercial licence
+    assert args["CROSS_ENCODER"] == "mnemos/shipped/reranker"
+    assert (REPO / args["CROSS_ENCODER"] / "config.json").is_file()
+    assert (REPO / args["CROSS_ENCODER"] / "mnemos_provenance.json").is_file()
+    assert not _ignored(args["CROSS_ENCODER"] + "/config.json", _dockerignore_rules())
     assert "CROSS_ENCODER_REVISION" in args
     bake = next(v for i, v in BUILD.instructions if i == "RUN" and "bake_models.py" in v)
     assert bake.startswith("--mount=type=bind,target=/context ")
@@ -293,7 +298,8 @@ def test_versions_are_pinned():
     assert re.fullmatch(r"\d+(\.\d+)+", args["PIP_VERSION"])
     assert any('pip install "pip==${PIP_VERSION}"' in v for v in _pip_runs(BUILD))
     assert not any("--upgrade pip" in v for v in _pip_runs(BUILD))
-    assert re.fullmatch(r"[0-9a-f]{40}", args["CROSS_ENCODER_REVISION"]), "a moving revision bakes other weights"
+    # none for the default directory; a hub id without one is refused by bake_models.py
+    assert args["CROSS_ENCODER_REVISION"] in ("", None) or re.fullmatch(r"[0-9a-f]{40}", args["CROSS_ENCODER_REVISION"])
     (apt,) = [v for v in RUNTIME.values("RUN") if "apt-get install" in v]
     assert '"tini=${TINI_VERSION}"' in apt and re.fullmatch(r"[\w.+:~-]+", _args(RUNTIME)["TINI_VERSION"])
 
