@@ -28,7 +28,7 @@ from mnemos.suppression import DEFAULT_BOOTSTRAP_FACTOR, DEFAULT_CLUSTERS_K, DEF
 from workers.runtime.errors import SettingsError
 from workers.runtime.redaction import redact_url
 from workers.runtime.server_urls import check_database_url, check_redis_url
-from workers.runtime.settings_checks import check_operating_limits
+from workers.runtime.settings_checks import check_operating_limits, warn_unknown_variables
 from workers.runtime.shard_map import ShardServers, map_text, parse_shard_map
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -312,9 +312,11 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from ``environ`` (default ``os.environ``); unset variables keep defaults.
 
-        Raises SettingsError when a variable does not parse as its field's type.
+        Raises SettingsError when a variable does not parse as its field's type; an ``MNEMOS_*``
+        variable no setting reads is logged as a warning (:func:`warn_unknown_variables`).
         """
         env = os.environ if environ is None else environ
+        warn_unknown_variables(env, set(ENV_VARS.values()))
         values: dict[str, object] = {}
         for f in fields(cls):
             var = ENV_VARS.get(f.name)

@@ -216,3 +216,13 @@ def test_the_evidence_weights_turn_their_features_on_and_off() -> None:
         Settings.from_env({"MNEMOS_EVIDENCE_FLOOR": "-1"})
     unscored = feature_settings(Settings.from_env({"MNEMOS_BM25_SCORE_WEIGHT": "0"}))
     assert Feature.BM25_SCORE not in {s.feature for s in unscored}
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_it_resembles(caplog: pytest.LogCaptureFixture) -> None:
+    """New-user trial (2026-12-08): MNEMOS_POOLSIZE=20 was ignored without a word."""
+    settings = Settings.from_env({"MNEMOS_DEDUPE_TRESHOLD": "0.9", "MNEMOS_MIGRATE_DATABASE_URL": "postgresql://x/y",
+                                  "MNEMOS_POOL_SIZE": "20", "OTHER_POOLSIZE": "1"})
+    assert settings.pool_size == 20 and settings.dedupe_threshold == Settings().dedupe_threshold
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["MNEMOS_DEDUPE_TRESHOLD is not a Mnemos setting and is ignored "
+                        "(did you mean MNEMOS_DEDUPE_THRESHOLD?)"]  # the migration Job's Secret key is known

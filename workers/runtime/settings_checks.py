@@ -8,7 +8,10 @@ choices) are checked in ``Settings.__post_init__`` and again by the core's own c
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
+from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -95,4 +98,28 @@ def _check_socket_timeout(settings: Any) -> None:
                                 "would otherwise time out as if Redis were down")
 
 
-__all__ = ["check_operating_limits"]
+log = logging.getLogger(__name__)
+
+KNOWN_ELSEWHERE = frozenset({"MNEMOS_MIGRATE_DATABASE_URL"})
+"""``MNEMOS_*`` names that are not settings but may be in a worker's environment: a key of the
+connections Secret that the migration Job maps to ``MNEMOS_DATABASE_URL`` (deploy/README.md)."""
+
+_warned: set[str] = set()
+
+
+def warn_unknown_variables(environ: Mapping[str, str], known: Collection[str]) -> list[str]:
+    """Log one WARNING per ``MNEMOS_*`` variable of ``environ`` that no setting reads (a misspelt
+    name is otherwise ignored without a word; new-user trial 2026-12-08), with the closest known
+    name; returns the unknown names. Each name is warned about once per process."""
+    unknown = sorted(name for name in environ
+                     if name.startswith("MNEMOS_") and name not in known and name not in KNOWN_ELSEWHERE)
+    for name in unknown:
+        if name not in _warned:
+            _warned.add(name)
+            close = difflib.get_close_matches(name, list(known), n=1)
+            log.warning("%s is not a Mnemos setting and is ignored%s", name,
+                        f" (did you mean {close[0]}?)" if close else "")
+    return unknown
+
+
+__all__ = ["KNOWN_ELSEWHERE", "check_operating_limits", "warn_unknown_variables"]
