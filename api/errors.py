@@ -105,7 +105,9 @@ class NoQueryWorker(ServiceUnavailable):
 
     def __init__(self, queue_name: str, stream_prefix: str) -> None:
         super().__init__(f"no query worker is running for queue {queue_name!r} (no live heartbeat under "
-                         f"{stream_prefix}:heartbeat:query:*): start one with `mnemos worker query`; nothing was sent")
+                         f"{stream_prefix}:heartbeat:query:*): start one with `mnemos worker query`, or, if one "
+                         "runs, give it and this client the same queue name and stream prefix "
+                         "(MNEMOS_QUEUE_NAME, MNEMOS_STREAM_PREFIX); nothing was sent")
         self.queue_name = queue_name
         self.stream_prefix = stream_prefix
 
