@@ -47,7 +47,9 @@ def cpu_computes_bf16() -> bool:
     oneDNN's own answer (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) is not enough: it is
     also True on a plain AVX-512 core, where bf16 is emulated. On such an Intel Xeon (AVX-512 and
     VNNI, no AVX512-BF16, no AMX) the bundled bi-encoder read 98 turns/s in bf16 against 257 in
-    fp32 (2026-12-07), so the CPU's own instruction flags decide.
+    fp32 (2026-12-07), so the CPU's own instruction flags decide. They are the CPU's, not what
+    oneDNN is allowed to use: under ``ONEDNN_MAX_CPU_ISA`` set below them this still answers True,
+    and :func:`measure_bf16_speedup` then finds bf16 slower.
     """
     try:
         import torch
