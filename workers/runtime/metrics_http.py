@@ -1,19 +1,23 @@
 """The HTTP endpoint a worker serves: ``/metrics`` for Prometheus and ``/livez`` for the kubelet.
 
 It listens on every interface by default (Prometheus scrapes the pod IP), so it must not let a
-client hold the worker's threads and file descriptors: a connection that sends nothing for
-``REQUEST_TIMEOUT_S`` is closed, and past ``MAX_CONNECTIONS`` at once a new one is closed at once.
-Before this (break-it round 15) every half-sent request held a thread and a descriptor for ever; at
-the descriptor limit ``accept`` failed in a busy loop and the worker could not reconnect to Redis
+client hold the worker's threads and file descriptors, or the probe's turn: a connection lasts at
+most ``REQUEST_DEADLINE_S`` in all (reading and writing, however slowly it drips), at most
+``MAX_CONNECTIONS`` are served at once and at most ``MAX_PER_PEER`` from one address; one more is
+closed unanswered. Before this (break-it round 15) every half-sent request held a thread and a
+descriptor for ever: at the descriptor limit ``accept`` failed in a busy loop and the worker could
+not reconnect to Redis. A per-read timeout alone was not enough (round 16): one client dripping a
+byte every 9 s kept all slots, and the kubelet's probe was refused until it restarted the pod
 (docs/architecture.md "Metrics").
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable
-from socket import socket
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -26,44 +30,89 @@ log = logging.getLogger(__name__)
 LIVENESS_PATH = "/livez"
 METRICS_PATHS = ("/", "/metrics")
 MAX_CONNECTIONS = 16  # scrapers and probes in flight at once; a scrape takes milliseconds
-REQUEST_TIMEOUT_S = 10.0  # the longest a connection may stay silent (Prometheus' default scrape timeout)
+MAX_PER_PEER = 4  # from one address: a kubelet or a Prometheus needs one or two at a time
+REQUEST_DEADLINE_S = 10.0  # the longest a connection may last in all (Prometheus' default scrape timeout)
 
 
 class _BoundedServer(ThreadingWSGIServer):
-    """One thread per connection, at most ``MAX_CONNECTIONS`` of them; one more is closed unanswered."""
+    """One thread per connection within the limits above; a connection past them is closed unanswered,
+    and one still open at its deadline is shut down."""
 
     request_queue_size = 64  # connections the kernel queues before accept (socketserver's default: 5)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}  # connections being served, per peer address
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        peer = _peer(client_address)
+        with self._lock:
+            admitted = sum(self._open.values()) < MAX_CONNECTIONS and self._open.get(peer, 0) < MAX_PER_PEER
+            if admitted:
+                self._open[peer] = self._open.get(peer, 0) + 1
+        if not admitted:
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(peer)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(REQUEST_DEADLINE_S, _cut, args=(request,))
+        deadline.daemon = True
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            deadline.cancel()
+            self._release(_peer(client_address))
 
-    def handle_error(self, request: socket | tuple[bytes, socket], client_address: Any) -> None:
+    def _release(self, peer: str) -> None:
+        with self._lock:
+            left = self._open.get(peer, 1) - 1
+            if left:
+                self._open[peer] = left
+            else:
+                self._open.pop(peer, None)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that timed out or hung up is not worth a traceback on stderr."""
         log.debug("metrics endpoint: a connection from %s ended with an error", client_address, exc_info=True)
 
 
+def _peer(client_address: Any) -> str:
+    return str(client_address[0]) if isinstance(client_address, tuple) else str(client_address)
+
+
+def _cut(request: socket.socket) -> None:
+    """Shut a connection down at its deadline: a blocked read or write in its thread returns."""
+    with contextlib.suppress(OSError):
+        request.shutdown(socket.SHUT_RDWR)
+
+
+class _DebugLog:
+    """wsgiref's error stream: its tracebacks (a client that stopped reading) go to the debug log."""
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            log.debug("metrics endpoint: %s", text.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+
 class _QuietHandler(WSGIRequestHandler):
-    timeout = REQUEST_TIMEOUT_S  # the socket's timeout for every read and write of the connection
+    timeout = REQUEST_DEADLINE_S  # each read and write of the connection, within its total deadline
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
         """Scrapes and probes are not worth a log line each."""
+
+    def get_stderr(self) -> Any:
+        return _DebugLog()
 
 
 def start_server(metrics_app: Callable, port: int, liveness: Liveness | None = None,
@@ -96,4 +145,4 @@ def _app(metrics_app: Callable, liveness: Liveness | None) -> Callable:
     return app
 
 
-__all__ = ["LIVENESS_PATH", "MAX_CONNECTIONS", "METRICS_PATHS", "REQUEST_TIMEOUT_S", "start_server"]
+__all__ = ["LIVENESS_PATH", "MAX_CONNECTIONS", "MAX_PER_PEER", "METRICS_PATHS", "REQUEST_DEADLINE_S", "start_server"]
