@@ -170,7 +170,8 @@ def running_service(settings: Settings, kinds: Sequence[str] = WORKER_KINDS, *, 
         client = run_client(settings, connection)
         if workers_of is None:
             workers_of = [settings.replace(shard=shard) for shard in range(settings.shards)]
-        children = [child for own in workers_of for child in spawn_workers(own, tuple(kinds), log_level=log_level)]
+        for own in workers_of:  # added as they start: a later spawn that fails still stops the earlier ones
+            children.extend(spawn_workers(own, tuple(kinds), log_level=log_level))
         store = PostgresStore(settings.database_url, settings.db_app_role).open()
         run = ServiceRun(settings, client, store, connection, children)
         for own in workers_of:

@@ -376,3 +376,22 @@ def test_up_without_an_answering_redis_stops_at_once(settings: Settings) -> None
     ran workers that retried for ever, and never exited."""
     out = _mnemos(settings.replace(redis_url="redis://127.0.0.1:1/0"), "up", "--no-embedded")
     assert out.returncode == 1 and _one_error(out).startswith("Error: Redis: ")
+
+
+def test_a_burst_ends_with_0_only_when_it_emptied_the_queue(settings, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Break-it round 16: rq ends its loop on a Redis timeout as on an empty queue, and the burst
+    exited 0 with 3,967 jobs still queued."""
+    import rq.worker.base
+
+    from workers.launch import process
+
+    quiet = settings.replace(metrics_enabled=False)
+    assert process.run_query(quiet, burst=True) == 0  # an empty queue: done
+
+    def stalled(self, timeout, max_idle_time=None):
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(rq.worker.base.BaseWorker, "dequeue_job_and_maintain_ttl", stalled)
+    assert process.run_query(quiet, burst=True) == 1
+    assert "the work loop ended before the queue was empty" in caplog.text

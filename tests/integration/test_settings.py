@@ -221,7 +221,11 @@ def test_the_evidence_weights_turn_their_features_on_and_off() -> None:
 def test_a_misspelt_variable_is_named_with_the_setting_it_resembles(caplog: pytest.LogCaptureFixture) -> None:
     """New-user trial (2026-12-08): MNEMOS_POOLSIZE=20 was ignored without a word."""
     settings = Settings.from_env({"MNEMOS_DEDUPE_TRESHOLD": "0.9", "MNEMOS_MIGRATE_DATABASE_URL": "postgresql://x/y",
-                                  "MNEMOS_POOL_SIZE": "20", "OTHER_POOLSIZE": "1"})
+                                  "MNEMOS_POOL_SIZE": "20", "OTHER_POOLSIZE": "1",
+                                  # Kubernetes service links of the mnemos-query-metrics Service
+                                  "MNEMOS_QUERY_METRICS_SERVICE_HOST": "10.0.0.7",
+                                  "MNEMOS_QUERY_METRICS_SERVICE_PORT_METRICS": "9102",
+                                  "MNEMOS_QUERY_METRICS_PORT_9102_TCP_ADDR": "10.0.0.7"})
     assert settings.pool_size == 20 and settings.dedupe_threshold == Settings().dedupe_threshold
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["MNEMOS_DEDUPE_TRESHOLD is not a Mnemos setting and is ignored "

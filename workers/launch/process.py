@@ -237,6 +237,9 @@ def _take_jobs(settings: Settings, connection: redis.Redis, service: QueryServic
         worker = build_worker(settings, connection, service, liveness=liveness)
         log.info("query worker %s taking jobs from queue %s", worker.name, settings.retrieval_queue)
         worker.work(burst=burst, with_scheduler=False, logging_level=rq_log_level)
+        if burst and not (worker.drained or worker.stop_signalled):  # rq quits its loop on a Redis timeout too
+            raise _BurstFailed("the work loop ended before the queue was empty (a Redis timeout or an error: "
+                               "see the log above)")
         stopped = burst or worker.stop_signalled
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         if burst:  # the queue was not emptied: the burst failed, it did not end

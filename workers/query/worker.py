@@ -315,12 +315,19 @@ class QueryWorker(SimpleWorker):
         self.service = service
         self.clock = clock
         self.stop_signalled = False  # SIGTERM/SIGINT seen: the process should end, not restart the loop
+        self.drained = False  # the last dequeue found the queue empty (a burst's end, not a Redis timeout)
         settings = service.settings
         self.beats = Heartbeat(self.connection, settings, "query", self.name, metrics=service.metrics,
                                busy_s=settings.job_timeout_s, liveness=liveness,
                                info={"queue": settings.retrieval_queue, "shard": settings.shard,
                                      "rendering": service.version.rendering, "dim": service.version.dim})
         self._next_sweep = 0.0  # monotonic time of the next intermediate-list sweep
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        """rq's dequeue, remembering whether it found the queue empty (:attr:`drained`)."""
+        result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        self.drained = result is None
+        return result
 
     @property
     def dequeue_timeout(self) -> int:

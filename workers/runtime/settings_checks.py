@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -104,6 +105,9 @@ KNOWN_ELSEWHERE = frozenset({"MNEMOS_MIGRATE_DATABASE_URL"})
 """``MNEMOS_*`` names that are not settings but may be in a worker's environment: a key of the
 connections Secret that the migration Job maps to ``MNEMOS_DATABASE_URL`` (deploy/README.md)."""
 
+# the variables Kubernetes injects for every Service of the namespace (service links), e.g. for the
+# mnemos-query-metrics Service: MNEMOS_QUERY_METRICS_SERVICE_HOST, ..._PORT_9102_TCP_ADDR (break-it round 16)
+_SERVICE_LINK = re.compile(r"_SERVICE_(HOST|PORT)(_[A-Z0-9_]+)?$|_PORT_\d+_(TCP|UDP|SCTP)(_[A-Z]+)?$")
 _warned: set[str] = set()
 
 
@@ -111,8 +115,8 @@ def warn_unknown_variables(environ: Mapping[str, str], known: Collection[str]) -
     """Log one WARNING per ``MNEMOS_*`` variable of ``environ`` that no setting reads (a misspelt
     name is otherwise ignored without a word; new-user trial 2026-12-08), with the closest known
     name; returns the unknown names. Each name is warned about once per process."""
-    unknown = sorted(name for name in environ
-                     if name.startswith("MNEMOS_") and name not in known and name not in KNOWN_ELSEWHERE)
+    unknown = sorted(name for name in environ if name.startswith("MNEMOS_") and name not in known
+                     and name not in KNOWN_ELSEWHERE and not _SERVICE_LINK.search(name))
     for name in unknown:
         if name not in _warned:
             _warned.add(name)
