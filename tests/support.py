@@ -13,11 +13,14 @@ started from a test, and a worker's real consumer loop run in a thread until a c
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -214,6 +217,19 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, interval_s: floa
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+def http_status(port: int, path: str, timeout_s: float = 10.0) -> int:
+    """The HTTP status of ``GET http://127.0.0.1:<port><path>``; 0 when the connection was closed
+    unanswered (a metrics endpoint with no slot left) or refused."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError):
+        return 0
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition",

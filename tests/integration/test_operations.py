@@ -21,7 +21,7 @@ from rq.serializers import JSONSerializer
 
 from api.schemas import RetrievalRequest
 from tests.integration.factories import client_for, ingest_turns, query_service, turn
-from tests.support import JOB_TTLS, wait_until
+from tests.support import JOB_TTLS, http_status, wait_until
 from workers.launch.process import open_checked_store
 from workers.query.intermediate import seen_key, sweep
 from workers.query.worker import QueryWorker, retrieval_job
@@ -196,12 +196,7 @@ def test_the_service_honours_k_for_every_k_up_to_max_k(settings: Settings, redis
 
 
 def _status(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{LIVENESS_PATH}", timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        return exc.code
+    return http_status(port, LIVENESS_PATH, timeout_s=5)
 
 
 def test_liveness_fails_while_the_loop_is_stuck_and_recovers_after(settings: Settings,

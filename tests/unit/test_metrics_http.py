@@ -3,28 +3,14 @@ limit a new connection is closed unanswered, so the worker keeps its threads and
 
 from __future__ import annotations
 
-import http.client
 import socket
 import threading
-import urllib.error
-import urllib.request
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import http_status, wait_until
 from workers.runtime import metrics_http
 from workers.runtime.metrics import ServiceMetrics, start_server
-
-
-def _get(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        return exc.code
-    except (urllib.error.URLError, http.client.HTTPException, ConnectionError):
-        return 0  # closed unanswered (no slot)
 
 
 def _half_request(port: int, source: str = "127.0.0.1") -> socket.socket:
@@ -63,9 +49,9 @@ def server():
 
 def test_only_the_metrics_and_liveness_paths_answer(server) -> None:
     port = server.server_port
-    assert _get(port, "/metrics") == 200 and _get(port, "/") == 200 and _get(port, "/livez") == 200
+    assert http_status(port, "/metrics") == 200 and http_status(port, "/") == 200 and http_status(port, "/livez") == 200
     for wrong in ("/livez/", "/LIVEZ", "/health", "/metrics/../x"):
-        assert _get(port, wrong) == 404, wrong  # a mistyped probe path must not pass as alive
+        assert http_status(port, wrong) == 404, wrong  # a mistyped probe path must not pass as alive
 
 
 def test_one_address_cannot_take_every_slot_and_a_slow_drip_is_cut_at_the_deadline(
@@ -95,7 +81,7 @@ def test_one_address_cannot_take_every_slot_and_a_slow_drip_is_cut_at_the_deadli
                    what="every held connection, the dripping one too, to be cut at its deadline")
         stop.set()
         dripping.join(5)
-        wait_until(lambda: _get(port, "/livez") == 200, what="the address to be served again")
+        wait_until(lambda: http_status(port, "/livez") == 200, what="the address to be served again")
     finally:
         for connection in [*held, extra]:
             connection.close()
@@ -110,7 +96,7 @@ def test_past_the_total_limit_a_new_connection_is_closed_at_once(monkeypatch: py
                >= metrics_http.MAX_CONNECTIONS, what="every held connection to have its thread")
     try:
         assert _get_from(port, "127.0.0.99") == b""  # a new address, but no slot left
-        wait_until(lambda: _get(port, "/metrics") == 200, what="scrapes to be served once the deadline passed")
+        wait_until(lambda: http_status(port, "/metrics") == 200, what="scrapes to be served once the deadline passed")
     finally:
         for connection in held:
             connection.close()
