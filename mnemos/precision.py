@@ -66,7 +66,7 @@ def measure_bf16_speedup(tokens: int = 1024, repeats: int = 5) -> float:
     """How many times as fast one encoder layer of the project's models runs in bf16 as in fp32 on
     this CPU: fp32 seconds / bf16 seconds, each the fastest of ``repeats`` timed forwards (the two
     formats interleaved) after one warm-up each, on one thread (the caller's thread count is restored).
-    Measured once per process (cached); takes about 0.3-0.6 s.
+    Measured once per process (cached); takes about 0.6 s on an idle core, up to 1.4 s on a busy one.
 
     One thread, because with two a busy machine pulls the ratio towards 1: on 2 shared cores the
     forwards waited on each other's threads (about 100 ms in fp32, 80 in bf16, against 33 and 12 on
@@ -116,20 +116,26 @@ def measure_bf16_speedup(tokens: int = 1024, repeats: int = 5) -> float:
     return best[0] / best[1]
 
 
-def bf16_faster_on_cpu() -> bool:
-    """True when ``auto`` should compute in bf16 on this CPU: it has native bfloat16 instructions
-    (:func:`cpu_computes_bf16`) and :func:`measure_bf16_speedup` is at least ``BF16_MIN_SPEEDUP``.
-    Without those instructions nothing is measured. The measurement and the choice are logged once;
-    a measurement that fails (an operation missing in another PyTorch) answers "no", with a warning.
-    """
+def bf16_speedup() -> float | None:
+    """:func:`measure_bf16_speedup` on a CPU with native bfloat16 instructions (:func:`cpu_computes_bf16`);
+    None without them (nothing is measured) or when the measurement fails (an operation missing in
+    another PyTorch; logged as a warning), never an exception: ``auto`` and the reports read it."""
     if not cpu_computes_bf16():
-        return False
+        return None
     try:
-        speedup = measure_bf16_speedup()
+        return measure_bf16_speedup()
     except Exception as exc:  # the safe format, rather than a worker that cannot start
         log.warning("precision auto: the bf16 measurement failed (%s: %s); computing in fp32", type(exc).__name__, exc)
-        return False
-    return _bf16_choice(speedup)
+        return None
+
+
+def bf16_faster_on_cpu() -> bool:
+    """True when ``auto`` should compute in bf16 on this CPU: :func:`bf16_speedup` is at least
+    ``BF16_MIN_SPEEDUP`` (so False without native instructions or when the measurement failed).
+    The measurement and the choice are logged once.
+    """
+    speedup = bf16_speedup()
+    return speedup is not None and _bf16_choice(speedup)
 
 
 @functools.cache
@@ -173,5 +179,5 @@ def torch_dtype(precision: Precision) -> Any:
     return dtypes[precision]
 
 
-__all__ = ["BF16_MIN_SPEEDUP", "Precision", "bf16_faster_on_cpu", "cpu_computes_bf16", "measure_bf16_speedup",
-           "resolve_precision", "torch_dtype"]
+__all__ = ["BF16_MIN_SPEEDUP", "Precision", "bf16_faster_on_cpu", "bf16_speedup", "cpu_computes_bf16",
+           "measure_bf16_speedup", "resolve_precision", "torch_dtype"]

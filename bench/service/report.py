@@ -24,7 +24,7 @@ from bench.common.plot import plot_ndcg
 from bench.common.questions import overall_question
 from bench.common.stats import bootstrap_ci
 from mnemos.evaluation import ndcg_at_k, recall_at_k, session_metrics
-from mnemos.precision import cpu_computes_bf16, measure_bf16_speedup, resolve_precision
+from mnemos.precision import bf16_speedup, resolve_precision
 from workers.query.config import feature_settings
 from workers.runtime.models import resolve_device
 
@@ -168,12 +168,12 @@ def _outcome_check(record: ServiceRecord, replay: ReplayRecord) -> dict[str, int
 def _precisions(settings: Settings) -> dict[str, Any]:
     """What ``MNEMOS_ENCODER_PRECISION`` and ``MNEMOS_RERANK_PRECISION`` resolved to, as the workers
     resolve them on this machine, and ``bf16_speedup``: this process's measurement behind ``auto``
-    (:func:`mnemos.precision.measure_bf16_speedup`; None on a CPU without native bf16, where nothing is
-    measured)."""
+    (:func:`mnemos.precision.bf16_speedup`; None on a CPU without native bf16, where nothing is
+    measured, or when the measurement failed)."""
     device = resolve_device(settings.device)
     return {"encoder": resolve_precision(settings.encoder_precision, device).value,
             "cross_encoder": resolve_precision(settings.rerank_precision, device).value,
-            "bf16_speedup": round(measure_bf16_speedup(), 2) if cpu_computes_bf16() else None}
+            "bf16_speedup": None if (speedup := bf16_speedup()) is None else round(speedup, 2)}
 
 
 def build_report(record: ServiceRecord, replay: ReplayRecord, *, data_path: Path, reranker: dict[str, Any],

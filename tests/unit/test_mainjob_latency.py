@@ -42,11 +42,18 @@ def test_the_report_records_the_formats_and_the_measurement_behind_auto(monkeypa
     from bench.service.report import _precisions
     from workers.settings import Settings
 
-    monkeypatch.setattr("bench.service.report.cpu_computes_bf16", lambda: False)
+    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: False)
     monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: False)
     assert _precisions(Settings(device="cpu")) == {"encoder": "fp32", "cross_encoder": "fp32", "bf16_speedup": None}
-    monkeypatch.setattr("bench.service.report.cpu_computes_bf16", lambda: True)
-    monkeypatch.setattr("bench.service.report.measure_bf16_speedup", lambda: 2.876)
+    monkeypatch.setattr("mnemos.precision.cpu_computes_bf16", lambda: True)
+    monkeypatch.setattr("mnemos.precision.measure_bf16_speedup", lambda: 2.876)
     monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: True)
     assert _precisions(Settings(device="cpu", rerank_precision="fp32")) == {
         "encoder": "bf16", "cross_encoder": "fp32", "bf16_speedup": 2.88}
+
+    def fails() -> float:
+        raise RuntimeError("no bf16 kernel")
+
+    monkeypatch.setattr("mnemos.precision.measure_bf16_speedup", fails)  # the report after a whole run: no raise
+    monkeypatch.setattr("mnemos.precision.bf16_faster_on_cpu", lambda: False)
+    assert _precisions(Settings(device="cpu"))["bf16_speedup"] is None

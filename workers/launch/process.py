@@ -176,7 +176,8 @@ class _RestartBackoff(ExponentialBackoff):
 def run_query(settings: Settings, *, burst: bool = False, max_backoff_s: float = 5.0,
               rq_log_level: str = "WARNING") -> int:
     """Take retrieval jobs until SIGTERM/SIGINT (or, with ``burst``, until the queue is empty); 0,
-    or 2 when it cannot start, or 1 when a burst lost Redis before the queue was empty.
+    or 2 when it cannot start, or 1 when a burst ended before the queue was empty (Redis lost or
+    timed out).
 
     rq's own loggers (``rq.worker``, ``rq.job``) log at ``rq_log_level``: at INFO they write two
     lines per job, which drowns everything else in a benchmark of thousands of questions.
