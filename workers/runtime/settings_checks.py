@@ -20,6 +20,8 @@ from api.validation import MAX_WAIT_S
 from workers.runtime.errors import SettingsError
 from workers.runtime.redaction import redact_url
 
+log = logging.getLogger(__name__)
+
 INT_MINIMUMS = {name: 1 for name in (
     "n_candidates", "pool_size", "deep_pool_size", "clusters_k", "bootstrap_factor", "ingest_batch_size",
     "outcome_batch_size", "max_k", "default_k", "max_text_bytes", "rerank_windows", "reindex_batch_size",
@@ -98,8 +100,6 @@ def _check_socket_timeout(settings: Any) -> None:
             raise SettingsError(f"{source} ({timeout_s:g} s) must exceed {what}: an idle blocking read "
                                 "would otherwise time out as if Redis were down")
 
-
-log = logging.getLogger(__name__)
 
 KNOWN_ELSEWHERE = frozenset({"MNEMOS_MIGRATE_DATABASE_URL"})
 """``MNEMOS_*`` names that are not settings but may be in a worker's environment: a key of the
